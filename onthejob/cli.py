@@ -1,0 +1,124 @@
+"""The `onthejob` command: one entry point for people.
+
+Heavy imports (torch, vllm, the proxy app) happen inside each command, so
+`onthejob --help` is instant and the parser can be used on its own (the compose
+test runs every service's command line through :func:`build_parser`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Callable, Sequence
+
+from onthejob import commands
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default", help="default | tiny | PATH to a local model folder")
+    p.add_argument("--port", type=int, default=8001)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--threads", type=int, default=1, help="OpenMP threads for the CPU engine")
+    p.add_argument("--kv-cache-gib", type=int, default=1)
+    p.add_argument("--max-model-len", type=int, default=2048)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser, without running anything."""
+    parser = argparse.ArgumentParser(prog="onthejob", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("engine", help="start a real vLLM engine with runtime LoRA loading")
+    _engine_args(p)
+    p.set_defaults(handler=commands.engine)
+
+    p = sub.add_parser("serve", help="run the recording OpenAI proxy")
+    p.add_argument("--upstream", action="append", default=None, help="engine base URL (repeat for replicas)")
+    p.add_argument("--db", default=None, help="database URL (default: $DATABASE_URL or sqlite:///onthejob.db)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--spool", default=None, help="spool folder (default: ./spool)")
+    p.add_argument("--no-auth", action="store_true", help="accept calls without an API key (development only)")
+    p.add_argument("--workers", type=int, default=1)
+    p.set_defaults(handler=commands.serve)
+
+    p = sub.add_parser("train", help="train LoRA adapters from graded traffic")
+    p.add_argument("--alias", required=True)
+    p.add_argument("--model", default="default", help="default | tiny | PATH (the engine's base model)")
+    p.add_argument("--watch", action="store_true", help="keep training as new graded traffic arrives")
+    p.add_argument("--steps", type=int, default=1)
+    p.add_argument("--objective", choices=["tis", "ppo", "bc"], default="tis")
+    p.add_argument("--db", default=None)
+    p.add_argument("--proxy", default="http://127.0.0.1:8000", help="proxy URL for deployments")
+    p.add_argument("--admin-key", default=None, help="admin API key (default: $ONTHEJOB_ADMIN_KEY)")
+    p.add_argument("--adapters", default="adapters", help="folder the engines can read adapters from")
+    p.add_argument("--project", default="default")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--no-deploy", action="store_true")
+    p.set_defaults(handler=commands.train)
+
+    p = sub.add_parser("deploy", help="roll an alias forward or back to an adapter version")
+    p.add_argument("--alias", required=True)
+    p.add_argument("--version", required=True, help="adapter version number, or 'base'")
+    p.add_argument("--proxy", default="http://127.0.0.1:8000")
+    p.add_argument("--admin-key", default=None)
+    p.set_defaults(handler=commands.deploy)
+
+    p = sub.add_parser("demo", help="the whole loop on this machine: engine, proxy, harness, trainer")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--out", default="demo-out")
+    p.add_argument("--model", default="default")
+    p.set_defaults(handler=commands.demo)
+
+    db = sub.add_parser("db", help="database schema")
+    dbsub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    p = dbsub.add_parser("upgrade", help="migrate the schema to the newest version")
+    p.add_argument("--db", default=None)
+    p.add_argument("--revision", default="head")
+    p.set_defaults(handler=commands.db_upgrade)
+    p = dbsub.add_parser("downgrade", help="migrate the schema down (default: to an empty database)")
+    p.add_argument("--db", default=None)
+    p.add_argument("--revision", default="base")
+    p.set_defaults(handler=commands.db_downgrade)
+
+    keys = sub.add_parser("keys", help="API keys")
+    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    p = ksub.add_parser("create", help="create an API key (printed once)")
+    p.add_argument("--project", default="default")
+    p.add_argument("--role", choices=["harness", "admin"], default="harness")
+    p.add_argument("--name", default="")
+    p.add_argument("--db", default=None)
+    p.set_defaults(handler=commands.keys_create)
+
+    p = sub.add_parser("export", help="write graded trajectories as JSONL (sft | dpo | rl)")
+    p.add_argument("--format", choices=["sft", "dpo", "rl"], required=True)
+    p.add_argument("--alias", default=None)
+    p.add_argument("--min-reward", type=float, default=None)
+    p.add_argument("--since", default=None, help="ISO time; only sessions updated since")
+    p.add_argument("--project", default="default")
+    p.add_argument("--db", default=None)
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(handler=commands.export)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # SIGTERM behaves like Ctrl-C, so every command cleans up the same way.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except commands.UserError as exc:
+        print(f"onthejob {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""SQLAlchemy 2 typed models: the one system of record shared by proxy and trainer.
+
+Token ids and logprobs are JSON lists: portable across Postgres and SQLite, and
+read back whole (we never query inside them). Every completion is keyed by our
+own id (``cmpl-…``), never the upstream's.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """Timezone-aware now; every stored time is UTC."""
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: Json, list[Any]: Json, datetime: DateTime(timezone=True)}
+
+
+class Project(Base):
+    __tablename__ = "projects"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Per-project policy, e.g. {"redact": {"store_text": false, "patterns": ["sk-[A-Za-z0-9]+"]}}.
+    settings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), index=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    role: Mapped[str] = mapped_column(String(16))  # "harness" | "admin"
+    prefix: Mapped[str] = mapped_column(String(16))  # shown in listings, never the secret
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class Alias(Base):
+    """A public model name; routes to the deployed adapter version or to the base model."""
+
+    __tablename__ = "aliases"
+    __table_args__ = (UniqueConstraint("project_id", "name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    name: Mapped[str] = mapped_column(String(200))
+    base_model: Mapped[str] = mapped_column(String(200))
+    deployed_version: Mapped[int | None] = mapped_column(default=None)  # None: the base model
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class Session(Base):
+    """One conversation or episode; sessions sharing a task form a group."""
+
+    __tablename__ = "sessions"
+
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
+    id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    task_id: Mapped[str | None] = mapped_column(String(200), default=None, index=True)
+    source: Mapped[str] = mapped_column(String(16), default="header")  # header|metadata|path|linked|new
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Completion(Base):
+    """One call through the proxy, recorded token-exactly."""
+
+    __tablename__ = "completions"
+    __table_args__ = (
+        Index("ix_completions_project_session", "project_id", "session_id", "created_at"),
+        Index("ix_completions_project_created", "project_id", "created_at"),
+        Index("ix_completions_link_key", "project_id", "link_key"),
+        Index("ix_completions_client_request", "project_id", "client_request_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    session_id: Mapped[str] = mapped_column(String(200))
+    task_id: Mapped[str | None] = mapped_column(String(200), default=None)
+    client_request_id: Mapped[str | None] = mapped_column(String(200), default=None)
+    upstream_id: Mapped[str | None] = mapped_column(String(200), default=None)  # informational only
+    endpoint: Mapped[str] = mapped_column(String(32))  # "chat" | "completions"
+    alias: Mapped[str] = mapped_column(String(200))
+    served_model: Mapped[str] = mapped_column(String(200))  # e.g. "support@v3" or the base name
+    adapter_version: Mapped[int | None] = mapped_column(default=None)
+    tags: Mapped[list[Any]] = mapped_column(default=list)
+    request: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    response: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    prompt_token_ids: Mapped[list[Any] | None] = mapped_column(default=None)
+    # Per choice: {"index", "token_ids", "logprobs", "finish_reason", "message"|"text"}.
+    choices: Mapped[list[Any]] = mapped_column(default=list)
+    sampling: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    status_code: Mapped[int] = mapped_column(default=200)
+    termination: Mapped[str] = mapped_column(String(32))
+    error: Mapped[str | None] = mapped_column(Text, default=None)
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    # sha256 of (request messages + first returned assistant message): the next turn's prefix.
+    link_key: Mapped[str | None] = mapped_column(String(64), default=None)
+    parent_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    latency_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    ttft_ms: Mapped[float | None] = mapped_column(Float, default=None)
+
+
+class Feedback(Base):
+    """A fact about a completion or a session, from a source, at a time; history is kept."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (
+        UniqueConstraint("project_id", "idempotency_key"),
+        Index("ix_feedback_target", "project_id", "target_kind", "target_id"),
+        Index("ix_feedback_session", "project_id", "session_id"),
+        Index("ix_feedback_completion", "project_id", "completion_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    idempotency_key: Mapped[str] = mapped_column(String(200))
+    target_kind: Mapped[str] = mapped_column(String(32))  # completion_id|session_id|client_request_id
+    target_id: Mapped[str] = mapped_column(String(200))
+    completion_id: Mapped[str | None] = mapped_column(String(64), default=None)  # resolved
+    session_id: Mapped[str | None] = mapped_column(String(200), default=None)  # resolved
+    name: Mapped[str] = mapped_column(String(200))
+    value: Mapped[Any] = mapped_column(Json, default=None)
+    comment: Mapped[str | None] = mapped_column(Text, default=None)
+    source: Mapped[str] = mapped_column(String(200), default="")
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    attached_at: Mapped[datetime | None] = mapped_column(default=None)  # None: pending
+
+
+class Adapter(Base):
+    """One published LoRA adapter version of an alias."""
+
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("project_id", "alias", "version"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    alias: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int]
+    parent_version: Mapped[int | None] = mapped_column(default=None)
+    path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    base_model: Mapped[str] = mapped_column(String(200))
+    base_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    training_run_id: Mapped[int | None] = mapped_column(ForeignKey("training_runs.id"), default=None)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Deployment(Base):
+    """History of routing switches for an alias; the alias row holds the current one."""
+
+    __tablename__ = "deployments"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    alias: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int | None] = mapped_column(default=None)  # None: back to the base model
+    previous_version: Mapped[int | None] = mapped_column(default=None)
+    status: Mapped[str] = mapped_column(String(32))  # "active" | "failed" | "superseded"
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TrainingRun(Base):
+    __tablename__ = "training_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    alias: Mapped[str] = mapped_column(String(200))
+    objective: Mapped[str] = mapped_column(String(16))
+    base_model: Mapped[str] = mapped_column(String(200))
+    base_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class TrainingStep(Base):
+    __tablename__ = "training_steps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("training_runs.id"), index=True)
+    step: Mapped[int]
+    adapter_version: Mapped[int | None] = mapped_column(default=None)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UsedTrajectory(Base):
+    """Which trajectories a training step consumed, so none is trained on twice."""
+
+    __tablename__ = "used_trajectories"
+    __table_args__ = (UniqueConstraint("project_id", "alias", "trajectory_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    alias: Mapped[str] = mapped_column(String(200))
+    trajectory_id: Mapped[str] = mapped_column(String(300))
+    step_id: Mapped[int] = mapped_column(ForeignKey("training_steps.id"))

@@ -76,6 +76,7 @@ def engine_command(model: ModelInfo, cfg: EngineConfig) -> list[str]:
         "--tool-call-parser", "hermes",
         "--disable-uvicorn-access-log",
         "--dtype", cfg.dtype or model_dtype(model),
+        "--generation-config", "vllm",  # sampling defaults are vLLM's, not the checkpoint's: the proxy records them
         "--seed", "0",
         *cfg.extra_args,
     ]  # fmt: skip

@@ -20,16 +20,21 @@ def engine(args: argparse.Namespace) -> int:
     except ModelError as exc:
         raise UserError(str(exc)) from exc
     cfg = EngineConfig(
-        port=args.port, host=args.host, threads=args.threads,
-        kv_cache_gib=args.kv_cache_gib, max_model_len=args.max_model_len,
-    )  # fmt: skip
+        port=args.port,
+        host=args.host,
+        threads=args.threads,
+        kv_cache_gib=args.kv_cache_gib,
+        max_model_len=args.max_model_len,
+    )
     eng = Engine(model, cfg)
     started = time.monotonic()
     try:
         eng.start()
     except EngineError as exc:
         raise UserError(str(exc)) from exc
-    print(f"engine ready in {time.monotonic() - started:.0f}s: {eng.url}/v1  model={model.name}  sha256={model.sha256[:12]}")
+    print(
+        f"engine ready in {time.monotonic() - started:.0f}s: {eng.url}/v1  model={model.name}  sha256={model.sha256[:12]}"
+    )
     try:
         assert eng.proc is not None
         return eng.proc.wait()

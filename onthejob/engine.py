@@ -62,24 +62,38 @@ def model_dtype(model: ModelInfo) -> str:
 def engine_command(model: ModelInfo, cfg: EngineConfig) -> list[str]:
     """The exact command line for vLLM's OpenAI server."""
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model.path),
-        "--served-model-name", model.name,
-        "--host", cfg.host,
-        "--port", str(cfg.port),
-        "--max-model-len", str(cfg.max_model_len),
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model.path),
+        "--served-model-name",
+        model.name,
+        "--host",
+        cfg.host,
+        "--port",
+        str(cfg.port),
+        "--max-model-len",
+        str(cfg.max_model_len),
         "--enable-lora",
-        "--max-lora-rank", str(cfg.max_lora_rank),
-        "--max-loras", str(cfg.max_loras),
-        "--logprobs-mode", "processed_logprobs",
+        "--max-lora-rank",
+        str(cfg.max_lora_rank),
+        "--max-loras",
+        str(cfg.max_loras),
+        "--logprobs-mode",
+        "processed_logprobs",
         "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes",
+        "--tool-call-parser",
+        "hermes",
         "--disable-uvicorn-access-log",
-        "--dtype", cfg.dtype or model_dtype(model),
-        "--generation-config", "vllm",  # sampling defaults are vLLM's, not the checkpoint's: the proxy records them
-        "--seed", "0",
+        "--dtype",
+        cfg.dtype or model_dtype(model),
+        "--generation-config",
+        "vllm",  # sampling defaults are vLLM's, not the checkpoint's: the proxy records them
+        "--seed",
+        "0",
         *cfg.extra_args,
-    ]  # fmt: skip
+    ]
 
 
 def engine_env(cfg: EngineConfig) -> dict[str, str]:
@@ -125,7 +139,7 @@ class Engine:
     def url(self) -> str:
         return f"http://{self.cfg.host}:{self.cfg.port}"
 
-    def start(self, timeout: float = 300.0) -> "Engine":
+    def start(self, timeout: float = 300.0) -> Engine:
         out = self.log.open("ab") if self.log else subprocess.DEVNULL
         self.proc = subprocess.Popen(
             engine_command(self.model, self.cfg),
@@ -153,7 +167,7 @@ class Engine:
         except ProcessLookupError:
             pass
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -79,7 +79,7 @@ def resolve_model(spec: str = "default") -> ModelInfo:
     return ModelInfo(path=path.resolve(), name=name, sha256=weights_sha256(path))
 
 
-def _cached(name: str, build: "callable[[Path], None]") -> ModelInfo:  # type: ignore[valid-type]
+def _cached(name: str, build: callable[[Path], None]) -> ModelInfo:  # type: ignore[valid-type]
     """Build into a temp folder and rename into place, so a crash never leaves half a model."""
     target = cache_dir() / name
     manifest = target / MANIFEST
@@ -130,7 +130,7 @@ def _convert_smollm2(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _byte_tokenizer() -> "object":
+def _byte_tokenizer() -> object:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 

@@ -7,7 +7,7 @@ own id (``cmpl-…``), never the upstream's.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -23,10 +23,11 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-Json = JSON().with_variant(JSONB(), "postgresql")
+# Plain JSON, not JSONB: Postgres' JSONB refuses "\u0000", which a model can emit
+# (the tiny test model does), and we never query inside these documents.
+Json = JSON()
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -39,7 +40,7 @@ NAMING = {
 
 def utcnow() -> datetime:
     """Timezone-aware now; every stored time is UTC."""
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class Base(DeclarativeBase):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
 
 revision = '0001'
 down_revision = None
@@ -21,7 +20,7 @@ def upgrade() -> None:
     op.create_table('projects',
     sa.Column('id', sa.String(length=64), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
-    sa.Column('settings', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('settings', sa.JSON(), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_projects'))
     )
     op.create_table('aliases',
@@ -63,13 +62,13 @@ def upgrade() -> None:
     sa.Column('alias', sa.String(length=200), nullable=False),
     sa.Column('served_model', sa.String(length=200), nullable=False),
     sa.Column('adapter_version', sa.Integer(), nullable=True),
-    sa.Column('tags', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
-    sa.Column('request', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
-    sa.Column('response', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=True),
-    sa.Column('prompt_token_ids', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=True),
-    sa.Column('choices', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
-    sa.Column('sampling', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
-    sa.Column('usage', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=True),
+    sa.Column('tags', sa.JSON(), nullable=False),
+    sa.Column('request', sa.JSON(), nullable=False),
+    sa.Column('response', sa.JSON(), nullable=True),
+    sa.Column('prompt_token_ids', sa.JSON(), nullable=True),
+    sa.Column('choices', sa.JSON(), nullable=False),
+    sa.Column('sampling', sa.JSON(), nullable=False),
+    sa.Column('usage', sa.JSON(), nullable=True),
     sa.Column('status_code', sa.Integer(), nullable=False),
     sa.Column('termination', sa.String(length=32), nullable=False),
     sa.Column('error', sa.Text(), nullable=True),
@@ -95,7 +94,7 @@ def upgrade() -> None:
     sa.Column('version', sa.Integer(), nullable=True),
     sa.Column('previous_version', sa.Integer(), nullable=True),
     sa.Column('status', sa.String(length=32), nullable=False),
-    sa.Column('detail', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('detail', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['project_id'], ['projects.id'], name=op.f('fk_deployments_project_id_projects')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_deployments'))
@@ -109,10 +108,10 @@ def upgrade() -> None:
     sa.Column('completion_id', sa.String(length=64), nullable=True),
     sa.Column('session_id', sa.String(length=200), nullable=True),
     sa.Column('name', sa.String(length=200), nullable=False),
-    sa.Column('value', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('value', sa.JSON(), nullable=False),
     sa.Column('comment', sa.Text(), nullable=True),
     sa.Column('source', sa.String(length=200), nullable=False),
-    sa.Column('metadata', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('metadata', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('attached_at', sa.DateTime(timezone=True), nullable=True),
     sa.ForeignKeyConstraint(['project_id'], ['projects.id'], name=op.f('fk_feedback_project_id_projects')),
@@ -129,7 +128,7 @@ def upgrade() -> None:
     sa.Column('id', sa.String(length=200), nullable=False),
     sa.Column('task_id', sa.String(length=200), nullable=True),
     sa.Column('source', sa.String(length=16), nullable=False),
-    sa.Column('tags', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('tags', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('updated_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['project_id'], ['projects.id'], name=op.f('fk_sessions_project_id_projects')),
@@ -145,7 +144,7 @@ def upgrade() -> None:
     sa.Column('objective', sa.String(length=16), nullable=False),
     sa.Column('base_model', sa.String(length=200), nullable=False),
     sa.Column('base_sha256', sa.String(length=64), nullable=True),
-    sa.Column('config', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('config', sa.JSON(), nullable=False),
     sa.Column('status', sa.String(length=16), nullable=False),
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('finished_at', sa.DateTime(timezone=True), nullable=True),
@@ -163,7 +162,7 @@ def upgrade() -> None:
     sa.Column('base_model', sa.String(length=200), nullable=False),
     sa.Column('base_sha256', sa.String(length=64), nullable=True),
     sa.Column('training_run_id', sa.Integer(), nullable=True),
-    sa.Column('metrics', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('metrics', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['project_id'], ['projects.id'], name=op.f('fk_adapters_project_id_projects')),
     sa.ForeignKeyConstraint(['training_run_id'], ['training_runs.id'], name=op.f('fk_adapters_training_run_id_training_runs')),
@@ -175,7 +174,7 @@ def upgrade() -> None:
     sa.Column('run_id', sa.Integer(), nullable=False),
     sa.Column('step', sa.Integer(), nullable=False),
     sa.Column('adapter_version', sa.Integer(), nullable=True),
-    sa.Column('metrics', sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql'), nullable=False),
+    sa.Column('metrics', sa.JSON(), nullable=False),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['run_id'], ['training_runs.id'], name=op.f('fk_training_steps_run_id_training_runs')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_training_steps'))

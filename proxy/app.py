@@ -1,0 +1,66 @@
+"""The proxy app factory: routers, one error envelope, and a lifespan that owns every resource."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from proxy import routes_admin, routes_openai, routes_ops
+
+try:  # TEMP
+    from proxy import routes_feedback
+except ImportError:
+    routes_feedback = None
+from proxy.errors import ApiError
+from proxy.responses import ORJSONResponse
+from proxy.settings import Settings
+from proxy.state import AppState
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """A fresh app; nothing is connected until its lifespan starts."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = AppState.build(settings)
+        app.state.onthejob = state
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    app = FastAPI(title="onthejob proxy", version="0.1.0", lifespan=lifespan, default_response_class=ORJSONResponse)
+    for module in [m for m in (routes_openai, routes_feedback, routes_admin, routes_ops) if m]:
+        app.include_router(module.router)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_: Request, exc: ApiError) -> ORJSONResponse:
+        return ORJSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
+        message = f"{field or 'request'}: {first.get('msg', 'invalid')}"
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": field or None,
+                "code": "invalid_value",
+            }
+        }
+        return ORJSONResponse(body, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": exc.status_code}}
+        return ORJSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    return app

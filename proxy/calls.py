@@ -1,0 +1,456 @@
+"""The serving path: one OpenAI call from harness to engine and into the spool.
+
+Read a request top to bottom in :func:`handle`: authenticate, parse, route the
+alias, resolve the session, forward with capture fields forced on, and either
+return the stripped reply (after its record is fsync'd) or stream chunk by chunk,
+holding back only the final ``[DONE]`` until the record is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+from sqlalchemy import select
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from proxy import capture, sessions
+from proxy.errors import ApiError, InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
+from proxy.routing import Route
+from proxy.spool import SpoolFull
+from proxy.upstream import sse_events
+from storage.models import Completion
+
+if TYPE_CHECKING:
+    from proxy.deps import Principal
+    from proxy.state import AppState
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+UPSTREAM_FAILURES = (aiohttp.ClientError, ConnectionError, OSError)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request body as a JSON object; 413 past ``limit`` bytes, 400 if it is not a JSON object."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} (ONTHEJOB_MAX_BODY_BYTES)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
+        chunks.append(chunk)
+    try:
+        body = orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"the request body is not valid JSON ({exc}); send a JSON object") from exc
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    return body
+
+
+def validate(body: dict[str, Any], endpoint: str) -> None:
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise InvalidRequest("'messages' must be a non-empty list of message objects", param="messages")
+    elif body.get("prompt") in (None, "", []):
+        raise InvalidRequest("'prompt' is required for /v1/completions", param="prompt")
+    if "stream" in body and not isinstance(body["stream"], bool):
+        raise InvalidRequest("'stream' must be true or false", param="stream")
+
+
+async def resolve_session(
+    st: AppState, project: str, naming: sessions.Naming, messages: list[dict[str, Any]] | None
+) -> tuple[str, str, str | None, str | None]:
+    """(session id, how it was found, parent completion id, task id) for a call."""
+    link = None
+    if messages:
+        keys = sessions.prefix_keys(messages)
+        # A parent's link key always ends with the assistant message it returned.
+        candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
+        if candidates:
+            link = st.links.longest(project, candidates, naming.session_id)
+            if link is None:
+                link = await _db_link(st, project, candidates, naming.session_id)
+    task = naming.task_id or (link.task_id if link else None)
+    if naming.session_id:
+        return naming.session_id, naming.source, link.completion_id if link else None, task
+    if link is not None:
+        return link.session_id, "linked", link.completion_id, task
+    return sessions.new_session_id(), "new", None, task
+
+
+async def _db_link(st: AppState, project: str, keys: list[str], session: str | None) -> sessions.Link | None:
+    query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
+        Completion.project_id == project, Completion.link_key.in_(keys)
+    )
+    if session:
+        query = query.where(Completion.session_id == session)
+    try:
+        async with asyncio.timeout(1.0), st.sessionmaker() as db:
+            rows = (await db.execute(query.order_by(Completion.created_at.desc()).limit(50))).all()
+    except Exception:  # noqa: BLE001 - database down: link from memory only; the call still goes through
+        return None
+    rank = {k: i for i, k in enumerate(keys)}
+    best = max(rows, key=lambda r: rank[r.link_key], default=None)
+    return sessions.Link(best.session_id, best.id, best.task_id) if best else None
+
+
+class Call:
+    """One proxied call and the record it becomes."""
+
+    def __init__(
+        self,
+        st: AppState,
+        principal: Principal,
+        endpoint: str,
+        body: dict[str, Any],
+        route: Route,
+        naming: sessions.Naming,
+        session: tuple[str, str, str | None, str | None],
+    ) -> None:
+        self.st = st
+        self.id = "cmpl-" + uuid.uuid4().hex
+        self.project = principal.project_id
+        self.endpoint = endpoint
+        self.body = body
+        self.route = route
+        self.naming = naming
+        self.session_id, self.session_source, self.parent_id, self.task_id = session
+        self.created = datetime.now(UTC)
+        self.t0 = time.perf_counter()
+        self.ttft_ms: float | None = None
+        self.saved = False
+        self.base = ""
+        self.upstream_body, self.wants = capture.prepare(body, endpoint, route.served_model)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-request-id": self.id, "x-session-id": self.session_id}
+
+    async def open(self) -> aiohttp.ClientResponse:
+        """Send the call upstream; reload lost adapters and retry once on model-not-found."""
+        payload = orjson.dumps(self.upstream_body)
+        for attempt in (0, 1):
+            base = self.base = self.st.upstream.pick()
+            try:
+                resp = await self.st.upstream.open(base, PATHS[self.endpoint], payload)
+            except TimeoutError as exc:
+                await self.save(status=504, termination="timeout", error="engine did not answer in time")
+                raise UpstreamTimeout("the engine did not answer within the connect/idle timeout") from exc
+            except UPSTREAM_FAILURES as exc:
+                await self.save(status=502, termination="upstream_error", error=f"{type(exc).__name__}: {exc}")
+                raise UpstreamError(f"cannot reach the engine at {base}: {type(exc).__name__}") from exc
+            if resp.status == 404 and attempt == 0 and self.route.version is not None:
+                resp.release()
+                with contextlib.suppress(Exception):
+                    await self.st.router.reconcile(base)  # the engine restarted and lost our adapter
+                continue
+            return resp
+        return resp
+
+    async def reject(self, resp: aiohttp.ClientResponse) -> Response:
+        """Upstream said no: 4xx passes through unchanged; 5xx becomes our 502."""
+        raw = await resp.read()
+        status = resp.status
+        text = raw.decode(errors="replace")
+        if status < 500:
+            await self.save(status=status, termination="rejected", error=text[:4000])
+            return Response(
+                raw,
+                status,
+                headers={**self.headers, "content-type": resp.headers.get("content-type", "application/json")},
+            )
+        await self.save(status=502, termination="upstream_error", error=f"engine answered {status}: {text[:4000]}")
+        raise UpstreamError(f"the engine failed with HTTP {status}; the call was recorded as upstream_error")
+
+    async def complete(self, resp: aiohttp.ClientResponse) -> Response:
+        """A non-streamed reply: record it durably, then send it."""
+        try:
+            raw = await resp.read()
+        except TimeoutError as exc:
+            await self.save(status=504, termination="timeout", error="engine went idle mid-reply")
+            raise UpstreamTimeout("the engine went silent past the idle timeout") from exc
+        except UPSTREAM_FAILURES as exc:
+            await self.save(status=502, termination="upstream_error", error=f"{type(exc).__name__}: {exc}")
+            raise UpstreamError("the engine connection broke mid-reply") from exc
+        try:
+            reply = orjson.loads(raw)
+            choices = capture.captured_choices(reply, self.endpoint)
+        except (orjson.JSONDecodeError, AttributeError, TypeError, KeyError) as exc:
+            await self.save(status=502, termination="upstream_error", error=f"malformed engine reply: {raw[:500]!r}")
+            raise UpstreamError("the engine sent a malformed reply") from exc
+        self.ttft_ms = (time.perf_counter() - self.t0) * 1000
+        prompt_ids = capture.prompt_ids(reply)
+        if reply.get("system_fingerprint"):
+            self.st.upstream.fingerprints[self.base] = reply["system_fingerprint"]
+        out = capture.strip(reply, self.wants, self.route.alias)
+        await self.save(
+            status=200,
+            termination=capture.termination_of(choices),
+            response=out,
+            choices=choices,
+            prompt_ids=prompt_ids,
+            usage=reply.get("usage"),
+            upstream_id=reply.get("id"),
+        )
+        return Response(orjson.dumps(out), 200, headers=self.headers, media_type="application/json")
+
+    async def save(
+        self,
+        *,
+        status: int,
+        termination: str,
+        response: dict[str, Any] | None = None,
+        choices: list[dict[str, Any]] | None = None,
+        prompt_ids: list[int] | None = None,
+        usage: dict[str, Any] | None = None,
+        error: str | None = None,
+        upstream_id: str | None = None,
+    ) -> None:
+        """Build the record and fsync it to the spool (once per call)."""
+        if self.saved:
+            return
+        self.saved = True
+        st = self.st
+        st.metrics.terminations.labels(termination).inc()
+        if not st.settings.record:
+            return
+        choices = choices or []
+        messages = self.body.get("messages") if self.endpoint == "chat" else None
+        keys = [sessions.link_key(messages, c.get("message")) for c in choices] if messages else []
+        record = {
+            "id": self.id,
+            "project_id": self.project,
+            "session_id": self.session_id,
+            "task_id": self.task_id,
+            "client_request_id": self.naming.client_request_id,
+            "upstream_id": upstream_id,
+            "endpoint": self.endpoint,
+            "alias": self.route.alias,
+            "served_model": self.route.served_model,
+            "adapter_version": self.route.version,
+            "tags": list(self.naming.tags),
+            "request": self.body,
+            "response": response,
+            "prompt_token_ids": prompt_ids,
+            "choices": choices,
+            "sampling": capture.sampling_params(self.body),
+            "usage": usage,
+            "status_code": status,
+            "termination": termination,
+            "error": error,
+            "stream": self.wants.stream,
+            "link_key": keys[0] if keys else None,
+            "parent_id": self.parent_id,
+            "created_at": self.created.isoformat(),
+            "latency_ms": (time.perf_counter() - self.t0) * 1000,
+            "ttft_ms": self.ttft_ms,
+        }
+        session = {
+            "project_id": self.project,
+            "id": self.session_id,
+            "task_id": self.task_id,
+            "source": self.session_source,
+            "tags": list(self.naming.tags),
+        }
+        try:
+            await st.spool.append({"completion": record, "session": session})
+        except SpoolFull as exc:
+            if st.settings.spool_full_policy == "serve":
+                st.metrics.records_dropped.labels("spool_full").inc()
+                return
+            st.metrics.spool_full_rejections.inc()
+            raise Unavailable(
+                "the recording spool is full; the call was not served unrecorded. Retry later", code="spool_full"
+            ) from exc
+        st.metrics.records_spooled.inc()
+        st.recorder.wake.set()
+        for key in keys:
+            if key:
+                st.links.put(self.project, key, sessions.Link(self.session_id, self.id, self.task_id))
+
+
+class StreamCall(Response):
+    """Forwards an SSE stream chunk by chunk; cancels upstream and records the partial on disconnect."""
+
+    def __init__(self, call: Call, resp: aiohttp.ClientResponse) -> None:  # noqa: D107 - no Response body
+        self.call = call
+        self.resp = resp
+        self.asm = capture.Assembler(call.endpoint)
+        self.held: list[dict[str, Any]] = []
+        self.background = None
+        self.status_code = 200
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        inflight = self.call.st.inflight
+        if task is not None:
+            inflight.add(task)  # type: ignore[arg-type]
+        try:
+            await self._serve(receive, send)
+        finally:
+            if task is not None:
+                inflight.discard(task)  # type: ignore[arg-type]
+
+    async def _serve(self, receive: Receive, send: Send) -> None:
+        streamer = asyncio.create_task(self._stream(send))
+        listener = asyncio.create_task(_wait_disconnect(receive))
+        done, _ = await asyncio.wait({streamer, listener}, return_when=asyncio.FIRST_COMPLETED)
+        if streamer in done:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await streamer
+            return
+        streamer.cancel()  # the client left: stop reading, close the upstream connection (vLLM aborts)
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await streamer
+        self.resp.close()
+        with contextlib.suppress(ApiError):
+            await self._record("client_disconnected", 499, "client disconnected")
+
+    async def _stream(self, send: Send) -> None:
+        call = self.call
+        headers = [(k.encode(), v.encode()) for k, v in call.headers.items()]
+        headers += [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        termination, error = None, None
+        stamp = not call.wants.usage
+        fingerprints = call.st.upstream.fingerprints
+        try:
+            async for data in sse_events(self.resp):
+                if data == b"[DONE]":
+                    break
+                try:
+                    chunk = orjson.loads(data)
+                    if not isinstance(chunk, dict):
+                        raise TypeError("chunk is not an object")
+                except (orjson.JSONDecodeError, TypeError):
+                    termination, error = "upstream_error", f"malformed SSE data from the engine: {data[:200]!r}"
+                    break
+                if "error" in chunk and not chunk.get("choices"):
+                    termination, error = "upstream_error", f"engine error mid-stream: {chunk['error']}"
+                    break
+                if call.ttft_ms is None:
+                    call.ttft_ms = (time.perf_counter() - call.t0) * 1000
+                self.asm.add(chunk)
+                if chunk.get("system_fingerprint") and not chunk.get("choices"):
+                    fingerprints[call.base] = chunk["system_fingerprint"]
+                    await self._flush(send)
+                out = capture.strip(chunk, call.wants, call.route.alias)
+                if out is None:
+                    continue
+                if stamp and (self.held or any(c.get("finish_reason") for c in out.get("choices") or ())):
+                    # Without include_usage vLLM stamps its fingerprint on terminal chunks; we
+                    # asked for usage, so the fingerprint comes later: hold them until it does.
+                    self.held.append(out)
+                    if fingerprints.get(call.base):
+                        await self._flush(send)
+                    continue
+                await _send_chunk(send, out)
+            else:
+                if not any(c.finish_reason for c in self.asm.choices.values()):
+                    termination, error = "upstream_error", "the engine closed the stream before it finished"
+        except TimeoutError:
+            termination, error = "timeout", "the engine went silent past the idle timeout"
+        except UPSTREAM_FAILURES as exc:
+            termination, error = "upstream_error", f"stream broke: {type(exc).__name__}"
+        finally:
+            self.resp.release() if termination is None else self.resp.close()
+        await self._flush(send)
+        choices = self.asm.captured_choices()
+        if termination is None:
+            termination = capture.termination_of(choices)
+        status = 200 if error is None else (504 if termination == "timeout" else 502)
+        try:
+            await self._record(termination, status, error)
+        except ApiError as exc:  # spool full under the refuse policy: tell the client, no [DONE]
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + orjson.dumps(exc.body()) + b"\n\n",
+                    "more_body": False,
+                }
+            )
+            return
+        tail = b""
+        if error is not None:
+            kind = "timeout_error" if termination == "timeout" else "upstream_error"
+            tail = (
+                b"data: "
+                + orjson.dumps({"error": {"message": error, "type": kind, "param": None, "code": status}})
+                + b"\n\n"
+            )
+        await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
+
+    async def _flush(self, send: Send) -> None:
+        fingerprint = self.call.st.upstream.fingerprints.get(self.call.base)
+        for out in self.held:
+            if fingerprint and any(c.get("finish_reason") for c in out.get("choices") or ()):
+                out["system_fingerprint"] = fingerprint
+            await _send_chunk(send, out)
+        self.held.clear()
+
+    async def _record(self, termination: str, status: int, error: str | None) -> None:
+        call, asm = self.call, self.asm
+        choices = asm.captured_choices()
+        await call.save(
+            status=status,
+            termination=termination,
+            response=asm.response() if asm.chunks else None,
+            choices=choices,
+            prompt_ids=asm.prompt_token_ids,
+            usage=asm.usage,
+            error=error,
+            upstream_id=asm.head.get("id"),
+        )
+
+
+async def _send_chunk(send: Send, out: dict[str, Any]) -> None:
+    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(out) + b"\n\n", "more_body": True})
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def handle(request: Request, endpoint: str, path_session: str | None = None) -> Any:
+    """Serve one OpenAI call (chat or completions), streaming or not."""
+    st: AppState = request.app.state.onthejob
+    if st.draining:
+        raise Unavailable("the proxy is shutting down; retry on another replica", code="draining")
+    principal = await st.auth.authenticate(request.headers.get("authorization"))
+    body = await read_json(request, st.settings.max_body_bytes)
+    validate(body, endpoint)
+    if st.spool.full and st.settings.spool_full_policy == "refuse" and st.settings.record:
+        st.metrics.spool_full_rejections.inc()
+        raise Unavailable(
+            "the recording spool is full (database unreachable for too long?); retry later", code="spool_full"
+        )
+    route = st.router.resolve(principal.project_id, body.get("model"))
+    naming = sessions.naming(request.headers, body, path_session)
+    messages = body.get("messages") if endpoint == "chat" else None
+    session = await resolve_session(st, principal.project_id, naming, messages)
+    call = Call(st, principal, endpoint, body, route, naming, session)
+    task = asyncio.current_task()
+    if task is not None:
+        st.inflight.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(st.inflight.discard)
+    resp = await call.open()
+    if resp.status >= 400:
+        return await call.reject(resp)
+    if call.wants.stream:
+        return StreamCall(call, resp)
+    return await call.complete(resp)

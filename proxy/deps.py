@@ -1,0 +1,53 @@
+"""FastAPI dependencies shared by every router: who is calling, and a database session.
+
+Routes declare what they need with these ``Annotated`` aliases instead of reaching
+into ``request.app.state``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from proxy.errors import Forbidden
+
+if TYPE_CHECKING:
+    from proxy.state import AppState
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller, resolved from its API key (or the default project under --no-auth)."""
+
+    project_id: str
+    role: str  # "harness" | "admin"
+    key_id: str | None
+
+
+def app_state(request: Request) -> AppState:
+    return request.app.state.onthejob  # type: ignore[no-any-return]
+
+
+async def current_principal(request: Request) -> Principal:
+    return await app_state(request).auth.authenticate(request.headers.get("authorization"))
+
+
+async def require_admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:
+    if principal.role != "admin":
+        raise Forbidden("this route needs an admin key: create one with `onthejob keys create --role admin`")
+    return principal
+
+
+async def db_session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with app_state(request).sessionmaker() as session:
+        yield session
+
+
+StateDep = Annotated["AppState", Depends(app_state)]
+PrincipalDep = Annotated[Principal, Depends(current_principal)]
+AdminDep = Annotated[Principal, Depends(require_admin)]
+DbDep = Annotated[AsyncSession, Depends(db_session)]

@@ -1,0 +1,169 @@
+"""The write-behind recorder: spool segments → batched database inserts → delete after commit.
+
+Inserts are idempotent (``ON CONFLICT DO NOTHING`` on our own ids), so a crash
+between the commit and the segment's deletion replays it without duplicates.
+While the database is down the spool grows and nothing is dropped; the recorder
+retries with backoff and drains when it returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from proxy.metrics import Metrics
+from proxy.spool import Spool, read_segment
+
+try:  # TEMP until storage.feedback lands
+    from storage.feedback import attach_pending
+except ImportError:
+
+    async def attach_pending(db, rows):  # type: ignore
+        return 0
+
+
+from storage.models import Completion, Project, Session, utcnow
+
+log = logging.getLogger("onthejob.recorder")
+DATETIME_FIELDS = ("created_at",)
+# Errors about a record's content (not about reaching the database): retrying will not help.
+POISON = (DataError, IntegrityError, TypeError, ValueError, KeyError)
+
+
+def _insert(dialect: str, table: Any) -> Any:
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
+class Recorder:
+    def __init__(
+        self, spool: Spool, sessionmaker: async_sessionmaker[AsyncSession], metrics: Metrics, batch: int = 500
+    ) -> None:
+        self.spool = spool
+        self.sessionmaker = sessionmaker
+        self.metrics = metrics
+        self.batch = batch
+        self.wake = asyncio.Event()
+        self.db_ok = True
+        self.written = 0
+        self._projects: set[str] = set()
+
+    async def run(self) -> None:
+        """Drain forever; back off while the database is down."""
+        delay = 0.2
+        while True:
+            try:
+                await self.drain_once()
+                self.db_ok = True
+                self.metrics.db_up.set(1)
+                delay = 0.2
+                try:
+                    await asyncio.wait_for(self.wake.wait(), timeout=0.05)
+                except TimeoutError:
+                    pass
+                self.wake.clear()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any database failure: keep the spool, retry later
+                self.db_ok = False
+                self.metrics.db_up.set(0)
+                log.warning(
+                    "database write failed (%s); spool depth %d, retrying in %.1fs",
+                    exc.__class__.__name__,
+                    self.spool.depth,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+            finally:
+                self.metrics.spool_depth.set(self.spool.depth)
+                self.metrics.spool_age.set(self.spool.oldest_age())
+                self.metrics.spool_bytes.set(self.spool.bytes)
+
+    async def drain_once(self) -> int:
+        """Seal the active file and move every sealed segment into the database."""
+        await asyncio.to_thread(self.spool.seal)
+        moved = 0
+        for segment in self.spool.segments():
+            moved += await self._move(segment)
+        return moved
+
+    async def _move(self, segment: Path) -> int:
+        records = await asyncio.to_thread(read_segment, segment)
+        for start in range(0, len(records), self.batch):
+            batch = records[start : start + self.batch]
+            try:
+                await self._write(batch)
+            except POISON:
+                await self._isolate(batch)
+        await asyncio.to_thread(self.spool.remove, segment, len(records))
+        self.written += len(records)
+        self.metrics.records_written.inc(len(records))
+        return len(records)
+
+    async def _isolate(self, batch: list[dict[str, Any]]) -> None:
+        """A batch the database refuses for its content: write records one by one, quarantine the bad ones.
+
+        A poison record must not block the spool forever, and must not vanish: it goes
+        to ``quarantine.jsonl`` beside the spool (fsync'd) and is counted.
+        """
+        for record in batch:
+            try:
+                await self._write([record])
+            except POISON as exc:
+                log.error("quarantined record %s: %s", record.get("completion", {}).get("id"), exc)
+                await asyncio.to_thread(_quarantine, self.spool.folder / "quarantine.jsonl", record, str(exc))
+                self.metrics.records_dropped.labels("quarantined").inc()
+
+    async def _write(self, records: list[dict[str, Any]]) -> None:
+        rows = [_row(r["completion"]) for r in records if "completion" in r]
+        sessions = {(r["session"]["project_id"], r["session"]["id"]): r["session"] for r in records if "session" in r}
+        async with self.sessionmaker() as db:
+            dialect = db.bind.dialect.name
+            projects = {p for p, _ in sessions} | {r["project_id"] for r in rows}
+            missing = projects - self._projects
+            if missing:
+                await db.execute(
+                    _insert(dialect, Project)
+                    .values([{"id": p, "settings": {}, "created_at": utcnow()} for p in missing])
+                    .on_conflict_do_nothing()
+                )
+            if sessions:
+                now = utcnow()
+                values = [{**s, "created_at": now, "updated_at": now} for s in sessions.values()]
+                stmt = _insert(dialect, Session).values(values)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
+                )
+                await db.execute(stmt)
+            if rows:
+                await db.execute(_insert(dialect, Completion).values(rows).on_conflict_do_nothing())
+                ids = [r["id"] for r in rows]
+                landed = (await db.scalars(select(Completion).where(Completion.id.in_(ids)))).all()
+                await attach_pending(db, landed)
+            await db.commit()
+        self._projects |= projects
+
+
+def _quarantine(path: Path, record: dict[str, Any], error: str) -> None:
+    with path.open("ab") as handle:
+        handle.write(orjson.dumps({"error": error, "record": record}) + b"\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _row(record: dict[str, Any]) -> dict[str, Any]:
+    row = dict(record)
+    for key in DATETIME_FIELDS:
+        if isinstance(row.get(key), str):
+            row[key] = datetime.fromisoformat(row[key])
+    return row

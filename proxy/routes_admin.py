@@ -1,0 +1,152 @@
+"""Admin routes (admin keys only): keys, aliases, adapters, deployments — all scoped to the admin's project."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select
+
+from proxy.deps import AdminDep, DbDep, StateDep
+from proxy.errors import InvalidRequest, NotFound
+from storage.keys import ROLES, create_key
+from storage.models import Adapter, Alias, ApiKey, Deployment, utcnow
+
+router = APIRouter(prefix="/v1/admin", tags=["admin"])
+
+
+class KeyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str = Field("harness", description="harness (call and give feedback) or admin")
+    name: str = Field("", max_length=200)
+
+
+class AliasIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+    base_model: str = Field(min_length=1, max_length=200)
+
+
+class DeploymentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    alias: str = Field(min_length=1, max_length=200)
+    version: int | None = Field(None, ge=1, description="adapter version; null rolls back to the base model")
+
+
+def _key_view(k: ApiKey) -> dict[str, Any]:
+    return {
+        "id": k.id,
+        "project": k.project_id,
+        "role": k.role,
+        "name": k.name,
+        "prefix": k.prefix,
+        "created_at": k.created_at,
+        "revoked_at": k.revoked_at,
+    }
+
+
+@router.post("/keys", status_code=201)
+async def create_api_key(item: KeyIn, admin: AdminDep, db: DbDep) -> dict[str, Any]:
+    """Create a key in the admin's project; the secret is in this answer only."""
+    if item.role not in ROLES:
+        raise InvalidRequest(f"'role' must be one of {', '.join(ROLES)}", param="role")
+    key = await db.run_sync(lambda s: create_key(s, admin.project_id, item.role, item.name))
+    await db.commit()
+    return {"id": key.id, "project": key.project_id, "role": key.role, "key": key.secret}
+
+
+@router.get("/keys")
+async def list_keys(admin: AdminDep, db: DbDep) -> dict[str, Any]:
+    rows = (await db.scalars(select(ApiKey).where(ApiKey.project_id == admin.project_id))).all()
+    return {"object": "list", "data": [_key_view(k) for k in rows]}
+
+
+@router.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
+    row = await db.scalar(select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == admin.project_id))
+    if row is None:
+        raise NotFound(f"no key {key_id!r} in this project", param="key_id")
+    row.revoked_at = utcnow()
+    await db.commit()
+    st.auth.forget()
+    return _key_view(row)
+
+
+@router.get("/aliases")
+async def list_aliases(admin: AdminDep, db: DbDep) -> dict[str, Any]:
+    rows = (await db.scalars(select(Alias).where(Alias.project_id == admin.project_id))).all()
+    return {
+        "object": "list",
+        "data": [{"name": a.name, "base_model": a.base_model, "deployed_version": a.deployed_version} for a in rows],
+    }
+
+
+@router.post("/aliases", status_code=201)
+async def create_alias(item: AliasIn, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
+    """A public name for a base model; deployments later point it at adapter versions."""
+    if st.router.base_models and item.base_model not in st.router.base_models:
+        raise InvalidRequest(
+            f"'base_model' must be one the engines serve: {sorted(st.router.base_models)}", param="base_model"
+        )
+    exists = await db.scalar(select(Alias).where(Alias.project_id == admin.project_id, Alias.name == item.name))
+    if exists is not None:
+        raise InvalidRequest(f"alias {item.name!r} exists already", param="name", code="alias_exists")
+    db.add(Alias(project_id=admin.project_id, name=item.name, base_model=item.base_model))
+    await db.commit()
+    await st.router.refresh()
+    return {"name": item.name, "base_model": item.base_model, "deployed_version": None}
+
+
+@router.get("/adapters")
+async def list_adapters(admin: AdminDep, db: DbDep, alias: str | None = None) -> dict[str, Any]:
+    query = select(Adapter).where(Adapter.project_id == admin.project_id)
+    if alias:
+        query = query.where(Adapter.alias == alias)
+    rows = (await db.scalars(query.order_by(Adapter.alias, Adapter.version))).all()
+    return {
+        "object": "list",
+        "data": [
+            {
+                "alias": a.alias,
+                "version": a.version,
+                "parent_version": a.parent_version,
+                "path": a.path,
+                "sha256": a.sha256,
+                "base_model": a.base_model,
+                "training_run_id": a.training_run_id,
+                "metrics": a.metrics,
+                "created_at": a.created_at,
+            }
+            for a in rows
+        ],
+    }
+
+
+@router.get("/deployments")
+async def list_deployments(admin: AdminDep, db: DbDep, alias: str | None = None) -> dict[str, Any]:
+    query = select(Deployment).where(Deployment.project_id == admin.project_id)
+    if alias:
+        query = query.where(Deployment.alias == alias)
+    rows = (await db.scalars(query.order_by(Deployment.id))).all()
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": d.id,
+                "alias": d.alias,
+                "version": d.version,
+                "previous_version": d.previous_version,
+                "status": d.status,
+                "detail": d.detail,
+                "created_at": d.created_at,
+            }
+            for d in rows
+        ],
+    }
+
+
+@router.post("/deployments", status_code=201)
+async def deploy(item: DeploymentIn, admin: AdminDep, st: StateDep) -> dict[str, Any]:
+    """Load ``alias@vN`` into every engine replica, verify, then route the alias to it (null: back to base)."""
+    return await st.router.deploy(admin.project_id, item.alias, item.version)

@@ -1,0 +1,174 @@
+"""OpenAI routes: calls (also under /s/{session_id}/ for harnesses that can only set a base URL),
+models, tokenizer passthrough, and stored completions read back the OpenAI way."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from sqlalchemy import select
+
+from proxy.calls import handle, read_json
+from proxy.deps import DbDep, PrincipalDep, StateDep
+from proxy.errors import InvalidRequest, NotFound, UpstreamError
+from proxy.responses import ORJSONResponse
+from storage.models import Completion
+
+router = APIRouter()
+
+CALL_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {"type": "object", "additionalProperties": True, "properties": {"model": {"type": "string"}}}
+            }
+        },
+    }
+}
+
+
+@router.post("/v1/chat/completions", openapi_extra=CALL_DOC, tags=["openai"])
+async def chat_completions(request: Request) -> Any:
+    """OpenAI chat completions, streaming or not, recorded token-exactly."""
+    return await handle(request, "chat")
+
+
+@router.post("/v1/completions", openapi_extra=CALL_DOC, tags=["openai"])
+async def completions(request: Request) -> Any:
+    """OpenAI text completions, recorded token-exactly."""
+    return await handle(request, "completions")
+
+
+@router.post("/s/{session_id}/v1/chat/completions", openapi_extra=CALL_DOC, tags=["openai"])
+async def session_chat_completions(request: Request, session_id: str) -> Any:
+    return await handle(request, "chat", path_session=session_id)
+
+
+@router.post("/s/{session_id}/v1/completions", openapi_extra=CALL_DOC, tags=["openai"])
+async def session_completions(request: Request, session_id: str) -> Any:
+    return await handle(request, "completions", path_session=session_id)
+
+
+@router.get("/v1/models", tags=["openai"])
+@router.get("/s/{session_id}/v1/models", tags=["openai"], include_in_schema=False)
+async def list_models(principal: PrincipalDep, st: StateDep) -> dict[str, Any]:
+    """The aliases this key may use."""
+    data = [
+        {"id": name, "object": "model", "created": 0, "owned_by": principal.project_id}
+        for name in st.router.visible(principal.project_id)
+    ]
+    return {"object": "list", "data": data}
+
+
+async def _passthrough(request: Request, st: Any, principal: Any, path: str) -> Response:
+    body = await read_json(request, st.settings.max_body_bytes)
+    if "model" in body:
+        body["model"] = st.router.resolve(principal.project_id, body["model"]).served_model
+    try:
+        status, reply = await st.upstream.post_json(st.upstream.pick(), path, body, timeout=30)
+    except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
+        raise UpstreamError(f"cannot reach the engine for {path}: {type(exc).__name__}") from exc
+    return ORJSONResponse(reply, status_code=status if status < 500 else 502)
+
+
+@router.post("/tokenize", openapi_extra=CALL_DOC, tags=["openai"])
+async def tokenize(request: Request, principal: PrincipalDep, st: StateDep) -> Response:
+    """vLLM's tokenizer, with the alias resolved to the model it serves."""
+    return await _passthrough(request, st, principal, "/tokenize")
+
+
+@router.post("/detokenize", openapi_extra=CALL_DOC, tags=["openai"])
+async def detokenize(request: Request, principal: PrincipalDep, st: StateDep) -> Response:
+    return await _passthrough(request, st, principal, "/detokenize")
+
+
+def completion_view(row: Completion) -> dict[str, Any]:
+    """A stored completion: the reply as the client saw it, plus our own capture under ``onthejob``."""
+    base = dict(
+        row.response or {"object": "chat.completion" if row.endpoint == "chat" else "text_completion", "choices": []}
+    )
+    base["id"] = row.id
+    base["created"] = int(row.created_at.timestamp())
+    base["model"] = row.alias
+    base["onthejob"] = {
+        "session_id": row.session_id,
+        "task_id": row.task_id,
+        "client_request_id": row.client_request_id,
+        "adapter": row.served_model,
+        "adapter_version": row.adapter_version,
+        "endpoint": row.endpoint,
+        "prompt_token_ids": row.prompt_token_ids,
+        "completion_token_ids": [c.get("token_ids") for c in row.choices],
+        "logprobs": [c.get("logprobs") for c in row.choices],
+        "termination": row.termination,
+        "status_code": row.status_code,
+        "error": row.error,
+        "sampling": row.sampling,
+        "tags": row.tags,
+        "parent_id": row.parent_id,
+        "stream": row.stream,
+        "timings": {"latency_ms": row.latency_ms, "ttft_ms": row.ttft_ms},
+        "request": row.request,
+    }
+    return base
+
+
+@router.get("/v1/chat/completions/{completion_id}", tags=["openai"])
+async def get_completion(completion_id: str, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
+    """One stored completion of the caller's project."""
+    row = await db.scalar(
+        select(Completion).where(Completion.id == completion_id, Completion.project_id == principal.project_id)
+    )
+    if row is None:
+        raise NotFound(
+            f"no completion {completion_id!r} (it may still be in the spool; retry shortly)", param="completion_id"
+        )
+    return completion_view(row)
+
+
+@router.get("/v1/chat/completions", tags=["openai"])
+async def list_completions(
+    principal: PrincipalDep,
+    db: DbDep,
+    session_id: str | None = None,
+    alias: str | None = None,
+    task_id: str | None = None,
+    after: Annotated[str | None, Query(description="cursor: the last id of the previous page")] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> dict[str, Any]:
+    """Stored completions, oldest first, filtered by session, alias, task and time; paginated by cursor."""
+    query = select(Completion).where(Completion.project_id == principal.project_id)
+    if session_id:
+        query = query.where(Completion.session_id == session_id)
+    if alias:
+        query = query.where(Completion.alias == alias)
+    if task_id:
+        query = query.where(Completion.task_id == task_id)
+    if since:
+        query = query.where(Completion.created_at >= since)
+    if until:
+        query = query.where(Completion.created_at < until)
+    if after:
+        anchor = await db.scalar(
+            select(Completion).where(Completion.id == after, Completion.project_id == principal.project_id)
+        )
+        if anchor is None:
+            raise InvalidRequest("'after' must be the id of a completion from the previous page", param="after")
+        query = query.where(
+            (Completion.created_at > anchor.created_at)
+            | ((Completion.created_at == anchor.created_at) & (Completion.id > anchor.id))
+        )
+    rows = (await db.scalars(query.order_by(Completion.created_at, Completion.id).limit(limit + 1))).all()
+    page = [completion_view(r) for r in rows[:limit]]
+    return {
+        "object": "list",
+        "data": page,
+        "has_more": len(rows) > limit,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    }

@@ -1,0 +1,124 @@
+"""Sessions and tasks: named by the harness, or linked by message prefixes.
+
+A call's *link key* hashes its request messages plus the assistant message it
+returned. The next turn of the same conversation starts with exactly those
+messages, so it finds its parent by hashing its own message prefixes. Messages
+are compared after normalisation (role, text, tool calls, tool call id), not as
+tokens: the chat template re-renders the assistant turn differently from the
+sampled ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+
+@dataclass(frozen=True)
+class Naming:
+    """What the harness told us about a call: session, task, tags, its own request id."""
+
+    session_id: str | None
+    task_id: str | None
+    tags: tuple[str, ...]
+    client_request_id: str | None
+    source: str  # header | metadata | path | (resolved later) linked | new
+
+
+def naming(headers: Any, body: dict[str, Any], path_session: str | None) -> Naming:
+    """Read the session, task and tags from headers, ``metadata`` or the base-URL path."""
+    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    session, source = headers.get("x-session-id"), "header"
+    if not session and meta.get("session_id"):
+        session, source = str(meta["session_id"]), "metadata"
+    if not session and path_session:
+        session, source = path_session, "path"
+    task = headers.get("x-task-id") or (str(meta["task_id"]) if meta.get("task_id") else None)
+    raw_tags = headers.get("x-onthejob-tags") or meta.get("tags") or ""
+    if isinstance(raw_tags, str):
+        tags = tuple(t.strip() for t in raw_tags.split(",") if t.strip())
+    else:
+        tags = tuple(str(t) for t in raw_tags)
+    return Naming(session or None, task, tags, headers.get("x-client-request-id"), source)
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: keep the text ones in order
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def normalise(message: dict[str, Any]) -> bytes:
+    """A canonical byte form of one chat message."""
+    calls = [
+        [(c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments", "")]
+        for c in (message.get("tool_calls") or [])
+        if isinstance(c, dict)
+    ]
+    return orjson.dumps(
+        [
+            message.get("role", ""),
+            _content_text(message.get("content")),
+            calls,
+            message.get("tool_call_id") or "",
+            message.get("name") or "",
+        ]
+    )
+
+
+def prefix_keys(messages: list[dict[str, Any]]) -> list[str]:
+    """Chained hashes: keys[j] identifies messages[: j + 1]."""
+    keys, state = [], b""
+    for message in messages:
+        state = hashlib.sha256(state + normalise(message)).digest()
+        keys.append(state.hex())
+    return keys
+
+
+def link_key(messages: list[dict[str, Any]], reply: dict[str, Any] | None) -> str | None:
+    """The key a follow-up call will find: request messages plus the returned assistant message."""
+    if reply is None:
+        return None
+    return prefix_keys([*messages, reply])[-1]
+
+
+def new_session_id() -> str:
+    return "ses_" + uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Link:
+    session_id: str
+    completion_id: str
+    task_id: str | None
+
+
+class LinkCache:
+    """Recent link keys in memory (project, key) → Link; the database answers the rest."""
+
+    def __init__(self, size: int = 100_000) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], Link] = OrderedDict()
+
+    def put(self, project: str, key: str, link: Link) -> None:
+        self._items[(project, key)] = link
+        self._items.move_to_end((project, key))
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def longest(self, project: str, keys: list[str], session: str | None) -> Link | None:
+        """The link for the longest prefix we know (within ``session`` if given)."""
+        for key in reversed(keys):
+            link = self._items.get((project, key))
+            if link is not None and (session is None or link.session_id == session):
+                return link
+        return None

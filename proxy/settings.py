@@ -1,0 +1,40 @@
+"""One settings object per proxy process: CLI flags over ``ONTHEJOB_*`` env over laptop defaults."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(f"ONTHEJOB_{name}", default)
+
+
+@dataclass
+class Settings:
+    upstreams: list[str] = field(default_factory=lambda: _env("UPSTREAM", "http://127.0.0.1:8001").split(","))
+    database_url: str | None = None  # None: $DATABASE_URL or sqlite:///onthejob.db
+    spool_dir: Path = field(default_factory=lambda: Path(_env("SPOOL", "spool")))
+    auth: bool = True
+    default_project: str = "default"
+    max_body_bytes: int = field(default_factory=lambda: int(_env("MAX_BODY_BYTES", str(32 * 1024 * 1024))))
+    connect_timeout_s: float = field(default_factory=lambda: float(_env("CONNECT_TIMEOUT", "10")))
+    # Longest silence allowed between two chunks (or before a non-streamed reply); no total timeout.
+    idle_timeout_s: float = field(default_factory=lambda: float(_env("IDLE_TIMEOUT", "300")))
+    spool_max_bytes: int = field(default_factory=lambda: int(_env("SPOOL_MAX_BYTES", str(2 * 1024**3))))
+    # When the spool is full: "refuse" new calls with 503 (default) or "serve" them unrecorded (counted).
+    spool_full_policy: str = field(default_factory=lambda: _env("SPOOL_FULL_POLICY", "refuse"))
+    drain_batch: int = 500
+    alias_refresh_s: float = 0.5  # every replica sees a new deployment within 1 s
+    reconcile_every_s: float = 5.0  # how often engines are checked for lost adapters
+    key_cache_ttl_s: float = 60.0
+    record: bool = True  # False only for benchmarks (recording-off baseline)
+
+    def __post_init__(self) -> None:
+        self.upstreams = [u.rstrip("/").removesuffix("/v1") for u in self.upstreams if u]
+        if not self.upstreams:
+            raise ValueError("at least one --upstream URL is needed, e.g. http://127.0.0.1:8001")
+        if self.spool_full_policy not in ("refuse", "serve"):
+            raise ValueError("ONTHEJOB_SPOOL_FULL_POLICY must be 'refuse' or 'serve'")
+        self.spool_dir = Path(self.spool_dir)

@@ -1,0 +1,129 @@
+"""What the app owns for its lifetime: settings, database, upstream client, spool, recorder, caches."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from proxy.auth import Auth
+from proxy.metrics import Metrics
+from proxy.recorder import Recorder
+from proxy.routing import Router
+from proxy.sessions import LinkCache
+from proxy.settings import Settings
+from proxy.spool import Spool
+from proxy.upstream import Upstream
+from storage.db import async_engine
+
+log = logging.getLogger("onthejob.proxy")
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+    upstream: Upstream
+    spool: Spool
+    recorder: Recorder
+    router: Router
+    auth: Auth
+    metrics: Metrics
+    links: LinkCache
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    inflight: set[asyncio.Task[None]] = field(default_factory=set)
+    upstream_up: dict[str, bool] = field(default_factory=dict)
+    draining: bool = False
+
+    @classmethod
+    def build(cls, settings: Settings) -> AppState:
+        engine = (
+            async_engine(settings.database_url, pool_size=5, max_overflow=5)
+            if not _sqlite(settings)
+            else async_engine(settings.database_url)
+        )
+        maker = async_sessionmaker(engine, expire_on_commit=False)
+        metrics = Metrics()
+        upstream = Upstream(settings.upstreams, settings.connect_timeout_s, settings.idle_timeout_s)
+        spool = Spool(settings.spool_dir, settings.spool_max_bytes)
+        return cls(
+            settings=settings,
+            engine=engine,
+            sessionmaker=maker,
+            upstream=upstream,
+            spool=spool,
+            recorder=Recorder(spool, maker, metrics, settings.drain_batch),
+            router=Router(maker, upstream, metrics, settings.default_project),
+            auth=Auth(
+                maker, enabled=settings.auth, default_project=settings.default_project, ttl_s=settings.key_cache_ttl_s
+            ),
+            metrics=metrics,
+            links=LinkCache(),
+        )
+
+    async def start(self) -> None:
+        await self.upstream.start()
+        await self.router.discover()
+        try:
+            await self.router.register_base_aliases()
+            await self.router.refresh()
+        except Exception as exc:  # noqa: BLE001 - the database may be down at start; serve from the spool
+            log.warning("database not reachable at start (%s); aliases will load when it returns", exc)
+        self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
+        self.tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+
+    async def _housekeeping(self) -> None:
+        """Follow deployments (alias table) quickly; check engines for lost adapters now and then."""
+        ticks_per_reconcile = max(1, int(self.settings.reconcile_every_s / self.settings.alias_refresh_s))
+        tick = 0
+        while True:
+            await asyncio.sleep(self.settings.alias_refresh_s)
+            with contextlib.suppress(Exception):
+                await self.router.refresh()
+            tick += 1
+            if tick % ticks_per_reconcile == 0:
+                await self.probe_upstreams()
+
+    async def probe_upstreams(self) -> None:
+        for base in self.upstream.urls:
+            try:
+                status, _ = await self.upstream.get_json(base, "/v1/models", timeout=2.0)
+                up = status == 200
+            except Exception:  # noqa: BLE001 - unreachable engine
+                up = False
+            was_up = self.upstream_up.get(base)
+            self.upstream_up[base] = up
+            self.metrics.upstream_up.labels(base).set(1 if up else 0)
+            if up:
+                if not self.router.base_models:
+                    await self.router.discover()
+                with contextlib.suppress(Exception):
+                    loaded = await self.router.reconcile(base)
+                    if loaded or was_up is False:
+                        log.info("engine %s: reloaded %d adapter(s)", base, loaded)
+
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Finish in-flight calls (up to a grace period), flush the spool into the database, close."""
+        self.draining = True
+        if self.inflight:
+            await asyncio.wait(self.inflight, timeout=grace_s)
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.recorder.drain_once(), timeout=10)
+        self.spool.close()
+        await self.upstream.close()
+        await self.engine.dispose()
+
+
+def _sqlite(settings: Settings) -> bool:
+    from storage.db import database_url, is_sqlite
+
+    return is_sqlite(database_url(settings.database_url))

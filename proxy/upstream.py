@@ -1,0 +1,86 @@
+"""The one upstream HTTP client (aiohttp: measured ~13x httpx's throughput here), behind a small API.
+
+Replicas are used round-robin for calls; admin fan-out (adapter loads) goes to each.
+Timeouts: connect, and idle between reads; never a total timeout on a stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+
+class Upstream:
+    def __init__(self, urls: list[str], connect_timeout: float, idle_timeout: float) -> None:
+        self.urls = urls
+        self._cycle = itertools.cycle(urls)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=idle_timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self.fingerprints: dict[str, str] = {}  # per replica: vLLM's system_fingerprint, seen in replies
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            json_serialize=lambda o: orjson.dumps(o).decode(),
+            auto_decompress=True,
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "Upstream.start() was not awaited"
+        return self._session
+
+    def pick(self) -> str:
+        return next(self._cycle)
+
+    async def open(self, base: str, path: str, body: bytes) -> aiohttp.ClientResponse:
+        """POST a JSON body and return the response with its body unread (the caller streams it)."""
+        return await self.session.post(f"{base}{path}", data=body, headers={"content-type": "application/json"})
+
+    async def get_json(self, base: str, path: str, timeout: float = 5.0) -> tuple[int, Any]:
+        async with self.session.get(f"{base}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            raw = await resp.read()
+            return resp.status, _maybe_json(raw)
+
+    async def post_json(self, base: str, path: str, payload: Any, timeout: float = 120.0) -> tuple[int, Any]:
+        async with self.session.post(
+            f"{base}{path}",
+            data=orjson.dumps(payload),
+            headers={"content-type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            raw = await resp.read()
+            return resp.status, _maybe_json(raw)
+
+
+def _maybe_json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")
+
+
+async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """Yield the payload of each ``data:`` line as it arrives (no coalescing)."""
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        while True:
+            cut = buffer.find(b"\n")
+            if cut < 0:
+                break
+            line, buffer = buffer[:cut].rstrip(b"\r"), buffer[cut + 1 :]
+            if line.startswith(b"data:"):
+                yield line[5:].strip()
+    if buffer.strip().startswith(b"data:"):
+        yield buffer.strip()[5:].strip()

@@ -1,0 +1,94 @@
+"""Proxy fixtures: the real `onthejob serve` in a subprocess, in front of a real engine or a stub."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session
+
+from storage.db import sync_engine
+from storage.keys import create_key
+from tests.conftest import free_port
+
+
+@dataclass
+class Proxy:
+    url: str
+    proc: subprocess.Popen[bytes]
+    spool: Path
+    log: Path
+    db_url: str
+
+    @property
+    def v1(self) -> str:
+        return f"{self.url}/v1"
+
+    def stop(self, sig: str = "term") -> int:
+        if self.proc.poll() is None:
+            (self.proc.terminate if sig == "term" else self.proc.kill)()
+            self.proc.wait(30)
+        return self.proc.returncode
+
+    def wait_drained(self, timeout: float = 30.0) -> None:
+        """Poll /readyz until the spool is empty (the recorder committed everything)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = httpx.get(f"{self.url}/readyz", timeout=10).json()
+            if body["spool"]["depth"] == 0:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"spool not drained after {timeout}s: {body}")
+
+
+ProxyFactory = Callable[..., Proxy]
+
+
+@pytest.fixture
+def start_proxy(tmp_path: Path) -> Iterator[ProxyFactory]:
+    started: list[Proxy] = []
+
+    def start(upstream: str, db_url: str, *, auth: bool = False, env: dict[str, str] | None = None,
+              spool: Path | None = None, port: int | None = None) -> Proxy:  # fmt: skip
+        port = port or free_port()
+        spool = spool or tmp_path / f"spool-{port}"
+        log = tmp_path / f"proxy-{port}.log"
+        cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url,
+               "--port", str(port), "--spool", str(spool)]  # fmt: skip
+        if not auth:
+            cmd.append("--no-auth")
+        proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"proxy exited: {log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        proxy = Proxy(url, proc, spool, log, db_url)
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+def make_key(db_url: str, project: str = "default", role: str = "harness") -> str:
+    eng = sync_engine(db_url)
+    with Session(eng) as db:
+        key = create_key(db, project, role)
+        db.commit()
+    eng.dispose()
+    return key.secret

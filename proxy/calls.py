@@ -444,10 +444,23 @@ async def handle(request: Request, endpoint: str, path_session: str | None = Non
     messages = body.get("messages") if endpoint == "chat" else None
     session = await resolve_session(st, principal.project_id, naming, messages)
     call = Call(st, principal, endpoint, body, route, naming, session)
-    task = asyncio.current_task()
-    if task is not None:
-        st.inflight.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(st.inflight.discard)
+    work = asyncio.create_task(_serve(call))
+    st.inflight.add(work)
+    work.add_done_callback(st.inflight.discard)
+    gone = asyncio.create_task(_wait_disconnect(request.receive))
+    done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if work in done:
+        gone.cancel()
+        return work.result()
+    # The client left before its reply (or first chunk): stop the upstream request and say so.
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await work
+    await call.save(status=499, termination="client_disconnected", error="client disconnected before the reply")
+    return Response(status_code=499)
+
+
+async def _serve(call: Call) -> Response:
     resp = await call.open()
     if resp.status >= 400:
         return await call.reject(resp)

@@ -29,7 +29,8 @@ class Settings:
     alias_refresh_s: float = 0.5  # every replica sees a new deployment within 1 s
     reconcile_every_s: float = 5.0  # how often engines are checked for lost adapters
     key_cache_ttl_s: float = 60.0
-    record: bool = True  # False only for benchmarks (recording-off baseline)
+    # False only for benchmarks (the recording-off baseline): ONTHEJOB_RECORD=0.
+    record: bool = field(default_factory=lambda: _env("RECORD", "1") not in ("0", "false", "no"))
 
     def __post_init__(self) -> None:
         self.upstreams = [u.rstrip("/").removesuffix("/v1") for u in self.upstreams if u]

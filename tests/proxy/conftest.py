@@ -92,3 +92,23 @@ def make_key(db_url: str, project: str = "default", role: str = "harness") -> st
         db.commit()
     eng.dispose()
     return key.secret
+
+
+@pytest.fixture
+def stub_upstream(tmp_path: Path) -> Iterator[str]:
+    """The fault-injecting fake engine (onthejob.stub_upstream) on a free port."""
+    port = free_port()
+    log = tmp_path / "stub.log"
+    proc = subprocess.Popen([sys.executable, "-m", "onthejob.stub_upstream", "--port", str(port)],
+                            stdout=log.open("ab"), stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url
+    proc.kill()
+    proc.wait(10)

@@ -19,8 +19,16 @@ from tests.proxy.conftest import Proxy, ProxyFactory
 pytestmark = pytest.mark.engine
 
 MESSAGES = [{"role": "user", "content": "Say something."}]
-TOOLS = [{"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic",
-          "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+        },
+    }
+]
 
 
 @pytest.fixture
@@ -65,7 +73,8 @@ def test_sdk_sync_async_stream_and_tools_are_recorded(proxy: Proxy, tiny_engine:
         chunks = list(stream.parse())
     assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")
     raw = client.chat.completions.with_raw_response.create(
-        model=model, messages=MESSAGES, max_tokens=5, tools=TOOLS, tool_choice="auto")  # type: ignore[arg-type]
+        model=model, messages=MESSAGES, max_tokens=5, tools=TOOLS, tool_choice="auto"
+    )  # type: ignore[arg-type]
     ids.append(raw.headers["x-request-id"])
     completion = client.completions.with_raw_response.create(model=model, prompt="Once upon", max_tokens=4)
     ids.append(completion.headers["x-request-id"])
@@ -140,8 +149,12 @@ def test_multi_turn_without_session_header_is_one_session(proxy: Proxy, tiny_eng
     messages: list[dict[str, Any]] = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q1"}]
     sessions, ids = set(), []
     for turn in range(3):
-        raw = client.chat.completions.with_raw_response.create(model=model, messages=messages, max_tokens=4,  # type: ignore[arg-type]
-                                                               seed=turn)
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,
+            max_tokens=4,  # type: ignore[arg-type]
+            seed=turn,
+        )
         sessions.add(raw.headers["x-session-id"])
         ids.append(raw.headers["x-request-id"])
         reply = raw.parse().choices[0].message
@@ -149,7 +162,8 @@ def test_multi_turn_without_session_header_is_one_session(proxy: Proxy, tiny_eng
     assert len(sessions) == 1
     # A different conversation is a different session.
     other = client.chat.completions.with_raw_response.create(
-        model=model, messages=[{"role": "user", "content": "q1"}], max_tokens=3)
+        model=model, messages=[{"role": "user", "content": "q1"}], max_tokens=3
+    )
     assert other.headers["x-session-id"] not in sessions
     proxy.wait_drained()
     rows = {r.id: r for r in _rows(proxy.db_url, session_id=sessions.pop())}

@@ -1,0 +1,168 @@
+"""A fast fake vLLM for fault injection and for measuring the proxy's own overhead.
+
+Never a stand-in for the engine in a test that claims the loop works. It answers
+in vLLM's shapes (``token_ids``, ``prompt_token_ids``, processed logprobs when
+asked, a usage chunk when asked) and misbehaves on request through a body field
+the proxy passes through untouched::
+
+    "stub_fault": "500" | "reset" | "stall" | "malformed" | "reset_midstream" | "stall_midstream"
+    "stub_gap_ms": 20        # gap between streamed chunks
+
+Run: ``python -m onthejob.stub_upstream --port 9000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+MODEL = "stub-model"
+PROMPT_IDS = list(range(1, 17))
+STATS = {"streams": 0, "cancelled": 0}
+
+
+def _logprobs(chat: bool, n: int) -> dict[str, Any]:
+    if chat:
+        return {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []} for _ in range(n)]}
+    return {"text_offset": list(range(n)), "token_logprobs": [-0.5] * n, "tokens": ["x"] * n, "top_logprobs": None}
+
+
+def _reply(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    n = int(body.get("max_tokens") or 4)
+    ids = [100 + i for i in range(n)]
+    choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "stop_reason": None,
+                              "token_ids": ids if body.get("return_token_ids") else None,
+                              "logprobs": _logprobs(chat, n) if body.get("logprobs") is not None
+                              and body.get("logprobs") is not False else None}  # fmt: skip
+    if chat:
+        choice["message"] = {"role": "assistant", "content": "x" * n}
+    else:
+        choice["text"] = "x" * n
+    return {
+        "id": f"stub-{time.monotonic_ns()}", "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()), "model": body.get("model", MODEL), "choices": [choice],
+        "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": n, "total_tokens": len(PROMPT_IDS) + n},
+        "prompt_token_ids": PROMPT_IDS if body.get("return_token_ids") else None,
+        "system_fingerprint": "stub",
+    }  # fmt: skip
+
+
+async def _stream(request: web.Request, body: dict[str, Any], chat: bool) -> web.StreamResponse:
+    fault = body.get("stub_fault")
+    gap = float(body.get("stub_gap_ms") or 0) / 1000
+    n = int(body.get("max_tokens") or 4)
+    resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+    await resp.prepare(request)
+    rid, created = f"stub-{time.monotonic_ns()}", int(time.time())
+    want_ids = bool(body.get("return_token_ids"))
+    want_lp = body.get("logprobs") not in (None, False)
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        obj = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+               "model": body.get("model", MODEL), "choices": choices, **extra}  # fmt: skip
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    STATS["streams"] += 1
+    try:
+        await resp.write(chunk([first], prompt_token_ids=PROMPT_IDS if want_ids else None))
+        await _tokens(request, resp, body, chat, chunk, n, gap, fault, want_ids, want_lp)
+    except (ConnectionResetError, asyncio.CancelledError):
+        STATS["cancelled"] += 1  # the proxy closed the connection: the "engine" stops generating
+        raise
+    return resp
+
+
+async def _tokens(
+    request: web.Request,
+    resp: web.StreamResponse,
+    body: dict[str, Any],
+    chat: bool,
+    chunk: Any,
+    n: int,
+    gap: float,
+    fault: Any,
+    want_ids: bool,
+    want_lp: bool,
+) -> None:
+    for i in range(n):
+        if gap:
+            await asyncio.sleep(gap)
+        if i == n // 2 and fault == "reset_midstream":
+            assert request.transport is not None
+            request.transport.abort()
+            return
+        if i == n // 2 and fault == "stall_midstream":
+            await asyncio.sleep(3600)
+        if i == n // 2 and fault == "malformed":
+            await resp.write(b"data: {not json\n\n")
+            continue
+        last = i == n - 1
+        c: dict[str, Any] = {"index": 0, "logprobs": _logprobs(chat, 1) if want_lp else None,
+                             "finish_reason": "length" if last else None, "token_ids": [100 + i] if want_ids else None}  # fmt: skip
+        if chat:
+            c["delta"] = {"content": "x"} if not last else {"content": "x"}
+        else:
+            c["text"] = "x"
+        await resp.write(chunk([c]))
+    options = body.get("stream_options") or {}
+    if options.get("include_usage"):
+        usage = {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": n, "total_tokens": len(PROMPT_IDS) + n}
+        await resp.write(chunk([], usage=usage, system_fingerprint="stub"))
+    await resp.write(b"data: [DONE]\n\n")
+
+
+async def _call(request: web.Request) -> web.StreamResponse:
+    chat = request.path.endswith("/chat/completions")
+    body = orjson.loads(await request.read())
+    fault = body.get("stub_fault")
+    if fault == "500":
+        return web.json_response({"error": {"message": "stub exploded", "type": "InternalServerError"}}, status=500)
+    if fault == "reset":
+        assert request.transport is not None
+        request.transport.abort()
+        return web.Response()
+    if fault == "stall":
+        await asyncio.sleep(3600)
+    if body.get("stream"):
+        return await _stream(request, body, chat)
+    return web.Response(body=orjson.dumps(_reply(body, chat)), content_type="application/json")
+
+
+async def _models(_: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "parent": None}]})
+
+
+async def _stats(_: web.Request) -> web.Response:
+    return web.json_response(STATS)
+
+
+def make_app() -> web.Application:
+    app = web.Application()
+    app.router.add_get("/stub/stats", _stats)
+    app.router.add_post("/v1/chat/completions", _call)
+    app.router.add_post("/v1/completions", _call)
+    app.router.add_get("/v1/models", _models)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=9000)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(make_app(), host="127.0.0.1", port=args.port, print=None, access_log=None, shutdown_timeout=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy import capture, sessions
 from proxy.errors import ApiError, InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
+from proxy.redact import redact_record
 from proxy.routing import Route
 from proxy.spool import SpoolFull
 from proxy.upstream import sse_events
@@ -256,6 +257,7 @@ class Call:
             "latency_ms": (time.perf_counter() - self.t0) * 1000,
             "ttft_ms": self.ttft_ms,
         }
+        record = redact_record(record, st.policy(self.project))
         session = {
             "project_id": self.project,
             "id": self.session_id,
@@ -432,6 +434,7 @@ async def handle(request: Request, endpoint: str, path_session: str | None = Non
     if st.draining:
         raise Unavailable("the proxy is shutting down; retry on another replica", code="draining")
     principal = await st.auth.authenticate(request.headers.get("authorization"))
+    st.ratelimiter.check(principal.key_id)
     body = await read_json(request, st.settings.max_body_bytes)
     validate(body, endpoint)
     if st.spool.full and st.settings.spool_full_policy == "refuse" and st.settings.record:

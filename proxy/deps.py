@@ -33,7 +33,10 @@ def app_state(request: Request) -> AppState:
 
 
 async def current_principal(request: Request) -> Principal:
-    return await app_state(request).auth.authenticate(request.headers.get("authorization"))
+    st = app_state(request)
+    principal = await st.auth.authenticate(request.headers.get("authorization"))
+    st.ratelimiter.check(principal.key_id)
+    return principal
 
 
 async def require_admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import APIRouter
@@ -11,7 +12,7 @@ from sqlalchemy import select
 from proxy.deps import AdminDep, DbDep, StateDep
 from proxy.errors import InvalidRequest, NotFound
 from storage.keys import ROLES, create_key
-from storage.models import Adapter, Alias, ApiKey, Deployment, utcnow
+from storage.models import Adapter, Alias, ApiKey, Deployment, Project, utcnow
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -150,3 +151,38 @@ async def list_deployments(admin: AdminDep, db: DbDep, alias: str | None = None)
 async def deploy(item: DeploymentIn, admin: AdminDep, st: StateDep) -> dict[str, Any]:
     """Load ``alias@vN`` into every engine replica, verify, then route the alias to it (null: back to base)."""
     return await st.router.deploy(admin.project_id, item.alias, item.version)
+
+
+class RedactIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    store_text: bool = Field(True, description="false: store no message text at all (token ids stay)")
+    patterns: list[str] = Field(default_factory=list, max_length=50, description="regexes replaced by [redacted]")
+
+
+class ProjectIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    redact: RedactIn
+
+
+@router.get("/project")
+async def get_project(admin: AdminDep, db: DbDep) -> dict[str, Any]:
+    row = await db.get(Project, admin.project_id)
+    return {"id": admin.project_id, "settings": row.settings if row else {}}
+
+
+@router.put("/project")
+async def set_project(item: ProjectIn, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
+    """Project policy (redaction); every proxy replica applies it within a second."""
+    for i, pattern in enumerate(item.redact.patterns):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InvalidRequest(f"redact.patterns[{i}] is not a valid regex: {exc}", param="redact.patterns") from exc
+    row = await db.get(Project, admin.project_id)
+    if row is None:
+        row = Project(id=admin.project_id, settings={})
+        db.add(row)
+    row.settings = {**(row.settings or {}), "redact": item.redact.model_dump()}
+    await db.commit()
+    await st.refresh()
+    return {"id": admin.project_id, "settings": row.settings}

@@ -7,17 +7,21 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from proxy.auth import Auth
 from proxy.metrics import Metrics
+from proxy.ratelimit import RateLimiter
 from proxy.recorder import Recorder
+from proxy.redact import Policy
 from proxy.routing import Router
 from proxy.sessions import LinkCache
 from proxy.settings import Settings
 from proxy.spool import Spool
 from proxy.upstream import Upstream
 from storage.db import async_engine
+from storage.models import Project
 
 log = logging.getLogger("onthejob.proxy")
 
@@ -34,6 +38,8 @@ class AppState:
     auth: Auth
     metrics: Metrics
     links: LinkCache
+    ratelimiter: RateLimiter
+    policies: dict[str, Policy] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
     upstream_up: dict[str, bool] = field(default_factory=dict)
@@ -63,6 +69,7 @@ class AppState:
             ),
             metrics=metrics,
             links=LinkCache(),
+            ratelimiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
         )
 
     async def start(self) -> None:
@@ -70,7 +77,7 @@ class AppState:
         await self.router.discover()
         try:
             await self.router.register_base_aliases()
-            await self.router.refresh()
+            await self.refresh()
         except Exception as exc:  # noqa: BLE001 - the database may be down at start; serve from the spool
             log.warning("database not reachable at start (%s); aliases will load when it returns", exc)
         self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
@@ -83,10 +90,20 @@ class AppState:
         while True:
             await asyncio.sleep(self.settings.alias_refresh_s)
             with contextlib.suppress(Exception):
-                await self.router.refresh()
+                await self.refresh()
             tick += 1
             if tick % ticks_per_reconcile == 0:
                 await self.probe_upstreams()
+
+    async def refresh(self) -> None:
+        """Reload what other replicas or the trainer may have changed: aliases and project policies."""
+        await self.router.refresh()
+        async with self.sessionmaker() as db:
+            rows = (await db.execute(select(Project.id, Project.settings))).all()
+        self.policies = {pid: Policy.from_settings(settings) for pid, settings in rows}
+
+    def policy(self, project: str) -> Policy:
+        return self.policies.get(project) or Policy()
 
     async def probe_upstreams(self) -> None:
         for base in self.upstream.urls:

@@ -1,0 +1,76 @@
+"""Per-project redaction, applied to a record before it is written anywhere (spool, database).
+
+Two policies, set per project (``PUT /v1/admin/project``):
+``{"redact": {"store_text": false}}`` stores no text at all (every string in the
+request, reply and captured choices becomes ``[redacted]``; token ids, logprobs,
+usage and timings stay, so the record still trains); ``{"redact": {"patterns":
+["sk-[A-Za-z0-9]+"]}}`` replaces matches of each regex everywhere they appear.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+MASK = "[redacted]"
+# Structural strings that carry no user text; kept so records stay readable.
+KEEP_KEYS = frozenset({"role", "model", "id", "object", "finish_reason", "type", "system_fingerprint",
+                       "tool_choice", "service_tier", "tool_call_id", "stop_reason"})  # fmt: skip
+TEXT_FIELDS = ("request", "response", "choices", "error")
+
+
+@dataclass(frozen=True)
+class Policy:
+    store_text: bool = True
+    patterns: tuple[re.Pattern[str], ...] = field(default_factory=tuple)
+
+    @property
+    def active(self) -> bool:
+        return not self.store_text or bool(self.patterns)
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any] | None) -> Policy:
+        redact = (settings or {}).get("redact") or {}
+        return cls(
+            store_text=bool(redact.get("store_text", True)),
+            patterns=tuple(re.compile(p) for p in redact.get("patterns") or ()),
+        )
+
+
+def redact_record(record: dict[str, Any], policy: Policy) -> dict[str, Any]:
+    """A copy of ``record`` with every text-bearing field redacted under ``policy``."""
+    if not policy.active:
+        return record
+    out = dict(record)
+    for name in TEXT_FIELDS:
+        if out.get(name) is not None:
+            out[name] = _walk(out[name], policy, key=None)
+    return out
+
+
+def redact_text(text: str | None, policy: Policy) -> str | None:
+    """One free-text value (a feedback comment, say) under the same policy."""
+    if text is None or not policy.active:
+        return text
+    return _walk(text, policy, key=None)  # type: ignore[no-any-return]
+
+
+def _walk(value: Any, policy: Policy, key: str | None) -> Any:
+    if isinstance(value, str):
+        if key in KEEP_KEYS:
+            return value
+        if not policy.store_text:
+            return MASK
+        for pattern in policy.patterns:
+            value = pattern.sub(MASK, value)
+        return value
+    if isinstance(value, dict):
+        return {k: _walk(v, policy, k) for k, v in value.items()}
+    if isinstance(value, list):
+        if key == "bytes" and not policy.store_text:
+            return None  # the raw UTF-8 of each sampled token
+        if key == "bytes" and policy.patterns:
+            return None  # a pattern may straddle tokens; the bytes would spell it out
+        return [_walk(v, policy, key) for v in value]
+    return value

@@ -1,0 +1,122 @@
+"""Keys hashed at rest, roles, rate limits, redaction that reaches every stored copy, CORS off."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import MetaData, select
+from sqlalchemy.orm import Session
+
+from proxy.errors import RateLimited
+from proxy.ratelimit import RateLimiter
+from proxy.redact import MASK, Policy, redact_record
+from storage.db import sync_engine
+from tests.proxy.conftest import Proxy, ProxyFactory, make_key
+
+SECRET = "sk-PLANTEDsecret0123456789"
+
+
+def test_token_bucket_refuses_with_openai_headers() -> None:
+    limiter = RateLimiter(rate=1000.0, burst=3)
+    for _ in range(3):
+        limiter.check("k")
+    with pytest.raises(RateLimited) as info:
+        limiter.check("k")
+    assert info.value.status == 429 and info.value.headers["x-ratelimit-remaining-requests"] == "0"
+    limiter.check("another-key")  # buckets are per key
+    time.sleep(0.01)
+    limiter.check("k")  # refilled
+    RateLimiter(rate=0, burst=1).check("k")  # off
+
+
+def test_redaction_reaches_every_text_field_and_keeps_token_ids() -> None:
+    record = {
+        "id": "cmpl-1", "request": {"messages": [{"role": "user", "content": f"key {SECRET} here"}]},
+        "response": {"choices": [{"message": {"role": "assistant", "content": SECRET},
+                                  "logprobs": {"content": [{"token": SECRET[:5], "bytes": [115, 107]}]}}]},
+        "choices": [{"token_ids": [1, 2], "logprobs": [-0.1, -0.2], "message": {"content": SECRET}}],
+        "error": None, "prompt_token_ids": [5, 6],
+    }  # fmt: skip
+    patterns = redact_record(record, Policy(patterns=(re.compile(r"sk-[A-Za-z0-9]+"),)))
+    assert SECRET not in str(patterns) and "key [redacted] here" in str(patterns)
+    none = redact_record(record, Policy(store_text=False))
+    assert SECRET not in str(none) and SECRET[:5] not in str(none)
+    assert none["choices"][0]["token_ids"] == [1, 2] and none["prompt_token_ids"] == [5, 6]
+    assert none["request"]["messages"][0] == {"role": "user", "content": MASK}
+
+
+@pytest.fixture
+def secured(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any) -> tuple[Proxy, str, str]:
+    db_url = pg_factory()
+    harness, admin = make_key(db_url, "acme", "harness"), make_key(db_url, "acme", "admin")
+    proxy = start_proxy(stub_upstream, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "5",
+                                                                 "ONTHEJOB_RATE_LIMIT_BURST": "10"})  # fmt: skip
+    return proxy, harness, admin
+
+
+def _dump_database(db_url: str) -> str:
+    """Every value of every row of every table, as one string."""
+    eng = sync_engine(db_url)
+    meta = MetaData()
+    meta.reflect(eng)
+    parts = []
+    with Session(eng) as db:
+        for table in meta.sorted_tables:
+            parts.extend(repr(tuple(row)) for row in db.execute(select(table)))
+    eng.dispose()
+    return "\n".join(parts)
+
+
+def test_roles_keys_at_rest_and_rate_limits(secured: tuple[Proxy, str, str]) -> None:
+    proxy, harness, admin = secured
+    as_harness = {"authorization": f"Bearer {harness}"}
+    assert httpx.get(f"{proxy.v1}/models", timeout=5).status_code == 401
+    bad = httpx.get(f"{proxy.v1}/models", headers={"authorization": "Bearer otj-wrong"}, timeout=5)
+    assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+    forbidden = httpx.get(f"{proxy.v1}/admin/keys", headers=as_harness, timeout=5)
+    assert forbidden.status_code == 403 and "admin" in forbidden.json()["error"]["message"]
+    listed = httpx.get(f"{proxy.v1}/admin/keys", headers={"authorization": f"Bearer {admin}"}, timeout=5).json()
+    assert {k["project"] for k in listed["data"]} == {"acme"}
+    assert harness not in str(listed) and admin not in str(listed)
+    dump = _dump_database(proxy.db_url)
+    assert harness not in dump and admin not in dump, "a key is stored in plain text"
+    assert harness not in proxy.log.read_text()
+    statuses = [httpx.get(f"{proxy.v1}/models", headers=as_harness, timeout=5) for _ in range(15)]
+    limited = [r for r in statuses if r.status_code == 429]
+    assert limited, "15 calls at once should exceed a burst of 10"
+    assert limited[0].headers["x-ratelimit-remaining-requests"] == "0" and "retry-after" in limited[0].headers
+    assert limited[0].json()["error"]["type"] == "rate_limit_error"
+
+
+def test_redaction_policy_leaves_no_copy_anywhere(secured: tuple[Proxy, str, str]) -> None:
+    proxy, harness, admin = secured
+    as_admin = {"authorization": f"Bearer {admin}"}
+    bad = httpx.put(f"{proxy.v1}/admin/project", headers=as_admin, json={"redact": {"patterns": ["("]}}, timeout=5)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "redact.patterns"
+    ok = httpx.put(f"{proxy.v1}/admin/project", headers=as_admin,
+                   json={"redact": {"store_text": True, "patterns": [r"sk-[A-Za-z0-9]+"]}}, timeout=5)  # fmt: skip
+    assert ok.status_code == 200
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": f"my key is {SECRET}"}],
+            "max_tokens": 3, "metadata": {"note": SECRET}}  # fmt: skip
+    resp = httpx.post(f"{proxy.v1}/chat/completions", json=body, headers={"authorization": f"Bearer {harness}"},
+                      timeout=10)  # fmt: skip
+    assert resp.status_code == 200
+    spool_text = "".join(p.read_text(errors="replace") for p in proxy.spool.glob("*.jsonl"))
+    proxy.wait_drained()
+    dump = _dump_database(proxy.db_url)
+    assert "my key is [redacted]" in dump, "the record should be stored, redacted"
+    assert SECRET not in dump and SECRET not in spool_text and SECRET not in proxy.log.read_text()
+    stored = httpx.get(f"{proxy.v1}/chat/completions/{resp.headers['x-request-id']}",
+                       headers={"authorization": f"Bearer {harness}"}, timeout=5).json()  # fmt: skip
+    assert stored["onthejob"]["prompt_token_ids"], "token ids must survive redaction"
+
+
+def test_cors_is_off_by_default(secured: tuple[Proxy, str, str]) -> None:
+    proxy, _, _ = secured
+    pre = httpx.options(f"{proxy.v1}/chat/completions", timeout=5,
+                        headers={"origin": "https://evil.example", "access-control-request-method": "POST"})  # fmt: skip
+    assert "access-control-allow-origin" not in pre.headers

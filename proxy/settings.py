@@ -29,6 +29,9 @@ class Settings:
     alias_refresh_s: float = 0.5  # every replica sees a new deployment within 1 s
     reconcile_every_s: float = 5.0  # how often engines are checked for lost adapters
     key_cache_ttl_s: float = 60.0
+    # Per API key: sustained requests/s and burst; 0 turns rate limiting off (it never applies under --no-auth).
+    rate_limit_rps: float = field(default_factory=lambda: float(_env("RATE_LIMIT_RPS", "50")))
+    rate_limit_burst: int = field(default_factory=lambda: int(_env("RATE_LIMIT_BURST", "100")))
     # False only for benchmarks (the recording-off baseline): ONTHEJOB_RECORD=0.
     record: bool = field(default_factory=lambda: _env("RECORD", "1") not in ("0", "false", "no"))
 

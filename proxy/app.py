@@ -9,12 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from proxy import routes_admin, routes_openai, routes_ops
-
-try:  # TEMP
-    from proxy import routes_feedback
-except ImportError:
-    routes_feedback = None
+from proxy import routes_admin, routes_feedback, routes_openai, routes_ops
 from proxy.errors import ApiError
 from proxy.responses import ORJSONResponse
 from proxy.settings import Settings
@@ -35,7 +30,7 @@ def create_app(settings: Settings) -> FastAPI:
             await state.stop()
 
     app = FastAPI(title="onthejob proxy", version="0.1.0", lifespan=lifespan, default_response_class=ORJSONResponse)
-    for module in [m for m in (routes_openai, routes_feedback, routes_admin, routes_ops) if m]:
+    for module in (routes_openai, routes_feedback, routes_admin, routes_ops):
         app.include_router(module.router)
 
     @app.exception_handler(ApiError)

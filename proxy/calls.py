@@ -276,7 +276,11 @@ class Call:
                 "the recording spool is full; the call was not served unrecorded. Retry later", code="spool_full"
             ) from exc
         st.metrics.records_spooled.inc()
-        st.recorder.wake.set()
+        # The recorder drains every 50 ms on its own; waking it per call made it run one database
+        # transaction per request (most of the proxy's CPU at concurrency 1). Wake it early only
+        # when a full batch is waiting.
+        if st.spool.depth >= st.settings.drain_batch:
+            st.recorder.wake.set()
         for key in keys:
             if key:
                 st.links.put(self.project, key, sessions.Link(self.session_id, self.id, self.task_id))

@@ -32,4 +32,7 @@ class Metrics:
             registry=r,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120),
         )
+        self.feedback_orphans = Gauge(
+            "onthejob_feedback_orphans", "Pending feedback older than its TTL (target never landed)", registry=r
+        )
         self.adapter_loads = Counter("onthejob_adapter_loads", "Adapter loads into engines", ["result"], registry=r)

@@ -23,15 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
-
-try:  # TEMP until storage.feedback lands
-    from storage.feedback import attach_pending
-except ImportError:
-
-    async def attach_pending(db, rows):  # type: ignore
-        return 0
-
-
+from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
 
 log = logging.getLogger("onthejob.recorder")

@@ -21,6 +21,7 @@ from proxy.settings import Settings
 from proxy.spool import Spool
 from proxy.upstream import Upstream
 from storage.db import async_engine
+from storage.feedback import attach_orphans, count_orphans
 from storage.models import Project
 
 log = logging.getLogger("onthejob.proxy")
@@ -94,6 +95,8 @@ class AppState:
             tick += 1
             if tick % ticks_per_reconcile == 0:
                 await self.probe_upstreams()
+                with contextlib.suppress(Exception):
+                    await self.sweep_feedback()
 
     async def refresh(self) -> None:
         """Reload what other replicas or the trainer may have changed: aliases and project policies."""
@@ -101,6 +104,13 @@ class AppState:
         async with self.sessionmaker() as db:
             rows = (await db.execute(select(Project.id, Project.settings))).all()
         self.policies = {pid: Policy.from_settings(settings) for pid, settings in rows}
+
+    async def sweep_feedback(self) -> None:
+        """Attach pending feedback whose call has landed since; export how many stay orphaned."""
+        async with self.sessionmaker() as db:
+            if await attach_orphans(db):
+                await db.commit()
+            self.metrics.feedback_orphans.set(await count_orphans(db))
 
     def policy(self, project: str) -> Policy:
         return self.policies.get(project) or Policy()

@@ -214,3 +214,14 @@ async def test_history_session_view_and_trajectories(client: httpx.AsyncClient, 
     assert t["token_ids"] == P1 + [50, 2] + [NL, *msg("tool", 60), *GEN] + [52, 2]
     assert t["mask"] == [0] * 9 + [1, 1] + [0] * 10 + [1, 1]
     assert t["adapters"] == [1, 1] and t["reward_detail"]["scope"] == "session"
+
+
+async def test_session_ids_may_contain_slashes(client: httpx.AsyncClient, world: World, pg_url: str) -> None:
+    eng = sync_engine(pg_url)
+    with Session(eng) as db:
+        insert(db, row(f"cmpl-{uuid.uuid4().hex[:12]}", P1, [choice([50, 2])], project=world.a, session="team/a"))
+        db.commit()
+    eng.dispose()
+    assert (await client.get("/v1/sessions/team/a", headers=as_(world.a))).json()["id"] == "team/a"
+    [t] = (await client.get("/v1/sessions/team/a/trajectories", headers=as_(world.a))).json()["data"]
+    assert t["session_id"] == "team/a" and t["reward"] is None and t["reward_detail"]["excluded"] == "ungraded"

@@ -1,0 +1,443 @@
+"""Feedback: validate, store (idempotent, revisions kept), attach late, count orphans, read.
+
+Feedback is a fact about a completion or a session from a source at a time. Its
+target is resolved only inside the caller's project: a target that exists in
+another project looks exactly like an unknown one (stored pending). Pending
+items attach when the call lands (:func:`attach_pending`, called by the
+recorder in the transaction that inserts completions) or on a sweep
+(:func:`attach_orphans`, which also closes the race of feedback and its call
+committing at the same moment); those still pending after a TTL are orphans.
+Revisions are new rows: the newest from the same (source, name) wins, every
+row stays readable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from storage.models import Completion, Feedback, Project, Session, utcnow
+
+MAX_COMMENT_BYTES = 16 * 1024
+MAX_METADATA_BYTES = 16 * 1024
+MAX_LABEL_CHARS = 1000
+MAX_BATCH = 1000
+ORPHAN_TTL = timedelta(hours=1)
+TARGET_KINDS = ("completion_id", "session_id", "client_request_id")
+FIELDS = ("target", "name", "value", "comment", "source", "id", "metadata")
+
+
+class FeedbackInputError(ValueError):
+    """Feedback the API refuses; ``param`` names the field, the message says the fix."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class FeedbackConflict(FeedbackInputError):
+    """An idempotency key reused for different feedback."""
+
+
+# --------------------------------------------------------------------------- input
+
+
+class FeedbackTarget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    completion_id: str | None = Field(default=None, min_length=1, max_length=200)
+    session_id: str | None = Field(default=None, min_length=1, max_length=200)
+    client_request_id: str | None = Field(default=None, min_length=1, max_length=200)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> FeedbackTarget:
+        given = [k for k in TARGET_KINDS if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                f"give exactly one of target.completion_id (the x-request-id of the call), "
+                f"target.session_id or target.client_request_id; got {len(given)}"
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in TARGET_KINDS if getattr(self, k) is not None)
+
+    @property
+    def id(self) -> str:
+        return str(getattr(self, self.kind))
+
+
+class FeedbackIn(BaseModel):
+    """One feedback item as posted; a value, a comment, or both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    target: FeedbackTarget
+    name: str = Field(min_length=1, max_length=200)
+    value: Any = None
+    comment: str | None = None
+    source: str = Field(default="", max_length=200)
+    id: str | None = Field(default=None, min_length=1, max_length=200)  # idempotency key
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("value")
+    @classmethod
+    def _value_type(cls, v: Any) -> Any:
+        if v is None or isinstance(v, bool):
+            return v
+        if isinstance(v, int | float):
+            if not math.isfinite(v):
+                raise ValueError("value must be a finite number")
+            return v
+        if isinstance(v, str):
+            if len(v) > MAX_LABEL_CHARS:
+                raise ValueError(
+                    f"a string value is a label of at most {MAX_LABEL_CHARS} characters; put text in comment"
+                )  # noqa: E501
+            return v
+        raise ValueError(
+            f"value must be a number, a boolean or a string label, not {type(v).__name__}; "
+            "put structured data in metadata"
+        )
+
+    @field_validator("comment")
+    @classmethod
+    def _comment_size(cls, v: str | None) -> str | None:
+        if v is not None and len(v.encode()) > MAX_COMMENT_BYTES:
+            raise ValueError(
+                f"comment is {len(v.encode())} bytes, over the {MAX_COMMENT_BYTES}-byte limit; "
+                "shorten it or store the full text elsewhere and link it in metadata"
+            )
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_size(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if len(json.dumps(v, default=str).encode()) > MAX_METADATA_BYTES:
+            raise ValueError(f"metadata is over {MAX_METADATA_BYTES} bytes as JSON; keep it small")
+        return v
+
+    @model_validator(mode="after")
+    def _value_or_comment(self) -> FeedbackIn:
+        if self.value is None and not (self.comment and self.comment.strip()):
+            raise ValueError('give a value (number, boolean or label), a comment, or both, e.g. "value": true')
+        return self
+
+
+def _param(loc: Sequence[int | str], prefix: str) -> str:
+    out = prefix
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _explain(err: Any, prefix: str) -> FeedbackInputError:
+    loc = list(err["loc"]) or ["value"]  # the item-level check (value or comment) reports on value
+    kind, field = err["type"], str(loc[-1]) if loc else ""
+    param = _param(loc, prefix) or None
+    where = param or "feedback"
+    if kind == "extra_forbidden":
+        allowed = ", ".join(TARGET_KINDS) if len(loc) >= 2 and loc[-2] == "target" else ", ".join(FIELDS)
+        return FeedbackInputError(f"{where} is not a known field; use one of {allowed}", param)
+    if kind == "missing" and field == "target":
+        return FeedbackInputError(f'{where} is required, e.g. {{"completion_id": "<x-request-id of the call>"}}', param)
+    if kind == "missing" and field == "name":
+        return FeedbackInputError(f'{where} is required, e.g. "reward", "thumbs", "outcome" or "comment"', param)
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return FeedbackInputError(f"{where} must be a JSON object", param)
+    if kind.startswith("string_too"):
+        return FeedbackInputError(f"{where}: {err['msg'].lower()}", param)
+    if kind == "string_type":
+        return FeedbackInputError(f"{where} must be a string", param)
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return FeedbackInputError(f"{where}: {msg}", param)
+
+
+def parse_feedback(body: Any) -> tuple[list[FeedbackIn], bool]:
+    """Validate one item, ``{"feedback": [...]}`` or a JSON list; returns (items, is_batch).
+
+    Every item is validated before anything is stored: one bad item refuses the batch.
+    """
+    if isinstance(body, dict) and "feedback" in body and "target" not in body:
+        raw, batch, prefix = body["feedback"], True, "feedback"
+        if not isinstance(raw, list):
+            raise FeedbackInputError("feedback must be a list of feedback items", "feedback")
+    elif isinstance(body, list):
+        raw, batch, prefix = body, True, "feedback"
+    elif isinstance(body, dict):
+        raw, batch, prefix = [body], False, ""
+    else:
+        raise FeedbackInputError('the body must be a feedback object, {"feedback": [...]} or a JSON list', None)
+    if batch and not raw:
+        raise FeedbackInputError("feedback: the batch is empty; send at least one item", "feedback")
+    if len(raw) > MAX_BATCH:
+        raise FeedbackInputError(f"feedback: {len(raw)} items, over {MAX_BATCH} a batch; split it", "feedback")
+    items: list[FeedbackIn] = []
+    for i, item in enumerate(raw):
+        where = f"{prefix}[{i}]" if batch else ""
+        if not isinstance(item, dict):
+            raise FeedbackInputError(f"{where or 'the body'} must be a feedback object", where or None)
+        try:
+            items.append(FeedbackIn.model_validate(item))
+        except ValidationError as exc:
+            raise _explain(exc.errors()[0], where) from None
+    return items, batch
+
+
+# --------------------------------------------------------------------------- storing
+
+
+def new_feedback_id() -> str:
+    """Time-ordered, so equal timestamps still order revisions by arrival."""
+    return f"fb-{time.time_ns():016x}{secrets.token_hex(6)}"
+
+
+async def resolve_target(db: AsyncSession, project_id: str, kind: str, target_id: str) -> tuple[str | None, str | None]:
+    """(completion_id, session_id) of a target in this project; (None, None) when unknown here."""
+    if kind == "session_id":
+        known = await db.scalar(select(Session.id).where(Session.project_id == project_id, Session.id == target_id))
+        if known is None:
+            known = await db.scalar(
+                select(Completion.session_id)
+                .where(Completion.project_id == project_id, Completion.session_id == target_id)
+                .limit(1)
+            )
+        return (None, target_id) if known is not None else (None, None)
+    stmt = select(Completion.id, Completion.session_id).where(Completion.project_id == project_id)
+    if kind == "completion_id":
+        stmt = stmt.where(Completion.id == target_id)
+    else:
+        stmt = stmt.where(Completion.client_request_id == target_id).order_by(Completion.created_at.desc()).limit(1)
+    row = (await db.execute(stmt)).first()
+    return (row[0], row[1]) if row is not None else (None, None)
+
+
+def _same(row: Feedback, item: FeedbackIn) -> bool:
+    same_value = isinstance(row.value, bool) == isinstance(item.value, bool) and row.value == item.value
+    return same_value and (row.target_kind, row.target_id, row.name, row.comment, row.source, row.meta) == (
+        item.target.kind, item.target.id, item.name, item.comment, item.source, item.metadata,
+    )  # fmt: skip
+
+
+async def _by_key(db: AsyncSession, project_id: str, key: str) -> Feedback | None:
+    stmt = select(Feedback).where(Feedback.project_id == project_id, Feedback.idempotency_key == key)
+    return (await db.scalars(stmt)).first()
+
+
+async def _replay(db: AsyncSession, row: Feedback, item: FeedbackIn) -> Feedback:
+    if not _same(row, item):
+        raise FeedbackConflict(
+            f"id {item.id!r} was already used for different feedback; a revision needs a new id "
+            "(the newest from the same source and name wins)",
+            "id",
+        )
+    if row.attached_at is None:
+        await _try_attach(db, row)
+    return row
+
+
+async def _try_attach(db: AsyncSession, row: Feedback) -> bool:
+    completion_id, session_id = await resolve_target(db, row.project_id, row.target_kind, row.target_id)
+    if session_id is None:
+        return False
+    row.completion_id, row.session_id, row.attached_at = completion_id, session_id, utcnow()
+    return True
+
+
+async def _ensure_project(db: AsyncSession, project_id: str) -> None:
+    """Feedback may come before the recorder has created the project row (it does so lazily)."""
+    if await db.get(Project, project_id) is not None:
+        return
+    try:
+        async with db.begin_nested():
+            db.add(Project(id=project_id, settings={}))
+    except IntegrityError:
+        pass  # created meanwhile by the recorder or another replica
+
+
+async def submit_feedback(db: AsyncSession, project_id: str, items: Sequence[FeedbackIn]) -> list[Feedback]:
+    """Store validated items (attached or pending); a retried ``id`` returns the stored row.
+
+    Does not commit: the caller does, so a refused batch stores nothing.
+    """
+    out: list[Feedback] = []
+    await _ensure_project(db, project_id)
+    for item in items:
+        if item.id is not None and (existing := await _by_key(db, project_id, item.id)) is not None:
+            out.append(await _replay(db, existing, item))
+            continue
+        completion_id, session_id = await resolve_target(db, project_id, item.target.kind, item.target.id)
+        fid = new_feedback_id()
+        now = utcnow()
+        row = Feedback(
+            id=fid, project_id=project_id, idempotency_key=item.id or fid,
+            target_kind=item.target.kind, target_id=item.target.id,
+            completion_id=completion_id, session_id=session_id,
+            name=item.name, value=item.value, comment=item.comment, source=item.source, meta=item.metadata,
+            created_at=now, attached_at=now if session_id is not None else None,
+        )  # fmt: skip
+        try:
+            async with db.begin_nested():
+                db.add(row)
+        except IntegrityError:
+            # Another replica stored the same idempotency key first.
+            existing = await _by_key(db, project_id, item.id or fid)
+            if existing is None:
+                raise
+            out.append(await _replay(db, existing, item))
+            continue
+        out.append(row)
+    return out
+
+
+async def attach_pending(db: AsyncSession, completions: Sequence[Completion]) -> int:
+    """Attach pending feedback naming these just-recorded completions; returns how many.
+
+    Matches by completion id, client request id or session id, within each
+    completion's own project. Call it in the transaction that inserts them.
+    """
+    count = 0
+    now = utcnow()
+    by_project: dict[str, list[Completion]] = {}
+    for c in completions:
+        by_project.setdefault(c.project_id, []).append(c)
+    for project_id, comps in by_project.items():
+        by_id = {c.id: c for c in comps}
+        by_crid: dict[str, Completion] = {}
+        for c in sorted(comps, key=lambda c: c.created_at or now):
+            if c.client_request_id:
+                by_crid[c.client_request_id] = c  # the latest wins, as in resolve_target
+        sessions = {c.session_id for c in comps}
+        conds = [
+            and_(Feedback.target_kind == "completion_id", Feedback.target_id.in_(by_id)),
+            and_(Feedback.target_kind == "session_id", Feedback.target_id.in_(sessions)),
+        ]
+        if by_crid:
+            conds.append(and_(Feedback.target_kind == "client_request_id", Feedback.target_id.in_(by_crid)))
+        stmt = select(Feedback).where(Feedback.project_id == project_id, Feedback.attached_at.is_(None), or_(*conds))
+        for fb in (await db.scalars(stmt)).all():
+            if fb.target_kind == "session_id":
+                fb.session_id = fb.target_id
+            else:
+                c = by_id[fb.target_id] if fb.target_kind == "completion_id" else by_crid[fb.target_id]
+                fb.completion_id, fb.session_id = c.id, c.session_id
+            fb.attached_at = now
+            count += 1
+    return count
+
+
+def pending_stmt(project_id: str | None = None, older_than: datetime | None = None) -> Select[Feedback]:
+    stmt = select(Feedback).where(Feedback.attached_at.is_(None))
+    if project_id is not None:
+        stmt = stmt.where(Feedback.project_id == project_id)
+    if older_than is not None:
+        stmt = stmt.where(Feedback.created_at < older_than)
+    return stmt
+
+
+async def attach_orphans(db: AsyncSession, project_id: str | None = None, limit: int = 500) -> int:
+    """Sweep: attach pending items whose target has landed since (run it now and then)."""
+    rows = (await db.scalars(pending_stmt(project_id).order_by(Feedback.created_at).limit(limit))).all()
+    return sum([await _try_attach(db, row) for row in rows])
+
+
+async def count_orphans(
+    db: AsyncSession, *, ttl: timedelta = ORPHAN_TTL, project_id: str | None = None, now: datetime | None = None
+) -> int:
+    """Pending feedback older than ``ttl``: its target never landed (or never existed here)."""
+    cutoff = (now or datetime.now(UTC)) - ttl
+    sub = pending_stmt(project_id, cutoff).subquery()
+    return int(await db.scalar(select(func.count()).select_from(sub)) or 0)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _winner_key(row: Feedback) -> tuple[Any, ...]:
+    target = (
+        ("completion", row.completion_id)
+        if row.completion_id
+        else ("session", row.session_id)
+        if row.session_id
+        else (row.target_kind, row.target_id)
+    )
+    return (*target, row.source, row.name)
+
+
+def current_ids(rows: Iterable[Feedback]) -> set[str]:
+    """Ids of the winning revisions: per target, the newest from each (source, name)."""
+    best: dict[tuple[Any, ...], Feedback] = {}
+    for row in rows:
+        key = _winner_key(row)
+        if key not in best or (row.created_at, row.id) > (best[key].created_at, best[key].id):
+            best[key] = row
+    return {row.id for row in best.values()}
+
+
+def _iso(t: datetime | None) -> str | None:
+    return t.isoformat() if t is not None else None
+
+
+def feedback_to_dict(row: Feedback, *, current: bool = True) -> dict[str, Any]:
+    status: Literal["attached", "pending"] = "pending" if row.attached_at is None else "attached"
+    return {
+        "id": row.id,
+        "object": "feedback",
+        "target": {row.target_kind: row.target_id},
+        "name": row.name,
+        "value": row.value,
+        "comment": row.comment,
+        "source": row.source,
+        "idempotency_key": row.idempotency_key,
+        "metadata": row.meta,
+        "status": status,
+        "completion_id": row.completion_id,
+        "session_id": row.session_id,
+        "created_at": _iso(row.created_at),
+        "attached_at": _iso(row.attached_at),
+        "current": current,
+    }
+
+
+def feedback_list(rows: Sequence[Feedback]) -> list[dict[str, Any]]:
+    """History, oldest first, each marked whether it is the current winner."""
+    winners = current_ids(rows)
+    ordered = sorted(rows, key=lambda r: (r.created_at, r.id))
+    return [feedback_to_dict(r, current=r.id in winners) for r in ordered]
+
+
+def feedback_for_stmt(
+    project_id: str, *, completion_id: str | None = None, session_id: str | None = None
+) -> Select[Feedback]:
+    """Feedback about a completion or a whole session (its completions' too), pending included."""
+    if completion_id is not None:
+        match = or_(
+            Feedback.completion_id == completion_id,
+            and_(Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id",
+                 Feedback.target_id == completion_id),
+        )  # fmt: skip
+    else:
+        match = or_(
+            Feedback.session_id == session_id,
+            and_(Feedback.attached_at.is_(None), Feedback.target_kind == "session_id",
+                 Feedback.target_id == session_id),
+        )  # fmt: skip
+    return select(Feedback).where(Feedback.project_id == project_id, match)
+
+
+async def list_feedback(
+    db: AsyncSession, project_id: str, *, completion_id: str | None = None, session_id: str | None = None
+) -> list[dict[str, Any]]:
+    rows = (await db.scalars(feedback_for_stmt(project_id, completion_id=completion_id, session_id=session_id))).all()
+    return feedback_list(rows)

@@ -1,0 +1,221 @@
+"""Feedback → one scalar reward per trajectory, by a configurable rule (pure functions).
+
+Default rule (DESIGN.md, "Feedback and rewards"):
+
+* ``reward`` (a number) as is; ``thumbs`` (a bool) → +1 / −1; ``outcome`` labels
+  ``success`` 1, ``failure`` 0, ``timeout`` and ``abort`` 0 (a policy-caused
+  failure is a failure, never dropped), ``infra_error`` masked.
+* Revisions: per target, the newest item from the same ``(source, name)`` wins.
+* Session-level feedback applies to all of the session's trajectories; without
+  it, the grade of the trajectory's last graded completion applies. Several
+  grades in the winning scope: the highest-priority name, then the newest.
+* The proxy's own view counts too: a trajectory with a call ended by
+  ``upstream_error`` is masked; one ended by ``timeout`` or
+  ``client_disconnected`` is a failure unless its last call carries a grade of
+  its own (the harness knew better), so failures cannot vanish by going silent.
+* Comments alone give no scalar unless the rule has a ``judge``.
+* No grade ⇒ ``reward`` None with ``reward_detail["excluded"] = "ungraded"``;
+  masked ⇒ None with ``"infra_error"``. Never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from storage.trajectories import Trajectory, column
+
+
+class _Masked:
+    """A grade that removes the trajectory from training (infrastructure failure)."""
+
+    def __repr__(self) -> str:
+        return "MASKED"
+
+
+MASKED = _Masked()
+Scalar = float | _Masked | None
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class RewardRule:
+    """How feedback names and values become scalars; ``from_config`` reads a project's settings."""
+
+    name: str = "default"
+    numeric: tuple[str, ...] = ("reward",)
+    booleans: Mapping[str, tuple[float, float]] = field(default_factory=lambda: {"thumbs": (1.0, -1.0)})
+    # Label → scalar; None masks the trajectory.
+    labels: Mapping[str, Mapping[str, float | None]] = field(
+        default_factory=lambda: {
+            "outcome": {"success": 1.0, "failure": 0.0, "timeout": 0.0, "abort": 0.0, "infra_error": None}
+        }
+    )
+    priority: tuple[str, ...] = ("reward", "outcome", "thumbs")
+    failure: float = 0.0  # what a proxy-seen timeout or disconnect is worth
+    proxy_failures: tuple[str, ...] = ("timeout", "client_disconnected")
+    proxy_masked: tuple[str, ...] = ("upstream_error",)
+    judge: Callable[[str], float | None] | None = None  # comment → score, when configured
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any] | None) -> RewardRule:
+        """A rule from e.g. ``{"numeric": ["score"], "labels": {"outcome": {"partial": 0.5}}}``.
+
+        Given keys replace the defaults, except ``labels`` and ``booleans``, which
+        are merged name by name (a label map given for a name replaces its entries
+        one by one).
+        """
+        if not config:
+            return cls()
+        base = cls()
+        labels = {k: dict(v) for k, v in base.labels.items()}
+        for name, mapping in (config.get("labels") or {}).items():
+            labels.setdefault(name, {}).update({str(k).lower(): v for k, v in mapping.items()})
+        booleans = dict(base.booleans)
+        booleans.update({k: (float(v[0]), float(v[1])) for k, v in (config.get("booleans") or {}).items()})
+        return cls(
+            name=str(config.get("name", "custom")),
+            numeric=tuple(config.get("numeric", base.numeric)),
+            booleans=booleans,
+            labels=labels,
+            priority=tuple(config.get("priority", base.priority)),
+            failure=float(config.get("failure", base.failure)),
+            proxy_failures=tuple(config.get("proxy_failures", base.proxy_failures)),
+            proxy_masked=tuple(config.get("proxy_masked", base.proxy_masked)),
+        )
+
+    def score(self, name: str, value: Any, comment: str | None = None) -> Scalar:
+        """The scalar one feedback item gives, MASKED, or None (no scalar)."""
+        if name in self.numeric and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value) if math.isfinite(value) else None
+        if name in self.booleans and isinstance(value, bool):
+            yes, no = self.booleans[name]
+            return yes if value else no
+        if name in self.labels and isinstance(value, str):
+            table = self.labels[name]
+            label = value.strip().lower()
+            if label in table:
+                scalar = table[label]
+                return MASKED if scalar is None else float(scalar)
+        if value is None and comment and self.judge is not None:
+            return self.judge(comment)
+        return None
+
+    def rank(self, name: str) -> int:
+        return self.priority.index(name) if name in self.priority else len(self.priority)
+
+
+DEFAULT_RULE = RewardRule()
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One feedback item as the rule sees it, its target resolved."""
+
+    id: str
+    completion_id: str | None  # None: about the whole session
+    session_id: str | None
+    name: str
+    value: Any
+    comment: str | None
+    source: str
+    created_at: datetime
+
+    @property
+    def scope(self) -> tuple[str, str | None]:
+        return ("completion", self.completion_id) if self.completion_id else ("session", self.session_id)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "feedback_id": self.id,
+            "name": self.name,
+            "value": self.value,
+            "source": self.source,
+            "scope": self.scope[0],
+            "completion_id": self.completion_id,
+        }
+
+
+def to_grade(row: Any) -> Grade:
+    """From a ``feedback`` row or dict whose ``completion_id``/``session_id`` are resolved."""
+    created = column(row, "created_at") or EPOCH
+    if created.tzinfo is None:  # SQLite hands back naive UTC times
+        created = created.replace(tzinfo=UTC)
+    return Grade(
+        id=str(column(row, "id", "")),
+        completion_id=column(row, "completion_id"),
+        session_id=column(row, "session_id"),
+        name=str(column(row, "name", "")),
+        value=column(row, "value"),
+        comment=column(row, "comment"),
+        source=str(column(row, "source", "") or ""),
+        created_at=created,
+    )
+
+
+def current(grades: Iterable[Grade]) -> list[Grade]:
+    """The winners: per target, the newest item from each (source, name)."""
+    best: dict[tuple[Any, ...], Grade] = {}
+    for g in grades:
+        key = (*g.scope, g.source, g.name)
+        if key not in best or (g.created_at, g.id) > (best[key].created_at, best[key].id):
+            best[key] = g
+    return sorted(best.values(), key=lambda g: (g.created_at, g.id))
+
+
+def _pick(scored: list[tuple[Grade, float]], rule: RewardRule) -> tuple[Grade, float]:
+    return min(scored, key=lambda gs: (rule.rank(gs[0].name), -gs[0].created_at.timestamp(), gs[0].id))
+
+
+def resolve_reward(
+    traj: Trajectory, feedback: Iterable[Any], rule: RewardRule = DEFAULT_RULE
+) -> tuple[float | None, dict[str, Any]]:
+    """The reward of one trajectory and how it was derived (``reward_detail``)."""
+    detail: dict[str, Any] = {"rule": rule.name}
+    calls = set(traj.completion_ids)
+    grades = [g if isinstance(g, Grade) else to_grade(g) for g in feedback]
+    mine = [
+        g for g in grades if (g.completion_id in calls) or (g.completion_id is None and g.session_id == traj.session_id)
+    ]
+    scored: list[tuple[Grade, Scalar]] = [(g, rule.score(g.name, g.value, g.comment)) for g in current(mine)]
+    scored = [(g, s) for g, s in scored if s is not None]
+    detail["candidates"] = [{**g.describe(), "scalar": None if s is MASKED else s} for g, s in scored]
+
+    masked_by = next((t for t in rule.proxy_masked if t in traj.flags), None)
+    if masked_by:
+        return None, {**detail, "excluded": "infra_error", "scope": "proxy", "termination": masked_by}
+    masked = [g for g, s in scored if s is MASKED]
+    if masked:
+        return None, {**detail, "excluded": "infra_error", "by": masked[0].describe()}
+    values = [(g, s) for g, s in scored if isinstance(s, float)]
+
+    leaf = traj.completion_ids[-1] if traj.completion_ids else None
+    failed_by = next((t for t in rule.proxy_failures if t in traj.flags), None)
+    if failed_by and not any(g.completion_id == leaf for g, _ in values):
+        return rule.failure, {**detail, "scope": "proxy", "termination": failed_by, "reward": rule.failure}
+
+    session_level = [(g, s) for g, s in values if g.completion_id is None]
+    if session_level:
+        g, s = _pick(session_level, rule)
+        return s, {**detail, **g.describe(), "reward": s}
+    for cid in reversed(traj.completion_ids):
+        own = [(g, s) for g, s in values if g.completion_id == cid]
+        if own:
+            g, s = _pick(own, rule)
+            return s, {**detail, **g.describe(), "reward": s}
+    return None, {**detail, "excluded": "ungraded"}
+
+
+def apply_rewards(trajectories: Iterable[Trajectory], feedback: Iterable[Any], rule: RewardRule = DEFAULT_RULE) -> None:
+    """Fill ``reward`` and ``reward_detail`` of each trajectory in place."""
+    grades = [g if isinstance(g, Grade) else to_grade(g) for g in feedback]
+    for traj in trajectories:
+        traj.reward, traj.reward_detail = resolve_reward(traj, grades, rule)
+
+
+def is_graded(grades: Iterable[Grade], rule: RewardRule = DEFAULT_RULE) -> bool:
+    """Whether any current item gives a scalar (or masks): a session with none is "ungraded"."""
+    return any(rule.score(g.name, g.value, g.comment) is not None for g in current(grades))

@@ -1,0 +1,55 @@
+"""Feedback validation: every refusal names the field and the fix; a bad item refuses the batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from storage.feedback import MAX_COMMENT_BYTES, FeedbackInputError, parse_feedback
+
+OK = {"target": {"completion_id": "cmpl-1"}, "name": "thumbs", "value": True}
+
+
+def test_accepts_one_item_and_both_batch_forms() -> None:
+    [item], batch = parse_feedback(OK)
+    assert not batch and (item.target.kind, item.target.id, item.value) == ("completion_id", "cmpl-1", True)
+    comment_only = {"target": {"session_id": "s"}, "name": "review", "comment": "too verbose", "source": "human"}
+    items, batch = parse_feedback({"feedback": [OK, comment_only]})
+    assert batch and [i.target.kind for i in items] == ["completion_id", "session_id"]
+    labelled = {"target": {"client_request_id": "r"}, "name": "outcome", "value": "success", "id": "k"}
+    assert parse_feedback([labelled, {**OK, "value": 0.5}])[0][0].id == "k"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"target": {"completion_id": "c"}, "name": "x"}, "value", "give a value"),
+        ({"target": {"completion_id": "c"}, "name": "x", "comment": "  "}, "value", "give a value"),
+        ({**OK, "value": [1]}, "value", "number, a boolean or a string"),
+        ({**OK, "value": {"a": 1}}, "value", "put structured data in metadata"),
+        ({**OK, "value": float("nan")}, "value", "finite"),
+        ({**OK, "target": {"completion_id": "c", "session_id": "s"}}, "target", "exactly one"),
+        ({**OK, "target": {}}, "target", "exactly one"),
+        ({**OK, "target": {"completion": "c"}}, "target.completion", "completion_id, session_id, client_request_id"),
+        ({**OK, "target": "cmpl-1"}, "target", "JSON object"),
+        ({**OK, "target": {"completion_id": 7}}, "target.completion_id", "must be a string"),
+        ({**OK, "comment": "x" * (MAX_COMMENT_BYTES + 1)}, "comment", "16384-byte limit"),
+        ({"target": {"completion_id": "c"}, "value": 1}, "name", "is required"),
+        ({"name": "x", "value": 1}, "target", "is required"),
+        ({**OK, "name": ""}, "name", "at least 1 character"),
+        ({**OK, "valeu": 1}, "valeu", "not a known field"),
+        ({**OK, "metadata": {"x": "y" * 20_000}}, "metadata", "keep it small"),
+        ("thumbs up", None, "the body must be"),
+        ({"feedback": []}, "feedback", "empty"),
+        ({"feedback": {"a": 1}}, "feedback", "must be a list"),
+        ({"feedback": [OK, {**OK, "value": [1]}]}, "feedback[1].value", "number"),
+        ({"feedback": [OK, {"target": {"session_id": "s"}, "name": "n"}]}, "feedback[1].value", "give a value"),
+        ([OK, 3], "feedback[1]", "feedback object"),
+    ],
+)
+def test_refusals_name_the_field_and_the_fix(body: Any, param: str | None, words: str) -> None:
+    with pytest.raises(FeedbackInputError) as err:
+        parse_feedback(body)
+    assert err.value.param == param
+    assert words in str(err.value)

@@ -32,9 +32,8 @@ def engine(args: argparse.Namespace) -> int:
         eng.start()
     except EngineError as exc:
         raise UserError(str(exc)) from exc
-    print(
-        f"engine ready in {time.monotonic() - started:.0f}s: {eng.url}/v1  model={model.name}  sha256={model.sha256[:12]}"
-    )
+    took = time.monotonic() - started
+    print(f"engine ready in {took:.0f}s: {eng.url}/v1  model={model.name}  sha256={model.sha256[:12]}")
     try:
         assert eng.proc is not None
         return eng.proc.wait()

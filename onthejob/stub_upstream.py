@@ -67,6 +67,11 @@ async def _stream(request: web.Request, body: dict[str, Any], chat: bool) -> web
                "model": body.get("model", MODEL), "choices": choices, **extra}  # fmt: skip
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
+    if body.get("stub_chunks") is not None:  # fuzzing: send exactly these data lines
+        for raw in body["stub_chunks"]:
+            await resp.write(b"data: " + str(raw).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
     first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
     STATS["streams"] += 1
     try:

@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from proxy import routes_admin, routes_feedback, routes_openai, routes_ops
 from proxy.errors import ApiError
-from proxy.responses import ORJSONResponse
+from proxy.responses import ERROR_RESPONSES, ORJSONResponse
 from proxy.settings import Settings
 from proxy.state import AppState
 
@@ -31,7 +31,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="onthejob proxy", version="0.1.0", lifespan=lifespan, default_response_class=ORJSONResponse)
     for module in (routes_openai, routes_feedback, routes_admin, routes_ops):
-        app.include_router(module.router)
+        app.include_router(module.router, responses=ERROR_RESPONSES)
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> ORJSONResponse:

@@ -52,7 +52,9 @@ async def read_json(request: Request, limit: int) -> dict[str, Any]:
     try:
         body = orjson.loads(b"".join(chunks))
     except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"the request body is not valid JSON ({exc}); send a JSON object") from exc
+        raise InvalidRequest(
+            f"the request body is not valid JSON ({exc}); send a JSON object (integers must fit in 64 bits)"
+        ) from exc
     if not isinstance(body, dict):
         raise InvalidRequest("the request body must be a JSON object")
     return body
@@ -187,14 +189,14 @@ class Call:
         try:
             reply = orjson.loads(raw)
             choices = capture.captured_choices(reply, self.endpoint)
-        except (orjson.JSONDecodeError, AttributeError, TypeError, KeyError) as exc:
+            prompt_ids = capture.prompt_ids(reply)
+            out = capture.strip(reply, self.wants, self.route.alias)
+        except (orjson.JSONDecodeError, AttributeError, TypeError, KeyError, ValueError) as exc:
             await self.save(status=502, termination="upstream_error", error=f"malformed engine reply: {raw[:500]!r}")
             raise UpstreamError("the engine sent a malformed reply") from exc
         self.ttft_ms = (time.perf_counter() - self.t0) * 1000
-        prompt_ids = capture.prompt_ids(reply)
         if reply.get("system_fingerprint"):
             self.st.upstream.fingerprints[self.base] = reply["system_fingerprint"]
-        out = capture.strip(reply, self.wants, self.route.alias)
         await self.save(
             status=200,
             termination=capture.termination_of(choices),
@@ -348,11 +350,19 @@ class StreamCall(Response):
                     break
                 if call.ttft_ms is None:
                     call.ttft_ms = (time.perf_counter() - call.t0) * 1000
-                self.asm.add(chunk)
+                try:
+                    self.asm.add(chunk)
+                except (TypeError, AttributeError, KeyError, ValueError):
+                    termination, error = "upstream_error", f"malformed chunk from the engine: {data[:200]!r}"
+                    break
                 if chunk.get("system_fingerprint") and not chunk.get("choices"):
                     fingerprints[call.base] = chunk["system_fingerprint"]
                     await self._flush(send)
-                out = capture.strip(chunk, call.wants, call.route.alias)
+                try:
+                    out = capture.strip(chunk, call.wants, call.route.alias)
+                except (TypeError, AttributeError, KeyError, ValueError):
+                    termination, error = "upstream_error", f"malformed chunk from the engine: {data[:200]!r}"
+                    break
                 if out is None:
                     continue
                 if stamp and (self.held or any(c.get("finish_reason") for c in out.get("choices") or ())):
@@ -437,7 +447,10 @@ async def handle(request: Request, endpoint: str, path_session: str | None = Non
     st: AppState = request.app.state.onthejob
     if st.draining:
         raise Unavailable("the proxy is shutting down; retry on another replica", code="draining")
-    principal = await st.auth.authenticate(request.headers.get("authorization"))
+    # One pass over the raw headers (first occurrence wins, as in Starlette): Headers.get scans
+    # the list and raises KeyError for each absent one, and naming() asks for four, mostly absent.
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(request.scope["headers"])}
+    principal = await st.auth.authenticate(headers.get("authorization"))
     st.ratelimiter.check(principal.key_id)
     body = await read_json(request, st.settings.max_body_bytes)
     validate(body, endpoint)
@@ -447,7 +460,7 @@ async def handle(request: Request, endpoint: str, path_session: str | None = Non
             "the recording spool is full (database unreachable for too long?); retry later", code="spool_full"
         )
     route = st.router.resolve(principal.project_id, body.get("model"))
-    naming = sessions.naming(request.headers, body, path_session)
+    naming = sessions.naming(headers, body, path_session)
     messages = body.get("messages") if endpoint == "chat" else None
     session = await resolve_session(st, principal.project_id, naming, messages)
     call = Call(st, principal, endpoint, body, route, naming, session)

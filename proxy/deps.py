@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from proxy.errors import Forbidden
@@ -49,6 +49,11 @@ async def db_session(request: Request) -> AsyncIterator[AsyncSession]:
     async with app_state(request).sessionmaker() as session:
         yield session
 
+
+# Ids in paths and queries: bounded, and never a NUL (Postgres text cannot hold one); documented in the spec.
+NO_NUL = r"^[^\x00]*$"
+PathId = Annotated[str, Path(max_length=200, pattern=NO_NUL)]
+QueryId = Annotated[str | None, Query(max_length=200, pattern=NO_NUL)]
 
 StateDep = Annotated["AppState", Depends(app_state)]
 PrincipalDep = Annotated[Principal, Depends(current_principal)]

@@ -5,6 +5,7 @@ ApiError                       {"error": {"message", "type", "param", "code"}}
 ├── Unauthorized        401    missing or unknown API key
 ├── Forbidden           403    a harness key on an admin route
 ├── NotFound            404    unknown alias (code model_not_found), record, route
+├── Conflict            409    an idempotency key reused for different content
 ├── PayloadTooLarge     413    body over the limit
 ├── RateLimited         429    token bucket empty
 ├── UpstreamError       502    engine answered 5xx, refused, reset, or sent garbage
@@ -52,6 +53,11 @@ class Forbidden(ApiError):
 class NotFound(ApiError):
     status = 404
     type = "not_found_error"
+
+
+class Conflict(ApiError):
+    status = 409
+    type = "conflict_error"
 
 
 class PayloadTooLarge(ApiError):

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
 
-from proxy.deps import AdminDep, DbDep, StateDep
-from proxy.errors import InvalidRequest, NotFound
-from storage.keys import ROLES, create_key
+from proxy.deps import NO_NUL, AdminDep, DbDep, PathId, QueryId, StateDep
+from proxy.errors import Conflict, InvalidRequest, NotFound
+from storage.keys import create_key
 from storage.models import Adapter, Alias, ApiKey, Deployment, Project, utcnow
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -19,20 +19,20 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 class KeyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: str = Field("harness", description="harness (call and give feedback) or admin")
-    name: str = Field("", max_length=200)
+    role: Literal["harness", "admin"] = Field("harness", description="harness (call and give feedback) or admin")
+    name: str = Field("", max_length=200, pattern=NO_NUL)
 
 
 class AliasIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
-    base_model: str = Field(min_length=1, max_length=200)
+    base_model: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
 
 
 class DeploymentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    alias: str = Field(min_length=1, max_length=200)
-    version: int | None = Field(None, ge=1, description="adapter version; null rolls back to the base model")
+    alias: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
+    version: int | None = Field(None, ge=1, le=2**31 - 1, description="adapter version; null rolls back to base")
 
 
 def _key_view(k: ApiKey) -> dict[str, Any]:
@@ -50,8 +50,6 @@ def _key_view(k: ApiKey) -> dict[str, Any]:
 @router.post("/keys", status_code=201)
 async def create_api_key(item: KeyIn, admin: AdminDep, db: DbDep) -> dict[str, Any]:
     """Create a key in the admin's project; the secret is in this answer only."""
-    if item.role not in ROLES:
-        raise InvalidRequest(f"'role' must be one of {', '.join(ROLES)}", param="role")
     key = await db.run_sync(lambda s: create_key(s, admin.project_id, item.role, item.name))
     await db.commit()
     return {"id": key.id, "project": key.project_id, "role": key.role, "key": key.secret}
@@ -64,7 +62,7 @@ async def list_keys(admin: AdminDep, db: DbDep) -> dict[str, Any]:
 
 
 @router.delete("/keys/{key_id}")
-async def revoke_key(key_id: str, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
+async def revoke_key(key_id: PathId, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
     row = await db.scalar(select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == admin.project_id))
     if row is None:
         raise NotFound(f"no key {key_id!r} in this project", param="key_id")
@@ -87,12 +85,12 @@ async def list_aliases(admin: AdminDep, db: DbDep) -> dict[str, Any]:
 async def create_alias(item: AliasIn, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
     """A public name for a base model; deployments later point it at adapter versions."""
     if st.router.base_models and item.base_model not in st.router.base_models:
-        raise InvalidRequest(
+        raise NotFound(
             f"'base_model' must be one the engines serve: {sorted(st.router.base_models)}", param="base_model"
         )
     exists = await db.scalar(select(Alias).where(Alias.project_id == admin.project_id, Alias.name == item.name))
     if exists is not None:
-        raise InvalidRequest(f"alias {item.name!r} exists already", param="name", code="alias_exists")
+        raise Conflict(f"alias {item.name!r} exists already", param="name", code="alias_exists")
     db.add(Alias(project_id=admin.project_id, name=item.name, base_model=item.base_model))
     await db.commit()
     await st.router.refresh()
@@ -100,7 +98,7 @@ async def create_alias(item: AliasIn, admin: AdminDep, db: DbDep, st: StateDep) 
 
 
 @router.get("/adapters")
-async def list_adapters(admin: AdminDep, db: DbDep, alias: str | None = None) -> dict[str, Any]:
+async def list_adapters(admin: AdminDep, db: DbDep, alias: QueryId = None) -> dict[str, Any]:
     query = select(Adapter).where(Adapter.project_id == admin.project_id)
     if alias:
         query = query.where(Adapter.alias == alias)
@@ -125,7 +123,7 @@ async def list_adapters(admin: AdminDep, db: DbDep, alias: str | None = None) ->
 
 
 @router.get("/deployments")
-async def list_deployments(admin: AdminDep, db: DbDep, alias: str | None = None) -> dict[str, Any]:
+async def list_deployments(admin: AdminDep, db: DbDep, alias: QueryId = None) -> dict[str, Any]:
     query = select(Deployment).where(Deployment.project_id == admin.project_id)
     if alias:
         query = query.where(Deployment.alias == alias)
@@ -156,7 +154,9 @@ async def deploy(item: DeploymentIn, admin: AdminDep, st: StateDep) -> dict[str,
 class RedactIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     store_text: bool = Field(True, description="false: store no message text at all (token ids stay)")
-    patterns: list[str] = Field(default_factory=list, max_length=50, description="regexes replaced by [redacted]")
+    patterns: list[Annotated[str, Field(json_schema_extra={"format": "regex"})]] = Field(
+        default_factory=list, max_length=50, description="regexes (Python syntax) replaced by [redacted]"
+    )
 
 
 class ProjectIn(BaseModel):

@@ -13,9 +13,16 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from proxy.deps import DbDep, PrincipalDep
-from proxy.errors import InvalidRequest, NotFound
-from storage.feedback import FeedbackInputError, feedback_to_dict, list_feedback, parse_feedback, submit_feedback
+from proxy.deps import DbDep, PathId, PrincipalDep, QueryId
+from proxy.errors import Conflict, InvalidRequest, NotFound
+from storage.feedback import (
+    FeedbackConflict,
+    FeedbackInputError,
+    feedback_to_dict,
+    list_feedback,
+    parse_feedback,
+    submit_feedback,
+)
 from storage.loaders import load_trajectories_async, session_view
 from storage.trajectories import trajectory_to_dict
 
@@ -30,13 +37,53 @@ async def _json_body(request: Request) -> Any:
         raise InvalidRequest(f"the body is not valid JSON ({exc}); send a feedback object or a list") from None
 
 
-@router.post("/v1/feedback")
+NO_NUL = "^[^\\u0000]*$"  # Postgres text cannot hold NUL; such input is refused with a 400
+_TEXT = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL}
+FEEDBACK_ITEM: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["target", "name"],
+    "anyOf": [{"required": ["value"]}, {"required": ["comment"]}],
+    "properties": {
+        "target": {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
+                   "properties": {"completion_id": _TEXT, "session_id": _TEXT, "client_request_id": _TEXT}},
+        "name": _TEXT,
+        "value": {"anyOf": [{"type": "number"}, {"type": "boolean"}, {"type": "string", "maxLength": 1000}]},
+        "comment": {"type": "string", "maxLength": 4000, "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"},
+        "source": {"type": "string", "maxLength": 200, "pattern": NO_NUL},
+        "id": _TEXT,
+        "metadata": {"type": "object", "maxProperties": 10},
+    },
+}  # fmt: skip
+_BATCH = {"type": "array", "minItems": 1, "maxItems": 100, "items": FEEDBACK_ITEM}
+_WRAPPED = {
+    "type": "object",
+    "required": ["feedback"],
+    "additionalProperties": False,
+    "properties": {"feedback": _BATCH},
+}
+FEEDBACK_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": {"anyOf": [FEEDBACK_ITEM, _BATCH, _WRAPPED]}}},
+    }
+}
+
+
+@router.post(
+    "/v1/feedback",
+    status_code=201,
+    openapi_extra=FEEDBACK_DOC,
+    responses={201: {"description": "stored and attached"}, 202: {"description": "stored, pending its target"}},
+)
 async def post_feedback(request: Request, principal: PrincipalDep, db: DbDep) -> JSONResponse:
     """Store one item or a batch: 201 when every target is known here, else 202 (pending)."""
     body = await _json_body(request)
     try:
         items, batch = parse_feedback(body)
         rows = await submit_feedback(db, principal.project_id, items)
+    except FeedbackConflict as exc:
+        raise Conflict(str(exc), param=exc.param, code="idempotency_key_reused") from None
     except FeedbackInputError as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
     stored = [feedback_to_dict(row) for row in rows]
@@ -47,11 +94,9 @@ async def post_feedback(request: Request, principal: PrincipalDep, db: DbDep) ->
 
 @router.get("/v1/feedback")
 async def get_feedback(
-    principal: PrincipalDep, db: DbDep, completion_id: str | None = None, session_id: str | None = None
+    principal: PrincipalDep, db: DbDep, completion_id: QueryId = None, session_id: QueryId = None
 ) -> dict[str, Any]:
-    """History of feedback on a completion or a session, each item marked ``current`` or not."""
-    if (completion_id is None) == (session_id is None):
-        raise InvalidRequest("give exactly one query parameter: completion_id or session_id", param="completion_id")
+    """History of feedback on a completion and/or a session (else the newest 200), each marked ``current`` or not."""
     data = await list_feedback(db, principal.project_id, completion_id=completion_id, session_id=session_id)
     return {"object": "list", "data": data}
 
@@ -62,7 +107,7 @@ def _not_found(session_id: str) -> NotFound:
 
 # Registered before the plain session route: session ids may contain "/".
 @router.get("/v1/sessions/{session_id:path}/trajectories")
-async def get_trajectories(session_id: str, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
+async def get_trajectories(session_id: PathId, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
     """The session's trajectories, token-exact, with rewards and how they were derived."""
     trajectories = await load_trajectories_async(db, principal.project_id, session_ids=[session_id])
     if not trajectories:
@@ -71,7 +116,7 @@ async def get_trajectories(session_id: str, principal: PrincipalDep, db: DbDep) 
 
 
 @router.get("/v1/sessions/{session_id:path}")
-async def get_session(session_id: str, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
+async def get_session(session_id: PathId, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
     """The session, a summary of each call and its feedback history."""
     view = await session_view(db, principal.project_id, session_id)
     if view is None:

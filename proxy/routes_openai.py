@@ -11,44 +11,46 @@ from fastapi.responses import Response
 from sqlalchemy import select
 
 from proxy.calls import handle, read_json
-from proxy.deps import DbDep, PrincipalDep, StateDep
-from proxy.errors import InvalidRequest, NotFound, UpstreamError
+from proxy.deps import NO_NUL, DbDep, PathId, PrincipalDep, QueryId, StateDep
+from proxy.errors import NotFound, UpstreamError
 from proxy.responses import ORJSONResponse
 from storage.models import Completion
 
 router = APIRouter()
 
-CALL_DOC: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {"type": "object", "additionalProperties": True, "properties": {"model": {"type": "string"}}}
-            }
-        },
-    }
-}
+
+def _doc(required: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAPI request body: the fields we check, everything else passes through to the engine."""
+    schema = {"type": "object", "additionalProperties": True, "required": list(required), "properties": required}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
-@router.post("/v1/chat/completions", openapi_extra=CALL_DOC, tags=["openai"])
+MODEL = {"type": "string", "minLength": 1, "description": "an alias from GET /v1/models"}
+CHAT_DOC = _doc({"model": MODEL, "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}}})
+COMPLETIONS_DOC = _doc({"model": MODEL, "prompt": {"oneOf": [{"type": "string", "minLength": 1},
+                                                              {"type": "array", "minItems": 1}]}})  # fmt: skip
+TOKENIZER_DOC = _doc({"model": MODEL})
+
+
+@router.post("/v1/chat/completions", openapi_extra=CHAT_DOC, tags=["openai"])
 async def chat_completions(request: Request) -> Any:
     """OpenAI chat completions, streaming or not, recorded token-exactly."""
     return await handle(request, "chat")
 
 
-@router.post("/v1/completions", openapi_extra=CALL_DOC, tags=["openai"])
+@router.post("/v1/completions", openapi_extra=COMPLETIONS_DOC, tags=["openai"])
 async def completions(request: Request) -> Any:
     """OpenAI text completions, recorded token-exactly."""
     return await handle(request, "completions")
 
 
-@router.post("/s/{session_id}/v1/chat/completions", openapi_extra=CALL_DOC, tags=["openai"])
-async def session_chat_completions(request: Request, session_id: str) -> Any:
+@router.post("/s/{session_id}/v1/chat/completions", openapi_extra=CHAT_DOC, tags=["openai"])
+async def session_chat_completions(request: Request, session_id: PathId) -> Any:
     return await handle(request, "chat", path_session=session_id)
 
 
-@router.post("/s/{session_id}/v1/completions", openapi_extra=CALL_DOC, tags=["openai"])
-async def session_completions(request: Request, session_id: str) -> Any:
+@router.post("/s/{session_id}/v1/completions", openapi_extra=COMPLETIONS_DOC, tags=["openai"])
+async def session_completions(request: Request, session_id: PathId) -> Any:
     return await handle(request, "completions", path_session=session_id)
 
 
@@ -74,13 +76,13 @@ async def _passthrough(request: Request, st: Any, principal: Any, path: str) -> 
     return ORJSONResponse(reply, status_code=status if status < 500 else 502)
 
 
-@router.post("/tokenize", openapi_extra=CALL_DOC, tags=["openai"])
+@router.post("/tokenize", openapi_extra=TOKENIZER_DOC, tags=["openai"])
 async def tokenize(request: Request, principal: PrincipalDep, st: StateDep) -> Response:
     """vLLM's tokenizer, with the alias resolved to the model it serves."""
     return await _passthrough(request, st, principal, "/tokenize")
 
 
-@router.post("/detokenize", openapi_extra=CALL_DOC, tags=["openai"])
+@router.post("/detokenize", openapi_extra=TOKENIZER_DOC, tags=["openai"])
 async def detokenize(request: Request, principal: PrincipalDep, st: StateDep) -> Response:
     return await _passthrough(request, st, principal, "/detokenize")
 
@@ -117,7 +119,7 @@ def completion_view(row: Completion) -> dict[str, Any]:
 
 
 @router.get("/v1/chat/completions/{completion_id}", tags=["openai"])
-async def get_completion(completion_id: str, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
+async def get_completion(completion_id: PathId, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
     """One stored completion of the caller's project."""
     row = await db.scalar(
         select(Completion).where(Completion.id == completion_id, Completion.project_id == principal.project_id)
@@ -133,10 +135,12 @@ async def get_completion(completion_id: str, principal: PrincipalDep, db: DbDep)
 async def list_completions(
     principal: PrincipalDep,
     db: DbDep,
-    session_id: str | None = None,
-    alias: str | None = None,
-    task_id: str | None = None,
-    after: Annotated[str | None, Query(description="cursor: the last id of the previous page")] = None,
+    session_id: QueryId = None,
+    alias: QueryId = None,
+    task_id: QueryId = None,
+    after: Annotated[
+        str | None, Query(max_length=200, pattern=NO_NUL, description="the previous page's last_id")
+    ] = None,
     since: datetime | None = None,
     until: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
@@ -158,7 +162,9 @@ async def list_completions(
             select(Completion).where(Completion.id == after, Completion.project_id == principal.project_id)
         )
         if anchor is None:
-            raise InvalidRequest("'after' must be the id of a completion from the previous page", param="after")
+            raise NotFound(
+                f"no completion {after!r} to continue after: pass the last_id of the previous page", param="after"
+            )
         query = query.where(
             (Completion.created_at > anchor.created_at)
             | ((Completion.created_at == anchor.created_at) & (Completion.id > anchor.id))

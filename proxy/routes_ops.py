@@ -51,7 +51,11 @@ async def readyz(st: StateDep) -> Response:
     return ORJSONResponse(body, status_code=200 if ready else 503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}, "description": "Prometheus"}},
+)
 async def metrics(st: StateDep) -> Response:
     st.metrics.spool_depth.set(st.spool.depth)
     st.metrics.spool_age.set(st.spool.oldest_age())

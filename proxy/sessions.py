@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from proxy.errors import InvalidRequest
+
 
 @dataclass(frozen=True)
 class Naming:
@@ -44,6 +46,9 @@ def naming(headers: Any, body: dict[str, Any], path_session: str | None) -> Nami
         tags = tuple(t.strip() for t in raw_tags.split(",") if t.strip())
     else:
         tags = tuple(str(t) for t in raw_tags)
+    for field, value in (("metadata.session_id", session), ("metadata.task_id", task)):
+        if value and ("\x00" in value or len(value) > 200):
+            raise InvalidRequest(f"{field} must be at most 200 characters with no NUL character", param=field)
     return Naming(session or None, task, tags, headers.get("x-client-request-id"), source)
 
 

@@ -59,6 +59,13 @@ class FeedbackTarget(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, max_length=200)
     client_request_id: str | None = Field(default=None, min_length=1, max_length=200)
 
+    @field_validator("completion_id", "session_id", "client_request_id")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        if v is not None and "\x00" in v:
+            raise ValueError("contains a NUL character (\\u0000); no such id exists")
+        return v
+
     @model_validator(mode="after")
     def _exactly_one(self) -> FeedbackTarget:
         given = [k for k in TARGET_KINDS if getattr(self, k) is not None]
@@ -99,6 +106,8 @@ class FeedbackIn(BaseModel):
         if isinstance(v, int | float):
             if not math.isfinite(v):
                 raise ValueError("value must be a finite number")
+            if isinstance(v, int) and abs(v) >= 2**63:
+                raise ValueError("value is too large: integers must fit in 64 bits")
             return v
         if isinstance(v, str):
             if len(v) > MAX_LABEL_CHARS:
@@ -126,6 +135,13 @@ class FeedbackIn(BaseModel):
     def _metadata_size(cls, v: dict[str, Any]) -> dict[str, Any]:
         if len(json.dumps(v, default=str).encode()) > MAX_METADATA_BYTES:
             raise ValueError(f"metadata is over {MAX_METADATA_BYTES} bytes as JSON; keep it small")
+        return v
+
+    @field_validator("name", "comment", "source", "id")
+    @classmethod
+    def _no_nul(cls, v: str | None) -> str | None:
+        if v is not None and "\x00" in v:
+            raise ValueError("contains a NUL character (\\u0000), which cannot be stored; remove it")
         return v
 
     @model_validator(mode="after")
@@ -420,20 +436,26 @@ def feedback_list(rows: Sequence[Feedback]) -> list[dict[str, Any]]:
 def feedback_for_stmt(
     project_id: str, *, completion_id: str | None = None, session_id: str | None = None
 ) -> Select[Feedback]:
-    """Feedback about a completion or a whole session (its completions' too), pending included."""
+    """Feedback about a completion and/or a whole session (its completions' too), pending included.
+
+    With neither, the project's newest feedback (the caller pages by time).
+    """
+    stmt = select(Feedback).where(Feedback.project_id == project_id)
     if completion_id is not None:
-        match = or_(
+        stmt = stmt.where(or_(
             Feedback.completion_id == completion_id,
             and_(Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id",
                  Feedback.target_id == completion_id),
-        )  # fmt: skip
-    else:
-        match = or_(
+        ))  # fmt: skip
+    if session_id is not None:
+        stmt = stmt.where(or_(
             Feedback.session_id == session_id,
             and_(Feedback.attached_at.is_(None), Feedback.target_kind == "session_id",
                  Feedback.target_id == session_id),
-        )  # fmt: skip
-    return select(Feedback).where(Feedback.project_id == project_id, match)
+        ))  # fmt: skip
+    if completion_id is None and session_id is None:
+        stmt = stmt.order_by(Feedback.created_at.desc()).limit(200)
+    return stmt
 
 
 async def list_feedback(

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -120,7 +119,7 @@ class Recorder:
         rows = [_row(r["completion"]) for r in records if "completion" in r]
         sessions = {(r["session"]["project_id"], r["session"]["id"]): r["session"] for r in records if "session" in r}
         async with self.sessionmaker() as db:
-            dialect = db.bind.dialect.name
+            dialect = db.get_bind().dialect.name
             projects = {p for p, _ in sessions} | {r["project_id"] for r in rows}
             missing = projects - self._projects
             if missing:
@@ -129,21 +128,32 @@ class Recorder:
                     .values([{"id": p, "settings": {}, "created_at": utcnow()} for p in missing])
                     .on_conflict_do_nothing()
                 )
+            # executemany with one statement per table: compiled once and cached, not per batch.
+            conn = await db.connection()
             if sessions:
                 now = utcnow()
                 values = [{**s, "created_at": now, "updated_at": now} for s in sessions.values()]
-                stmt = _insert(dialect, Session).values(values)
+                stmt = _insert(dialect, Session.__table__)
                 stmt = stmt.on_conflict_do_update(
                     index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
                 )
-                await db.execute(stmt)
+                await conn.execute(stmt, values)
             if rows:
-                await db.execute(_insert(dialect, Completion).values(rows).on_conflict_do_nothing())
-                ids = [r["id"] for r in rows]
-                landed = (await db.scalars(select(Completion).where(Completion.id.in_(ids)))).all()
-                await attach_pending(db, landed)
+                await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
+                # attach_pending reads five fields; no need to load the rows back as ORM objects.
+                await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[arg-type]
             await db.commit()
         self._projects |= projects
+
+
+class _Landed:
+    """The fields of a just-inserted completion that feedback attachment needs."""
+
+    __slots__ = ("id", "project_id", "session_id", "client_request_id", "created_at")
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        for name in self.__slots__:
+            setattr(self, name, row.get(name))
 
 
 def _quarantine(path: Path, record: dict[str, Any], error: str) -> None:

@@ -70,17 +70,15 @@ def _maybe_json(raw: bytes) -> Any:
         return raw.decode(errors="replace")
 
 
-async def sse_events(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """Yield the payload of each ``data:`` line as it arrives (no coalescing)."""
+async def sse_batches(resp: aiohttp.ClientResponse) -> AsyncIterator[list[bytes]]:
+    """For each network read, the payloads of the ``data:`` lines it completed (no coalescing in time)."""
     buffer = b""
     async for chunk in resp.content.iter_any():
         buffer += chunk
-        while True:
-            cut = buffer.find(b"\n")
-            if cut < 0:
-                break
-            line, buffer = buffer[:cut].rstrip(b"\r"), buffer[cut + 1 :]
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
+        lines = buffer.split(b"\n")
+        buffer = lines.pop()
+        batch = [line.rstrip(b"\r")[5:].strip() for line in lines if line.startswith(b"data:")]
+        if batch:
+            yield batch
     if buffer.strip().startswith(b"data:"):
-        yield buffer.strip()[5:].strip()
+        yield [buffer.strip()[5:].strip()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -56,9 +57,18 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.close()
 
 
+def _json_dumps(value: Any) -> str:
+    # orjson: fast, and NaN becomes null (Postgres' json type refuses the bare NaN the stdlib writes).
+    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+JSON_ARGS: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+
+
 def sync_engine(url: str | None = None, **kwargs: Any) -> Engine:
     """A sync engine (trainer, CLI, migrations)."""
     url = normalise(database_url(url), asynchronous=False)
+    kwargs = {**JSON_ARGS, **kwargs}
     if is_sqlite(url):
         engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_MS / 1000}, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -69,6 +79,7 @@ def sync_engine(url: str | None = None, **kwargs: Any) -> Engine:
 def async_engine(url: str | None = None, **kwargs: Any) -> AsyncEngine:
     """An async engine (the proxy's recorder and read routes)."""
     url = normalise(database_url(url), asynchronous=True)
+    kwargs = {**JSON_ARGS, **kwargs}
     if is_sqlite(url):
         engine = create_async_engine(url, connect_args={"timeout": SQLITE_BUSY_MS / 1000}, **kwargs)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)

@@ -1,0 +1,1 @@
+"""Benchmarks: timing lives here, never in tests."""

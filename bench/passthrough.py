@@ -1,0 +1,72 @@
+"""The bare pass-through the proxy is measured against: Starlette + one aiohttp client, nothing recorded.
+
+It does what any proxy must (read the body, POST it upstream, relay status, the
+content type and the body, streaming chunk by chunk) and nothing else, so the
+difference between it and onthejob is the cost of capture and recording.
+
+Run: ``python -m bench.passthrough --upstream http://127.0.0.1:9000 --port 9100``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+
+def create_app(upstream: str) -> Starlette:
+    """A pass-through to ``upstream`` for the two OpenAI call routes."""
+    base = upstream.rstrip("/").removesuffix("/v1")
+    holder: dict[str, aiohttp.ClientSession] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # Same client settings as proxy/upstream.py: no total timeout, unlimited pool.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
+        timeout = aiohttp.ClientTimeout(total=None, connect=10, sock_read=300)
+        holder["session"] = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        yield
+        await holder["session"].close()
+
+    async def forward(request: Request) -> Response:
+        body = await request.body()
+        resp = await holder["session"].post(
+            f"{base}{request.url.path}", data=body, headers={"content-type": "application/json"}
+        )
+        ctype = resp.headers.get("content-type", "application/json")
+        if ctype.startswith("text/event-stream"):
+
+            async def chunks() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in resp.content.iter_any():
+                        yield chunk
+                finally:
+                    resp.release()
+
+            return StreamingResponse(chunks(), status_code=resp.status, media_type=ctype)
+        raw = await resp.read()
+        resp.release()
+        return Response(raw, status_code=resp.status, media_type=ctype)
+
+    routes = [Route(p, forward, methods=["POST"]) for p in ("/v1/chat/completions", "/v1/completions")]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--port", type=int, default=9100)
+    args = parser.parse_args()
+    uvicorn.run(create_app(args.upstream), host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""One training step on a fixed batch; rank 0 writes the LoRA weights. Run alone or under torchrun.
+
+Used by test_dist.py: two gloo processes must produce the same update as one.
+The batch mixes on-policy, stale (ratios ≠ 1, some clipped, one rejected) and
+missing behaviour logprobs, and more micro-batches than ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from tests.trainer.helpers import make_trajectory, random_tokens
+from trainer import dist
+from trainer.advantages import TaskBaseline
+from trainer.batch import Example, collate, recorded_behaviour
+from trainer.loop import TrainConfig, _score, load_policy, train_step
+from trainer.objective import ObjectiveConfig
+
+SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": -1, "min_p": 0.0}
+
+
+def main(out: str, objective: str) -> None:
+    dist.init()
+    cfg = TrainConfig(model="tiny", threads=1, lr=1e-2, micro_tokens=40,
+                      objective=ObjectiveConfig(name=objective, epochs=2 if objective == "ppo" else 1))  # type: ignore[arg-type]  # fmt: skip
+    policy = load_policy(cfg)
+    rng = random.Random(0)
+    trajectories = [
+        make_trajectory(f"t{i}", random_tokens(rng, rng.randrange(4, 12)), random_tokens(rng, rng.randrange(2, 8)),
+                        reward=rng.random(), sampling=SAMPLING, task=f"task{i % 3}", group=f"g{i % 4}")
+        for i in range(11)
+    ]  # fmt: skip
+    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in trajectories], policy.pad_id)
+    with torch.no_grad():
+        lp = _score(policy, batch)
+    for row, t in enumerate(trajectories):
+        shift = 1.0 if row == 0 else 0.4 * (rng.random() - 0.5)  # row 0 lands outside the band
+        t.logprobs = [float(lp[row, j]) - shift if t.mask[j] else None for j in range(len(t.token_ids))]
+    trajectories[3].logprobs = [None] * len(trajectories[3].token_ids)
+    result = train_step(policy, trajectories, cfg, TaskBaseline())
+    if dist.rank() == 0:
+        from peft import get_peft_model_state_dict
+
+        weights = {k: v.contiguous() for k, v in get_peft_model_state_dict(policy.model).items()}
+        save_file(weights, f"{out}.safetensors")
+        with open(f"{out}.json", "w") as fh:
+            json.dump({"world": dist.world(), **result.metrics}, fh)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,147 @@
+"""Processed logprobs: temperature, min-p, top-k, top-p as vLLM 0.32 applies them, on hand-made rows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from trainer.logprobs import Sampling, processed_logits, sequence_logprobs, token_logprobs, unsupported
+
+
+def _row(probs: list[float]) -> torch.Tensor:
+    return torch.log(torch.tensor([probs], dtype=torch.float32))
+
+
+def _lp(logits: torch.Tensor, token: int, *, t: float = 1.0, k: int = 0, p: float = 1.0, min_p: float = 0.0) -> float:
+    n = logits.shape[0]
+    out = token_logprobs(
+        logits, torch.full((n,), token), torch.full((n,), t), torch.full((n,), k), torch.full((n,), p),
+        torch.full((n,), min_p),
+    )  # fmt: skip
+    return float(out[0])
+
+
+def test_temperature_scales_logits() -> None:
+    logits = torch.tensor([[0.0, math.log(2.0)]])
+    # At T = 0.5 the odds 1:2 become 1:4.
+    assert _lp(logits, 1, t=0.5) == pytest.approx(math.log(4 / 5), abs=1e-6)
+    assert _lp(logits, 1, t=1.0) == pytest.approx(math.log(2 / 3), abs=1e-6)
+
+
+def test_greedy_rows_are_unscaled() -> None:
+    logits = torch.tensor([[0.0, math.log(2.0)]])
+    assert _lp(logits, 1, t=0.0) == pytest.approx(math.log(2 / 3), abs=1e-6)
+    assert Sampling.from_dict({"temperature": 0, "top_p": 0.5, "top_k": 3}) == Sampling(temperature=0.0)
+
+
+def test_top_k_keeps_the_k_largest() -> None:
+    logits = torch.tensor([[3.0, 1.0, 2.0, 0.0]])
+    expected = 3 - math.log(math.exp(3) + math.exp(2))
+    assert _lp(logits, 0, k=2) == pytest.approx(expected, abs=1e-6)
+    # k = 0 and k = -1 mean "off", as in vLLM.
+    full = 3 - math.log(sum(math.exp(x) for x in (3, 1, 2, 0)))
+    assert _lp(logits, 0, k=0) == pytest.approx(full, abs=1e-6)
+    assert _lp(logits, 0, k=-1) == pytest.approx(full, abs=1e-6)
+
+
+def test_top_p_renormalises_the_nucleus() -> None:
+    logits = _row([0.5, 0.3, 0.15, 0.05])
+    # Ascending cumulative sums 0.05, 0.20, 0.50, 1.0: those ≤ 1 − 0.75 go, leaving {0.5, 0.3}.
+    assert _lp(logits, 0, p=0.75) == pytest.approx(math.log(0.5 / 0.8), abs=1e-6)
+    assert _lp(logits, 1, p=0.75) == pytest.approx(math.log(0.3 / 0.8), abs=1e-6)
+    # A tiny p keeps the most likely token only.
+    assert _lp(logits, 0, p=0.01) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_top_p_applies_after_top_k() -> None:
+    logits = _row([0.4, 0.3, 0.2, 0.1])
+    # top-k 3 renormalises to 4/9, 3/9, 2/9; ascending sums 2/9, 5/9, 1 → p = 0.7 drops 2/9 only.
+    assert _lp(logits, 1, k=3, p=0.7) == pytest.approx(math.log(0.3 / 0.7), abs=1e-6)
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_best() -> None:
+    logits = _row([0.5, 0.3, 0.15, 0.05])
+    # threshold 0.2 × 0.5 = 0.1 removes the 0.05 token.
+    assert _lp(logits, 0, min_p=0.2) == pytest.approx(math.log(0.5 / 0.95), abs=1e-6)
+
+
+def test_scored_token_stays_in_support_with_a_finite_gradient() -> None:
+    logits = _row([0.5, 0.3, 0.15, 0.05]).requires_grad_(True)
+    # Token 3 is outside the 0.75-nucleus {0, 1}; it is scored against {0, 1, 3}.
+    lp = token_logprobs(logits, torch.tensor([3]), *(torch.tensor([v]) for v in (1.0, 0, 0.75, 0.0)))
+    assert float(lp) == pytest.approx(math.log(0.05 / 0.85), abs=1e-6)
+    lp.sum().backward()
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()
+    assert float(logits.grad[0, 2]) == 0.0  # the dropped token takes no gradient
+
+
+def test_rows_carry_their_own_parameters() -> None:
+    logits = torch.cat([_row([0.5, 0.3, 0.15, 0.05])] * 2)
+    out = token_logprobs(
+        logits, torch.tensor([1, 1]), torch.tensor([1.0, 1.0]), torch.tensor([0, 0]),
+        torch.tensor([0.75, 1.0]), torch.tensor([0.0, 0.0]),
+    )  # fmt: skip
+    assert out.tolist() == pytest.approx([math.log(0.3 / 0.8), math.log(0.3)], abs=1e-6)
+
+
+def test_processed_logits_marks_removed_tokens() -> None:
+    logits = _row([0.5, 0.3, 0.15, 0.05])
+    out = processed_logits(logits, *(torch.tensor([v]) for v in (1.0, 0, 0.75, 0.0)))
+    assert torch.isinf(out[0, 2:]).all() and torch.isfinite(out[0, :2]).all()
+
+
+def test_sampling_from_recorded_dict() -> None:
+    assert Sampling.from_dict({}) == Sampling()
+    assert Sampling.from_dict({"temperature": None, "top_k": -1}) == Sampling(top_k=-1)
+    assert Sampling.from_dict({"temperature": 0.7, "top_p": 0.9, "min_p": 0.05}) == Sampling(0.7, 0.9, 0, 0.05)
+
+
+def test_unsupported_names_non_neutral_fields() -> None:
+    assert unsupported({"temperature": 0.7, "frequency_penalty": 0.0, "repetition_penalty": 1.0}) == []
+    assert unsupported({"frequency_penalty": 0.5, "logit_bias": {"3": 1}}) == ["frequency_penalty", "logit_bias"]
+    assert unsupported({"logit_bias": {}, "min_tokens": 0}) == []
+
+
+class _Bigram(torch.nn.Module):
+    """A stand-in causal LM: the logits at t depend only on the token at t."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = torch.nn.Parameter(torch.randn(vocab, vocab))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: torch.Tensor) -> object:
+        class Out:
+            logits = self.table[input_ids[:, logits_to_keep]]
+
+        return Out()
+
+
+def test_sequence_logprobs_aligns_targets_with_previous_positions() -> None:
+    model = _Bigram(6)
+    ids = torch.tensor([[1, 2, 3, 4], [5, 0, 2, 0]])
+    score = torch.tensor([[0, 0, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
+    ones = torch.ones(ids.shape)
+    out = sequence_logprobs(model, ids, torch.ones_like(ids), score, ones, torch.zeros_like(ids), ones, 0 * ones)
+    full = model.table.log_softmax(-1)
+    assert out.positions.tolist() == [[False, False, True, True], [False, True, False, False]]  # t = 0 never
+    assert float(out.logprobs[0, 2]) == pytest.approx(float(full[2, 3]), abs=1e-6)
+    assert float(out.logprobs[0, 3]) == pytest.approx(float(full[3, 4]), abs=1e-6)
+    assert float(out.logprobs[1, 1]) == pytest.approx(float(full[5, 0]), abs=1e-6)
+    assert float(out.logprobs[1, 0]) == 0.0 and float(out.logprobs[0, 1]) == 0.0
+
+
+@pytest.mark.slow
+def test_filters_match_vllms_own_implementation() -> None:
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    torch.manual_seed(3)
+    logits = torch.randn(64, 300) * 3
+    k = torch.randint(1, 300, (64,))
+    p = torch.rand(64) * 0.9 + 0.05
+    ours = processed_logits(logits, torch.ones(64), k, p, torch.zeros(64))
+    theirs = apply_top_k_top_p_pytorch(logits.clone(), k, p)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    assert torch.allclose(ours.log_softmax(-1).nan_to_num(neginf=0), theirs.log_softmax(-1).nan_to_num(neginf=0))

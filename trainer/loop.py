@@ -1,0 +1,377 @@
+"""One optimisation step on graded trajectories: read it top to bottom.
+
+The step is deliberately a single function. It screens the trajectories
+(counting every exclusion), computes advantages, fills in missing behaviour
+logprobs where the serving adapter is known, shards the examples over ranks,
+runs forward/backward in micro-batches under each call's sampling parameters,
+sums gradients over ranks, divides by the number of trained tokens and takes
+one AdamW step (``ppo``: one per epoch).
+
+With ``tis`` (and ``bc``, ``reinforce``) π_prox is the detached π_θ of the
+very same forward pass: before the step they are equal, so a second no-grad
+pass would only cost time. Sequence rejection needs π_prox and happens inside
+that pass; that is why losses are summed unnormalised and the gradient is
+divided by the global count of accepted tokens just before the optimiser step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from onthejob.engine import MAX_LORA_RANK, model_dtype
+from onthejob.models import ModelInfo, resolve_model, weights_sha256
+from storage.trajectories import Trajectory
+from trainer import dist
+from trainer.advantages import TaskBaseline, compute_advantages
+from trainer.batch import (
+    EVAL,
+    UNGRADED,
+    Batch,
+    Example,
+    collate,
+    micro_batches,
+    missing_behaviour,
+    reasons,
+    recorded_behaviour,
+    screen,
+)
+from trainer.errors import BaseModelError, DataError
+from trainer.logprobs import sequence_logprobs
+from trainer.objective import (
+    ObjectiveConfig,
+    RatioStats,
+    bc_loss,
+    in_band,
+    ppo_loss,
+    reinforce_loss,
+    sequence_ratio,
+    tis_loss,
+)
+
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+BELOW_THRESHOLD = "below_threshold"
+OUT_OF_BAND = "ratio_out_of_band"
+MISSING_MU_UNKNOWN_ADAPTER = "missing_logprobs_unknown_adapter"
+
+
+@dataclass
+class TrainConfig:
+    """Everything a step needs to know; defaults fit a laptop and the engine's LoRA limits."""
+
+    model: str = "default"
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    lr: float = 2e-4
+    rank: int = 16  # the engine starts with --max-lora-rank 16
+    alpha: int = 32
+    max_len: int = 2048  # longer trajectories are dropped (and counted), never truncated
+    micro_tokens: int = 4096  # padded tokens per forward pass
+    grad_clip: float = 1.0
+    threads: int | None = None  # None: the CPU cores divided among the ranks
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Policy:
+    """The base model with its LoRA adapter, the optimiser, and which adapter version the weights are."""
+
+    model: Any  # peft.PeftModel
+    info: ModelInfo
+    optimizer: torch.optim.Optimizer
+    pad_id: int
+    device: torch.device
+    version: int | None = None  # the published version these weights equal; None: a fresh LoRA (= base)
+    dirty: bool = False  # trained since ``version``: the weights are no published adapter
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+@dataclass
+class StepResult:
+    """What one step did: metrics for the log and the database, and what it used up."""
+
+    metrics: dict[str, Any]
+    consumed: list[str]  # trajectory ids trained on or permanently excluded (never offered again)
+    excluded: Counter[str]
+    trained: bool  # False when nothing was left to train on (no optimiser step)
+
+
+def set_threads(threads: int | None) -> int:
+    """Bound intra-op threads: the CPU cores shared by the ranks (engines may want some too)."""
+    n = threads or max(1, (os.cpu_count() or 1) // dist.world())
+    torch.set_num_threads(n)
+    return n
+
+
+def check_weights(info: ModelInfo) -> None:
+    """The files on disk must hash to the recorded sha256 the engine was started with."""
+    actual = weights_sha256(info.path)
+    if actual != info.sha256:
+        raise BaseModelError(
+            f"base weights in {info.path} hash to {actual[:12]}, but {info.sha256[:12]} is recorded; "
+            "the cache was modified: delete the folder and let it be rebuilt"
+        )
+
+
+def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: int | None = None) -> Policy:
+    """Load the engine's base weights (hash-checked) and wrap them in a LoRA, fresh or from ``parent``."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    set_threads(cfg.threads)
+    if cfg.rank > MAX_LORA_RANK:
+        raise DataError(f"LoRA rank {cfg.rank} exceeds the engine's --max-lora-rank {MAX_LORA_RANK}")
+    info = resolve_model(cfg.model)
+    check_weights(info)
+    device = dist.device()
+    base: Any = AutoModelForCausalLM.from_pretrained(info.path, dtype=getattr(torch, model_dtype(info)))
+    base = base.to(device)
+    torch.manual_seed(cfg.seed)
+    if parent is not None:
+        model = PeftModel.from_pretrained(base, str(parent), is_trainable=True)
+        rank = int(getattr(model.peft_config["default"], "r", 0))
+        if rank > MAX_LORA_RANK:
+            raise DataError(f"parent adapter {parent} has rank {rank} > the engine's --max-lora-rank {MAX_LORA_RANK}")
+    else:
+        lora = LoraConfig(
+            r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,  # no dropout: π_prox must equal π_θ
+            target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM",
+        )  # fmt: skip
+        model = get_peft_model(base, lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    dist.broadcast_params(params)  # LoRA A is initialised at random: every rank starts from rank 0's
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    pad = base.config.pad_token_id
+    pad_id = int(pad) if isinstance(pad, int) else 0  # padding is never attended to nor scored
+    return Policy(model, info, optimizer, pad_id, device, version=parent_version if parent else None)
+
+
+def train_step(
+    policy: Policy,
+    trajectories: Sequence[Trajectory],
+    cfg: TrainConfig,
+    baseline: TaskBaseline,
+    adapters: Mapping[int, Path] | None = None,
+) -> StepResult:
+    """Screen, weigh and train on ``trajectories``; every rank must call it with the same list."""
+    obj = cfg.objective
+    adapters = adapters or {}
+
+    # 1. Screen: what cannot be trained on is counted by reason. Ungraded and eval
+    #    trajectories stay available (a grade may still come); the rest is used up.
+    kept, dropped = screen(trajectories, cfg.max_len)
+    excluded = reasons(dropped)
+    consumed = [t.id for t in trajectories if dropped.get(t.id) not in (UNGRADED, EVAL)]
+    rewards = [float(t.reward) for t in kept if t.reward is not None]
+    metrics: dict[str, Any] = {"reward_mean": sum(rewards) / len(rewards) if rewards else None}
+
+    # 2. Advantages (bc: a filter instead), and what to do where μ is missing.
+    examples: list[Example] = []
+    needs_mu: list[Example] = []
+    recomputed = positive_only = 0
+    if obj.name == "bc":
+        for t in kept:
+            if t.reward is not None and t.reward >= obj.bc_threshold:
+                examples.append(Example(t, 1.0, [math.nan] * len(t.token_ids)))
+            else:
+                excluded[BELOW_THRESHOLD] += 1
+    else:
+        advantages = compute_advantages(
+            [float(t.reward) for t in kept if t.reward is not None],
+            [t.group for t in kept],
+            [t.task_id for t in kept],
+            baseline,
+        )
+        for t, a in zip(kept, advantages, strict=True):
+            example = Example(t, a, recorded_behaviour(t))
+            if missing_behaviour(t) and obj.name != "reinforce":
+                if all(_known(policy, v, adapters) for v in t.adapters):
+                    needs_mu.append(example)
+                    recomputed += 1
+                elif a > 0:
+                    positive_only += 1  # μ unknowable: only safe to reinforce, weight 1
+                else:
+                    excluded[MISSING_MU_UNKNOWN_ADAPTER] += 1
+                    continue
+            examples.append(example)
+    metrics.update(recomputed_logprobs=recomputed, missing_logprobs_positive_only=positive_only)
+
+    # 3. This rank's shard; μ recomputed with the adapter that served each turn.
+    shard = examples[dist.rank() :: dist.world()]
+    mine = {id(e) for e in shard}
+    _fill_behaviour(policy, [e for e in needs_mu if id(e) in mine], adapters, cfg)
+
+    # 4. Forward/backward and one optimiser step (ppo: one per epoch).
+    if obj.name == "ppo":
+        sums, rstats = _ppo_epochs(policy, shard, cfg)
+    else:
+        sums, rstats = _single_pass(policy, shard, cfg)
+    loss_sum, tokens, rejected, trajs = dist.sum_floats(sums)
+    totals = dist.sum_floats(rstats.as_vector())
+    rstats.tokens, rstats.ratio_sum, rstats.ratio_sq_sum, rstats.clipped, rstats.kl_sum = totals
+    rstats.ratio_max = dist.max_float(rstats.ratio_max)
+    if rejected:
+        excluded[OUT_OF_BAND] += int(rejected)
+    trained = tokens > 0
+    policy.dirty = policy.dirty or trained
+    metrics.update(
+        loss=loss_sum / tokens if trained else None,
+        tokens=int(tokens),
+        trajectories=int(trajs),
+        excluded=dict(excluded),
+        **rstats.summary(),
+    )
+    return StepResult(metrics, consumed, excluded, trained)
+
+
+def _single_pass(policy: Policy, shard: Sequence[Example], cfg: TrainConfig) -> tuple[list[float], RatioStats]:
+    """tis / reinforce / bc: one forward-backward over the shard, then the optimiser step."""
+    obj = cfg.objective
+    stats = RatioStats()
+    loss_sum = tokens = rejected = trajs = 0.0
+    policy.model.train()
+    policy.optimizer.zero_grad(set_to_none=True)
+    for examples in micro_batches(shard, cfg.micro_tokens):
+        b = collate(examples, policy.pad_id, policy.device)
+        logp = _score(policy, b)
+        prox = logp.detach()
+        mask = b.mask
+        if obj.name == "tis":
+            stats.add(prox, b.behav, mask, obj.clip)
+            keep = in_band(sequence_ratio(prox, b.behav, mask), obj.band)
+            rejected += float((~keep).sum())
+            mask = mask * keep.unsqueeze(1).to(mask.dtype)
+            loss = tis_loss(logp, prox, b.behav, mask, b.adv, n_tokens=1, clip=obj.clip)
+        elif obj.name == "reinforce":
+            stats.add(prox, b.behav, mask, obj.clip)
+            loss = reinforce_loss(logp, mask, b.adv, n_tokens=1)
+        else:
+            loss = bc_loss(logp, mask, n_tokens=1)
+        loss.backward()
+        loss_sum += float(loss.detach())
+        tokens += float(mask.sum())
+        trajs += float((mask.sum(dim=1) > 0).sum())
+    _optimiser_step(policy, cfg, tokens)
+    return [loss_sum, tokens, rejected, trajs], stats
+
+
+def _ppo_epochs(policy: Policy, shard: Sequence[Example], cfg: TrainConfig) -> tuple[list[float], RatioStats]:
+    """Decoupled PPO: π_prox from a no-grad pass, sequence rejection, then ``epochs`` optimiser steps."""
+    obj = cfg.objective
+    stats = RatioStats()
+    rejected = 0.0
+    accepted: list[tuple[Batch, torch.Tensor, torch.Tensor]] = []  # (batch, π_prox, mask after rejection)
+    policy.model.eval()
+    with torch.no_grad():
+        for examples in micro_batches(shard, cfg.micro_tokens):
+            b = collate(examples, policy.pad_id, policy.device)
+            prox = _score(policy, b)
+            stats.add(prox, b.behav, b.mask, obj.clip)
+            keep = in_band(sequence_ratio(prox, b.behav, b.mask), obj.band)
+            rejected += float((~keep).sum())
+            accepted.append((b, prox, b.mask * keep.unsqueeze(1).to(b.mask.dtype)))
+    tokens = float(sum(float(m.sum()) for _, _, m in accepted))
+    trajs = float(sum(float((m.sum(dim=1) > 0).sum()) for _, _, m in accepted))
+    first_loss = 0.0
+    policy.model.train()
+    for epoch in range(max(obj.epochs, 1)):
+        policy.optimizer.zero_grad(set_to_none=True)
+        epoch_loss = 0.0
+        for b, prox, mask in accepted:
+            logp = _score(policy, b)
+            loss = ppo_loss(logp, prox, b.behav, mask, b.adv, n_tokens=1, clip=obj.clip, eps=obj.ppo_eps)
+            loss.backward()
+            epoch_loss += float(loss.detach())
+        if epoch == 0:
+            first_loss = epoch_loss
+        _optimiser_step(policy, cfg, tokens)
+    return [first_loss, tokens, rejected, trajs], stats
+
+
+def _score(policy: Policy, b: Batch) -> torch.Tensor:
+    """log π of every trained token of a micro-batch under its call's sampling parameters."""
+    scored = sequence_logprobs(
+        policy.model, b.input_ids, b.attention_mask, b.mask > 0, b.temperature, b.top_k, b.top_p, b.min_p
+    )
+    return scored.logprobs
+
+
+def _optimiser_step(policy: Policy, cfg: TrainConfig, local_tokens: float) -> None:
+    """Sum gradients over ranks, divide by the global token count, clip, step."""
+    params = policy.parameters()
+    (total,) = dist.sum_floats([local_tokens])
+    dist.all_reduce_grads(params)
+    if total <= 0:
+        policy.optimizer.zero_grad(set_to_none=True)
+        return
+    for p in params:
+        if p.grad is not None:
+            p.grad.div_(total)
+    if cfg.grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    policy.optimizer.step()
+    policy.optimizer.zero_grad(set_to_none=True)
+
+
+def _known(policy: Policy, version: int | None, adapters: Mapping[int, Path]) -> bool:
+    """Can we reproduce the policy that served a turn? Base, the loaded weights, or a saved adapter."""
+    return version is None or (version == policy.version and not policy.dirty) or version in adapters
+
+
+def _fill_behaviour(
+    policy: Policy, examples: Sequence[Example], adapters: Mapping[int, Path], cfg: TrainConfig
+) -> None:
+    """Recompute missing μ under the adapter that served each turn (no gradient)."""
+    by_version: dict[int | None, list[Example]] = {}
+    for e in examples:
+        for v in {turn.adapter_version for turn in e.trajectory.turns}:
+            by_version.setdefault(v, []).append(e)
+    policy.model.eval()
+    for version, group in by_version.items():
+        if version == policy.version and not policy.dirty:
+            continue  # the loaded weights served it: μ = π_prox, which the NaN fill gives exactly
+        with torch.no_grad(), _serving(policy, version, adapters):
+            for chunk in micro_batches(group, cfg.micro_tokens):
+                b = collate(chunk, policy.pad_id, policy.device)
+                logp = _score(policy, b).cpu()
+                for row, e in enumerate(chunk):
+                    for turn in e.trajectory.turns:
+                        if turn.adapter_version != version:
+                            continue
+                        for t in range(max(turn.start, 1), min(turn.end, e.length)):
+                            if e.trajectory.mask[t] and math.isnan(e.behaviour[t]):
+                                e.behaviour[t] = float(logp[row, t])
+
+
+@contextmanager
+def _serving(policy: Policy, version: int | None, adapters: Mapping[int, Path]) -> Iterator[None]:
+    """Temporarily make the model the policy that served ``version`` (base, current, or a saved one)."""
+    if version == policy.version and not policy.dirty:
+        yield
+        return
+    if version is None:
+        with policy.model.disable_adapter():
+            yield
+        return
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    saved = {k: v.detach().clone() for k, v in get_peft_model_state_dict(policy.model).items()}
+    weights = load_file(str(Path(adapters[version]) / "adapter_model.safetensors"), device=str(policy.device))
+    set_peft_model_state_dict(policy.model, weights)
+    try:
+        yield
+    finally:
+        set_peft_model_state_dict(policy.model, saved)

@@ -1,0 +1,338 @@
+"""``onthejob train``: graded traffic in, LoRA adapter versions out, deployed through the proxy.
+
+Each step: load graded, unused, non-eval trajectories of the alias from
+storage, train one step on up to ``--batch-size`` of them, record the step and
+which trajectories it used, save ``<adapters>/<alias>/v<N>``, record the
+adapter row, and ask the proxy to deploy it. ``--watch`` keeps polling for new
+graded traffic. Under ``torchrun`` rank 0 owns the database and the proxy; every
+rank trains on its shard (see :mod:`trainer.dist`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage.models import Adapter, Alias, TrainingRun, TrainingStep, UsedTrajectory, utcnow
+from storage.trajectories import Trajectory
+from trainer import dist
+from trainer.advantages import TaskBaseline
+from trainer.errors import BaseModelError, DataError, TrainerError
+from trainer.loop import Policy, StepResult, TrainConfig, load_policy, train_step
+from trainer.objective import ObjectiveConfig
+from trainer.publish import deploy, jsonable, publish
+
+Loader = Callable[[Session, str, str], tuple[list[Trajectory], Counter[str]]]
+PPO_EPOCHS = 4
+
+
+def default_loader() -> Loader:
+    """storage's ``load_training_batch(db, project_id, alias) -> (trajectories, exclusions by reason)``."""
+    try:
+        from storage.trajectories import load_training_batch
+    except ImportError as exc:
+        raise DataError("storage.trajectories.load_training_batch is missing: this build cannot load traffic") from exc
+    return load_training_batch
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """The flat training config from command-line flags."""
+    objective = ObjectiveConfig(name=args.objective, epochs=PPO_EPOCHS if args.objective == "ppo" else 1)
+    cfg = TrainConfig(model=args.model, objective=objective, lr=args.lr, threads=getattr(args, "threads", None))
+    if getattr(args, "max_len", None):
+        cfg = replace(cfg, max_len=args.max_len)
+    return cfg
+
+
+def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
+    """Entry point of ``onthejob train``; returns the process exit code."""
+    try:
+        return _run(args, loader)
+    except TrainerError as exc:
+        print(f"onthejob train: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, loader: Loader | None) -> int:
+    from storage.db import sync_engine
+
+    dist.init()
+    lead = dist.rank() == 0
+    cfg = config_from_args(args)
+    admin_key = args.admin_key or os.environ.get("ONTHEJOB_ADMIN_KEY")
+    steps = args.steps if args.steps is not None else (None if args.watch else 1)
+    engine = sync_engine(args.db) if lead else None
+    load = loader or (default_loader() if lead else None)
+    db = Session(engine) if engine is not None else None
+    run_row: TrainingRun | None = None
+    try:
+        parent_version, parent_path, baseline_state = dist.broadcast(
+            _resume_point(db, args) if db is not None else (None, None, None)
+        )
+        policy = load_policy(cfg, Path(parent_path) if parent_path else None, parent_version)
+        if db is not None:
+            _check_lineage(db, args, policy, parent_version)
+            run_row = _start_run(db, args, cfg, policy, parent_version, baseline_state)
+        baseline = TaskBaseline.from_dict(baseline_state)
+        _loop(args, cfg, policy, baseline, db, run_row, load, admin_key, steps)
+        _finish(db, run_row, "finished")
+        return 0
+    except KeyboardInterrupt:
+        _finish(db, run_row, "interrupted")
+        raise
+    except BaseException:
+        _finish(db, run_row, "failed")
+        raise
+    finally:
+        if db is not None:
+            db.close()
+        if engine is not None:
+            engine.dispose()
+        dist.close()
+
+
+def _loop(
+    args: argparse.Namespace,
+    cfg: TrainConfig,
+    policy: Policy,
+    baseline: TaskBaseline,
+    db: Session | None,
+    run_row: TrainingRun | None,
+    load: Loader | None,
+    admin_key: str | None,
+    steps: int | None,
+) -> None:
+    from tqdm import tqdm
+
+    lead = db is not None
+    bar = tqdm(total=steps, desc=f"train {args.alias}", unit="step", disable=not lead, file=sys.stderr)
+    done = 0
+    waiting = False
+    try:
+        while steps is None or done < steps:
+            batch, pending = dist.broadcast(_next_batch(db, args, load) if lead else (None, None))
+            if not batch:
+                if lead and not waiting:
+                    bar.write(f"no graded trajectories to train on for {args.alias!r}{_excluded_text(pending)}")
+                if not args.watch:
+                    return
+                waiting = True
+                time.sleep(args.poll)
+                continue
+            waiting = False
+            adapters = dist.broadcast(_adapter_paths(db, args) if lead else None)
+            parent = policy.version
+            result = train_step(policy, batch, cfg, baseline, adapters)
+            _merge_counts(result.excluded, pending)  # storage's exclusions join the step's own
+            result.metrics["excluded"] = dict(result.excluded)
+            version = None
+            if lead:
+                assert db is not None and run_row is not None
+                if result.trained:
+                    version = publish(
+                        db, policy.model, root=args.adapters, project_id=args.project, alias=args.alias,
+                        parent_version=parent, base=policy.info, run_id=run_row.id, metrics=result.metrics,
+                    ).version  # fmt: skip
+                # The step and the trajectories it used are recorded before the deployment,
+                # so a refused deployment never makes the next run train on them twice.
+                _record_step(db, args, run_row, done + 1, version, result, baseline)
+                deployed = version is not None and not args.no_deploy
+                if deployed:
+                    deploy(args.proxy, args.alias, version, admin_key)
+                bar.write(summary_line(done + 1, version, result) + (" · deployed" if deployed else ""))
+            version = dist.broadcast(version)
+            if result.trained:
+                policy.version, policy.dirty = version, version is None
+            done += 1
+            bar.update(1)
+            if not result.trained and not args.watch:
+                return
+    finally:
+        bar.close()
+
+
+def _next_batch(
+    db: Session | None, args: argparse.Namespace, load: Loader | None
+) -> tuple[list[Trajectory], Counter[str]]:
+    """Up to ``--batch-size`` trajectories, once at least ``--min-batch`` are waiting."""
+    assert db is not None and load is not None
+    trajectories, excluded = load(db, args.project, args.alias)
+    db.rollback()  # end the read transaction: the next poll must see new rows
+    if len(trajectories) < max(args.min_batch, 1):
+        return [], Counter(excluded)
+    return list(trajectories[: args.batch_size]), Counter(excluded)
+
+
+def _resume_point(db: Session, args: argparse.Namespace) -> tuple[int | None, str | None, dict[str, Any] | None]:
+    """Which adapter to continue from (``--parent``) and the per-task baseline of the last run."""
+    parent_version: int | None
+    choice = str(args.parent)
+    if choice == "base":
+        parent_version = None
+    elif choice == "latest":
+        latest = db.scalar(
+            select(Adapter.version).where(Adapter.project_id == args.project, Adapter.alias == args.alias)
+            .order_by(Adapter.version.desc()).limit(1)
+        )  # fmt: skip
+        parent_version = latest
+    elif choice == "deployed":
+        alias = db.scalar(select(Alias).where(Alias.project_id == args.project, Alias.name == args.alias))
+        parent_version = alias.deployed_version if alias else None
+    else:
+        try:
+            parent_version = int(choice)
+        except ValueError as exc:
+            raise DataError(f"--parent {choice!r}: use latest, deployed, base or a version number") from exc
+    path = None
+    if parent_version is not None:
+        row = _adapter_row(db, args, parent_version)
+        if row is None:
+            raise DataError(f"--parent: {args.alias}@v{parent_version} is not recorded in project {args.project!r}")
+        if not Path(row.path).is_dir():
+            raise DataError(f"{args.alias}@v{parent_version} is recorded at {row.path}, which does not exist here")
+        path = row.path
+    last = db.scalar(
+        select(TrainingRun).where(TrainingRun.project_id == args.project, TrainingRun.alias == args.alias)
+        .order_by(TrainingRun.id.desc()).limit(1)
+    )  # fmt: skip
+    baseline = (last.config or {}).get("baseline") if last is not None else None
+    return parent_version, path, baseline
+
+
+def _adapter_row(db: Session, args: argparse.Namespace, version: int) -> Adapter | None:
+    return db.scalar(
+        select(Adapter).where(
+            Adapter.project_id == args.project, Adapter.alias == args.alias, Adapter.version == version
+        )
+    )
+
+
+def _check_lineage(db: Session, args: argparse.Namespace, policy: Policy, parent_version: int | None) -> None:
+    """The alias's base model and the parent adapter's base hash must be the weights we loaded."""
+    alias = db.scalar(select(Alias).where(Alias.project_id == args.project, Alias.name == args.alias))
+    if alias is not None and alias.base_model != policy.info.name:
+        raise BaseModelError(
+            f"alias {args.alias!r} serves base model {alias.base_model!r}, but --model {args.model!r} "
+            f"is {policy.info.name!r}; pass the engine's --model"
+        )
+    if parent_version is not None:
+        row = _adapter_row(db, args, parent_version)
+        if row is not None and row.base_sha256 and row.base_sha256 != policy.info.sha256:
+            raise BaseModelError(
+                f"{args.alias}@v{parent_version} was trained on base weights {row.base_sha256[:12]}, "
+                f"these are {policy.info.sha256[:12]}"
+            )
+
+
+def _start_run(
+    db: Session,
+    args: argparse.Namespace,
+    cfg: TrainConfig,
+    policy: Policy,
+    parent_version: int | None,
+    baseline: dict[str, Any] | None,
+) -> TrainingRun:
+    config = {
+        **cfg.to_dict(), "parent_version": parent_version, "batch_size": args.batch_size,
+        "world_size": dist.world(), "baseline": baseline or TaskBaseline().to_dict(),
+    }  # fmt: skip
+    row = TrainingRun(
+        project_id=args.project, alias=args.alias, objective=cfg.objective.name,
+        base_model=policy.info.name, base_sha256=policy.info.sha256, config=config,
+    )  # fmt: skip
+    db.add(row)
+    db.commit()
+    return row
+
+
+def _adapter_paths(db: Session | None, args: argparse.Namespace) -> dict[int, Path]:
+    """Every recorded version of the alias whose directory exists (for recomputing a missing μ)."""
+    assert db is not None
+    rows = db.execute(
+        select(Adapter.version, Adapter.path).where(Adapter.project_id == args.project, Adapter.alias == args.alias)
+    ).all()
+    return {int(v): Path(p) for v, p in rows if Path(p).is_dir()}
+
+
+def _record_step(
+    db: Session,
+    args: argparse.Namespace,
+    run_row: TrainingRun,
+    step: int,
+    version: int | None,
+    result: StepResult,
+    baseline: TaskBaseline,
+) -> None:
+    row = TrainingStep(run_id=run_row.id, step=step, adapter_version=version, metrics=jsonable(result.metrics))
+    db.add(row)
+    db.flush()
+    db.add_all(
+        UsedTrajectory(project_id=args.project, alias=args.alias, trajectory_id=tid, step_id=row.id)
+        for tid in dict.fromkeys(result.consumed)
+    )
+    run_row.config = {**run_row.config, "baseline": baseline.to_dict()}
+    db.commit()
+
+
+def _finish(db: Session | None, run_row: TrainingRun | None, status: str) -> None:
+    if db is None or run_row is None:
+        return
+    try:
+        db.rollback()
+        run_row.status = status
+        run_row.finished_at = utcnow()
+        db.commit()
+    except Exception:  # noqa: BLE001 - never hide the error that got us here
+        db.rollback()
+
+
+def _merge_counts(into: Counter[str], extra: Counter[str] | None) -> None:
+    """Add storage's exclusions; "already_used" is bookkeeping, not something this step dropped."""
+    for reason, n in (extra or Counter()).items():
+        if reason != "already_used":
+            into[reason] += n
+
+
+def _excluded_text(excluded: Counter[str] | None) -> str:
+    if not excluded:
+        return ""
+    return " (excluded: " + ", ".join(f"{k}={v}" for k, v in sorted(excluded.items())) + ")"
+
+
+def summary_line(step: int, version: int | None, result: StepResult) -> str:
+    """One line per step: what was learnt from, how off-policy it was, where it went."""
+    m = result.metrics
+
+    def num(key: str, fmt: str) -> str:
+        value = m.get(key)
+        return "-" if value is None else format(value, fmt)
+
+    where = f"{'v' + str(version) if version is not None else 'no adapter'}"
+    return (
+        f"step {step} {where}: loss {num('loss', '.4f')} reward {num('reward_mean', '.3f')} "
+        f"ratio {num('ratio_mean', '.3f')}/{num('ratio_max', '.3f')} clipped {100 * (m.get('clipped_frac') or 0):.1f}% "
+        f"ess {num('ess', '.3f')} kl {num('kl_mu_pi', '.2e')} tokens {m.get('tokens', 0)} "
+        f"trajectories {m.get('trajectories', 0)}{_excluded_text(result.excluded)}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m trainer.main ...`` (what ``torchrun -m trainer.main`` runs): the CLI's train flags."""
+    from onthejob.cli import build_parser
+
+    args = build_parser().parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

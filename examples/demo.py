@@ -1,0 +1,433 @@
+"""``onthejob demo``: the whole loop on this machine, the way an operator would wire it by hand.
+
+engine (vLLM) → ``onthejob db upgrade`` → ``onthejob serve`` (the recording proxy) → API keys →
+for each round: held-out evaluation, training traffic with feedback (the harness in
+:mod:`examples.harness`, which knows only a base URL, a key and a feedback URL), then
+``onthejob train``, which trains on the graded traffic and deploys a new adapter through the
+proxy; the next round is served by it. A last evaluation measures the final adapter.
+
+Every piece runs as its own process through the public CLI, so what the demo shows is what a
+deployment does. Each run gets a fresh project in the database, so earlier runs (or a shared
+Postgres named by ``DATABASE_URL``) never leak into this one.
+
+Outputs in ``--out``: ``summary.json``, ``heldout_reward.png``, ``episodes.jsonl`` and the logs of
+the engine, the proxy and every training run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from examples.harness import EpisodeResult, Harness, HarnessConfig, Summary, run_episodes, summarise
+from examples.task import grade, make_problems
+
+CLI = [sys.executable, "-m", "onthejob.cli"]
+
+
+class DemoError(RuntimeError):
+    """A step of the demo failed; the message says which and where its log is."""
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Sizes chosen so the default run fits 15 minutes on 2 CPU cores (see the README's figures)."""
+
+    rounds: int = 6
+    out: Path = Path("demo-out")
+    model: str = "default"
+    upstream: str | None = None  # an engine already running; None: start one
+    database_url: str | None = None  # None: $DATABASE_URL, else a SQLite file in `out`
+    heldout: int = 48  # held-out problems, evaluated greedily every round
+    problems: int = 12  # training problems per round ...
+    attempts: int = 4  # ... each attempted this many times (the trainer groups attempts by task)
+    train_steps: int = 1
+    batch_size: int = 64
+    lr: float = 5e-4
+    engine_threads: int = 2
+    workers: int = 8
+    progress: bool = True
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> DemoConfig:
+        """The CLI's ``--rounds --out --model``; anything else keeps its default."""
+        fields = {k: getattr(args, k) for k in cls.__dataclass_fields__ if getattr(args, k, None) is not None}
+        if "out" in fields:
+            fields["out"] = Path(fields["out"])
+        return cls(**fields)
+
+
+@dataclass
+class RoundResult:
+    """One row of the table."""
+
+    round: int
+    adapter_version: int | None  # what served this round's held-out and training traffic
+    heldout: Summary
+    train: Summary | None  # None: the final evaluation-only round
+    traffic_tokens: int = 0
+    feedback: dict[str, int] = field(default_factory=dict)  # feedback names posted by the harness
+    trained_version: int | None = None  # what `onthejob train` deployed at the end of the round
+    excluded: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- processes -------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def onthejob(*args: str, log: Path | None = None, timeout: float | None = None) -> str:
+    """Run ``onthejob ARGS`` to completion; its stdout, or :class:`DemoError` naming the log."""
+    done = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if log is not None:
+        with log.open("a") as fh:
+            fh.write(f"$ onthejob {' '.join(args)}\n{done.stdout}{done.stderr}\n")
+    if done.returncode != 0:
+        raise DemoError(f"`onthejob {args[0]}` failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    return done.stdout
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None, what: str, log: Path, timeout: float = 120.0) -> None:
+    """Poll until ``url`` answers 200; fail early (pointing at the log) if the process exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise DemoError(f"{what} exited with code {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise DemoError(f"{what} did not answer {url} within {timeout:.0f}s; see {log}")
+
+
+def stop(proc: subprocess.Popen[bytes] | None, grace: float = 20.0) -> None:
+    """SIGTERM the process group, then SIGKILL."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+class Stack:
+    """The engine, the database, the proxy and the keys of one demo run; a context manager."""
+
+    def __init__(self, cfg: DemoConfig) -> None:
+        self.cfg = cfg
+        self.out = cfg.out.resolve()
+        self.engine: Any = None
+        self.proxy_proc: subprocess.Popen[bytes] | None = None
+        stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+        self.project = f"demo-{stamp}"
+        self.db_url = cfg.database_url or os.environ.get("DATABASE_URL") or f"sqlite:///{self.out / 'onthejob.db'}"
+        self.adapters = self.out / "adapters" / self.project  # adapter folders are per project
+        self.proxy_url = ""
+        self.upstream = cfg.upstream or ""
+        self.model_name = ""
+        self.admin_key = self.harness_key = ""
+
+    def __enter__(self) -> Stack:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        from onthejob.engine import Engine, EngineConfig
+        from onthejob.models import resolve_model
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.adapters.mkdir(parents=True, exist_ok=True)
+        info = resolve_model(self.cfg.model)
+        self.model_name = info.name
+        if not self.upstream:
+            say(f"starting the engine ({info.name}, real vLLM) ...")
+            cfg = EngineConfig(port=free_port(), threads=self.cfg.engine_threads)
+            self.engine = Engine(info, cfg, log=self.out / "engine.log").start()
+            self.upstream = self.engine.url
+        onthejob("db", "upgrade", "--db", self.db_url, log=self.out / "setup.log")
+        port = free_port()
+        self.proxy_url = f"http://127.0.0.1:{port}"
+        log = self.out / "proxy.log"
+        say(f"starting the proxy at {self.proxy_url} (database {self.db_url}) ...")
+        with log.open("ab") as fh:
+            self.proxy_proc = subprocess.Popen(
+                [*CLI, "serve", "--upstream", self.upstream, "--db", self.db_url, "--port", str(port),
+                 "--spool", str(self.out / "spool")],  # fmt: skip
+                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        wait_http(f"{self.proxy_url}/readyz", self.proxy_proc, "the proxy", log)
+        keys = ("--project", self.project, "--db", self.db_url)
+        self.admin_key = onthejob("keys", "create", "--role", "admin", "--name", "demo", *keys).strip()
+        self.harness_key = onthejob("keys", "create", "--role", "harness", "--name", "demo-harness", *keys).strip()
+        # The alias is the engine's base model name, as `serve` registers it in the default project.
+        self.admin("POST", "/v1/admin/aliases", {"name": self.model_name, "base_model": self.model_name})
+
+    def close(self) -> None:
+        stop(self.proxy_proc)
+        if self.engine is not None:
+            self.engine.stop()
+
+    def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        resp = httpx.request(method, f"{self.proxy_url}{path}", json=body, timeout=60,
+                             headers={"authorization": f"Bearer {self.admin_key}"})  # fmt: skip
+        if resp.status_code >= 400:
+            raise DemoError(f"{method} {path} answered {resp.status_code}: {resp.text}")
+        return resp.json()
+
+    def deployed_version(self) -> int | None:
+        aliases = self.admin("GET", "/v1/admin/aliases")["data"]
+        return next((a["deployed_version"] for a in aliases if a["name"] == self.model_name), None)
+
+    def harness(self) -> Harness:
+        return Harness(HarnessConfig(
+            base_url=f"{self.proxy_url}/v1", api_key=self.harness_key, model=self.model_name,
+            feedback_url=f"{self.proxy_url}/v1/feedback",
+        ))  # fmt: skip
+
+    def train(self, round_no: int) -> None:
+        """``onthejob train`` for this round's traffic; it deploys what it trains."""
+        log = self.out / f"train-round{round_no}.log"
+        argv = [
+            *CLI, "train", "--alias", self.model_name, "--model", self.cfg.model, "--project", self.project,
+            "--db", self.db_url, "--proxy", self.proxy_url, "--adapters", str(self.adapters),
+            "--admin-key", self.admin_key, "--steps", str(self.cfg.train_steps),
+            "--batch-size", str(self.cfg.batch_size), "--lr", str(self.cfg.lr),
+        ]  # fmt: skip
+        with log.open("ab") as fh:
+            # stderr (the trainer's progress bar and step lines) goes to the terminal as well.
+            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.PIPE, start_new_session=True)
+            assert proc.stderr is not None
+            try:
+                for line in proc.stderr:
+                    fh.write(line)
+                    fh.flush()
+                    if self.cfg.progress:
+                        sys.stderr.buffer.write(line)
+                        sys.stderr.flush()
+                code = proc.wait()
+            finally:
+                stop(proc)
+        if code != 0:
+            raise DemoError(f"`onthejob train` failed in round {round_no} ({code}); see {log}")
+
+    def exclusions(self) -> Counter[str]:
+        """Trajectories the newest training run left out, by reason (from its recorded steps)."""
+        from sqlalchemy import select
+        from sqlalchemy.orm import Session
+
+        from storage.db import sync_engine
+        from storage.models import TrainingRun, TrainingStep
+
+        engine = sync_engine(self.db_url)
+        try:
+            with Session(engine) as db:
+                run_id = db.scalar(
+                    select(TrainingRun.id).where(TrainingRun.project_id == self.project)
+                    .order_by(TrainingRun.id.desc()).limit(1)
+                )  # fmt: skip
+                steps = db.scalars(select(TrainingStep).where(TrainingStep.run_id == run_id)).all()
+                counts: Counter[str] = Counter()
+                for step in steps:
+                    counts.update({k: int(v) for k, v in (step.metrics or {}).get("excluded", {}).items()})
+                return counts
+        finally:
+            engine.dispose()
+
+
+# ---- the rounds ------------------------------------------------------------------------
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def play_round(stack: Stack, round_no: int, *, train: bool) -> tuple[RoundResult, list[EpisodeResult]]:
+    """Evaluate on the held-out set; if ``train``: traffic with feedback, then a training run."""
+    cfg = stack.cfg
+    started = time.monotonic()
+    version = stack.deployed_version()
+    label = f"v{version}" if version else "base"
+    with stack.harness() as h:
+        heldout = run_episodes(h, make_problems("heldout", cfg.heldout), eval=True, workers=cfg.workers,
+                               desc=f"round {round_no} held-out ({label})", progress=cfg.progress)  # fmt: skip
+        traffic: list[EpisodeResult] = []
+        if train:
+            problems = make_problems("train", cfg.problems, seed=round_no)
+            traffic = run_episodes(h, problems, attempts=cfg.attempts, workers=cfg.workers,
+                                   desc=f"round {round_no} traffic ({label})", progress=cfg.progress)  # fmt: skip
+    result = RoundResult(
+        round=round_no, adapter_version=version, heldout=summarise(heldout),
+        train=summarise(traffic) if train else None,
+        traffic_tokens=sum(r.prompt_tokens + r.completion_tokens for r in traffic),
+        feedback=dict(Counter(name for r in traffic for name in r.feedback)),
+    )  # fmt: skip
+    if train:
+        stack.train(round_no)
+        result.trained_version = stack.deployed_version()
+        result.excluded = dict(stack.exclusions())
+    result.seconds = round(time.monotonic() - started, 1)
+    return result, heldout + traffic
+
+
+def trivial_baseline(n: int) -> dict[str, Any]:
+    """The best constant answer on the held-out set (what a policy that ignores the question gets)."""
+    problems = make_problems("heldout", n)
+    best = max(("0", "1", "10", "100", "1000"), key=lambda c: sum(grade(p, c, 8).reward for p in problems))
+    return {"answer": best, "mean_reward": sum(grade(p, best, 8).reward for p in problems) / len(problems)}
+
+
+# ---- reporting -------------------------------------------------------------------------
+
+HEADER = (
+    f"{'round':>5} {'adapter':>7} {'held-out reward':>17} {'acc':>5} {'tok/ep':>6} "
+    f"{'train reward':>12} {'tokens':>7} {'deployed':>8}  excluded"
+)
+
+
+def table_row(r: RoundResult) -> str:
+    h, t = r.heldout, r.train
+    adapter = f"v{r.adapter_version}" if r.adapter_version else "base"
+    deployed = "-" if t is None else (f"v{r.trained_version}" if r.trained_version else "base")
+    excluded = ", ".join(f"{k}={v}" for k, v in sorted(r.excluded.items())) or "-"
+    return (
+        f"{r.round:>5} {adapter:>7} {100 * h.mean_reward:>8.1f} ± {100 * h.stderr:>4.1f}  {100 * h.accuracy:>4.0f}% "
+        f"{h.mean_completion_tokens:>6.1f} {'-' if t is None else f'{100 * t.mean_reward:.1f}':>12} "
+        f"{r.traffic_tokens:>7} {deployed:>8}  {excluded}"
+    )
+
+
+def write_plot(rounds: Sequence[RoundResult], baseline: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [r.round for r in rounds]
+    y = [100 * r.heldout.mean_reward for r in rounds]
+    err = [100 * r.heldout.stderr for r in rounds]
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
+    ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label="held-out reward (± s.e.)")
+    ax.axhline(y[0], color="grey", linestyle="--", linewidth=1, label="base model")
+    ax.axhline(100 * baseline, color="firebrick", linestyle=":", linewidth=1, label="best constant answer")
+    ax.set_xticks(x, [f"{r.round}\n{'v' + str(r.adapter_version) if r.adapter_version else 'base'}" for r in rounds])
+    ax.set_xlabel("round (adapter serving it)")
+    ax.set_ylabel("reward (0–100)")
+    ax.set_ylim(0, 100)
+    ax.set_title("On-the-job training: held-out reward per round")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], baseline: dict[str, Any],
+                  path: Path, seconds: float) -> dict[str, Any]:  # fmt: skip
+    base, last = rounds[0].heldout, rounds[-1].heldout
+    summary = {
+        "command": "onthejob demo " + f"--rounds {cfg.rounds} --out {cfg.out} --model {cfg.model}",
+        "model": stack.model_name,
+        "project": stack.project,
+        "database": stack.db_url.split("@")[-1],
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+        "trivial_baseline": baseline,
+        "rounds": [
+            {
+                "round": r.round,
+                "adapter_version": r.adapter_version,
+                "heldout_mean_reward": r.heldout.mean_reward,
+                "heldout_stderr": r.heldout.stderr,
+                "heldout_n": r.heldout.n,
+                "heldout_accuracy": r.heldout.accuracy,
+                "heldout_completion_tokens": r.heldout.mean_completion_tokens,
+                "train_mean_reward": r.train.mean_reward if r.train else None,
+                "train_n": r.train.n if r.train else 0,
+                "traffic_tokens": r.traffic_tokens,
+                "feedback": r.feedback,
+                "trained_version": r.trained_version,
+                "excluded": r.excluded,
+                "seconds": r.seconds,
+            }
+            for r in rounds
+        ],
+        "base_heldout_mean_reward": base.mean_reward,
+        "final_heldout_mean_reward": last.mean_reward,
+        "improvement_points": 100 * (last.mean_reward - base.mean_reward),
+        "seconds": round(seconds, 1),
+    }
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """The whole loop; returns what ``summary.json`` holds."""
+    started = time.monotonic()
+    out = cfg.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = replace(cfg, out=out)
+    baseline = trivial_baseline(cfg.heldout)
+    rounds: list[RoundResult] = []
+    with Stack(cfg) as stack, (out / "episodes.jsonl").open("w") as episodes:
+        say(
+            f"project {stack.project}: {cfg.rounds} rounds of {cfg.problems}×{cfg.attempts} training episodes, "
+            f"{cfg.heldout} held-out problems (best constant answer: {100 * baseline['mean_reward']:.1f})"
+        )
+        say(HEADER)
+        for round_no in range(1, cfg.rounds + 2):
+            final = round_no == cfg.rounds + 1  # the last adapter gets evaluated too
+            result, eps = play_round(stack, round_no, train=not final)
+            for ep in eps:
+                episodes.write(json.dumps({"round": round_no, **ep.to_dict()}) + "\n")
+            rounds.append(result)
+            say(table_row(result))
+        summary = write_summary(cfg, stack, rounds, baseline, out / "summary.json", time.monotonic() - started)
+    write_plot(rounds, baseline["mean_reward"], out / "heldout_reward.png")
+    say(f"\nheld-out reward {100 * summary['base_heldout_mean_reward']:.1f} (base) → "
+        f"{100 * summary['final_heldout_mean_reward']:.1f} (final), {summary['improvement_points']:+.1f} points; "
+        f"{summary['seconds'] / 60:.1f} min")  # fmt: skip
+    say(f"wrote {out / 'summary.json'}, {out / 'heldout_reward.png'}, {out / 'episodes.jsonl'}")
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point of ``onthejob demo``."""
+    try:
+        run_demo(DemoConfig.from_args(args))
+    except DemoError as exc:
+        print(f"onthejob demo: {exc}", file=sys.stderr)
+        return 1
+    return 0

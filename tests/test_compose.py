@@ -1,0 +1,187 @@
+"""docker-compose.yml without a Docker engine: services, ports, volumes, env wiring, and every
+onthejob command line run through the CLI's own argument parser."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from onthejob.cli import build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+_VAR = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` over a parsed document."""
+    if isinstance(value, str):
+        return _VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    return value
+
+
+def dotenv(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+@pytest.fixture(scope="module")
+def env() -> dict[str, str]:
+    return dotenv(ROOT / ".env.example")
+
+
+@pytest.fixture(scope="module")
+def compose(env: dict[str, str]) -> dict[str, Any]:
+    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()), env)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    return compose["services"]  # type: ignore[no-any-return]
+
+
+def env_of(service: dict[str, Any]) -> dict[str, str]:
+    raw = service.get("environment") or {}
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {k: str(v) for k, v in raw.items()}
+
+
+def volumes_of(service: dict[str, Any]) -> dict[str, str]:
+    """Container path → 'volume:path[:ro]' for every mount."""
+    return {v.split(":")[1]: v for v in service.get("volumes", [])}
+
+
+def onthejob_commands(service: dict[str, Any]) -> list[list[str]]:
+    """The onthejob command lines a service runs (also inside ``sh -c 'a && exec b'``)."""
+    command = service["command"]
+    argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+    if argv[:2] == ["sh", "-c"]:
+        parts = [shlex.split(part) for part in argv[2].split("&&")]
+        argv_list = [p[1:] if p[:1] == ["exec"] else p for p in parts]
+    else:
+        argv_list = [argv]
+    return [a for a in argv_list if a and a[0] == "onthejob"]
+
+
+def test_services_are_the_four_plus_model_preparation(services: dict[str, Any]) -> None:
+    assert set(services) == {"postgres", "model", "vllm", "proxy", "trainer"}
+
+
+def test_postgres_has_a_volume_and_a_healthcheck(services: dict[str, Any]) -> None:
+    pg = services["postgres"]
+    assert "/var/lib/postgresql/data" in volumes_of(pg)
+    assert "pg_isready" in " ".join(pg["healthcheck"]["test"])
+    assert env_of(pg)["POSTGRES_PASSWORD"], ".env.example must give the password a value"
+
+
+def test_database_url_points_every_onthejob_service_at_postgres(services: dict[str, Any]) -> None:
+    pg = env_of(services["postgres"])
+    want = f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}"
+    for name in ("proxy", "trainer"):
+        assert env_of(services[name])["DATABASE_URL"] == want, name
+    assert services["proxy"]["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_vllm_is_the_gpu_image_with_runtime_lora_and_processed_logprobs(services: dict[str, Any]) -> None:
+    vllm = services["vllm"]
+    assert vllm["image"].startswith("vllm/vllm-openai:")
+    args = [str(a) for a in vllm["command"]]
+    assert "--enable-lora" in args
+    assert args[args.index("--max-lora-rank") + 1] == "16"
+    assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert args[args.index("--port") + 1] == "8000"
+    assert env_of(vllm)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    gpus = vllm["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] for d in gpus)
+
+
+def test_adapters_are_shared_read_only_by_the_engine_at_the_same_path(services: dict[str, Any]) -> None:
+    # The proxy asks vLLM to load the path the trainer recorded, so both must see /adapters.
+    engine, trainer = volumes_of(services["vllm"])["/adapters"], volumes_of(services["trainer"])["/adapters"]
+    assert engine == "adapters:/adapters:ro"
+    assert trainer == "adapters:/adapters"
+
+
+def test_engine_and_trainer_load_the_same_model_folder(services: dict[str, Any]) -> None:
+    engine_args = [str(a) for a in services["vllm"]["command"]]
+    train_argv = onthejob_commands(services["trainer"])[0]
+    model_dir = engine_args[engine_args.index("--model") + 1]
+    assert train_argv[train_argv.index("--model") + 1] == model_dir
+    assert model_dir.startswith("/cache/")
+    for name in ("vllm", "trainer"):
+        assert volumes_of(services[name])["/cache"] == "models:/cache:ro", name
+    assert volumes_of(services["model"])["/cache"] == "models:/cache"
+    assert env_of(services["model"])["ONTHEJOB_CACHE"] == "/cache"
+    assert services["vllm"]["depends_on"]["model"]["condition"] == "service_completed_successfully"
+
+
+def test_trainer_alias_is_the_served_model_name(services: dict[str, Any]) -> None:
+    engine_args = [str(a) for a in services["vllm"]["command"]]
+    served = engine_args[engine_args.index("--served-model-name") + 1]
+    args = build_parser().parse_args(onthejob_commands(services["trainer"])[0][1:])
+    assert args.alias == served
+
+
+def test_proxy_migrates_then_serves_the_engine_on_all_interfaces(services: dict[str, Any]) -> None:
+    proxy = services["proxy"]
+    upgrade, serve = (build_parser().parse_args(argv[1:]) for argv in onthejob_commands(proxy))
+    assert (upgrade.command, upgrade.db_command) == ("db", "upgrade")
+    assert serve.command == "serve"
+    assert serve.upstream == ["http://vllm:8000"]
+    assert serve.host == "0.0.0.0"
+    assert f"{serve.port}" == proxy["ports"][0].split(":")[-1]
+    assert serve.spool in volumes_of(proxy)
+    assert not serve.no_auth
+
+
+def test_trainer_watches_and_deploys_through_the_proxy(services: dict[str, Any]) -> None:
+    (argv,) = onthejob_commands(services["trainer"])
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "train" and args.watch and not args.no_deploy
+    serve = build_parser().parse_args(onthejob_commands(services["proxy"])[-1][1:])
+    assert args.proxy == f"http://proxy:{serve.port}"
+    assert args.adapters == "/adapters"
+    assert "ONTHEJOB_ADMIN_KEY" in env_of(services["trainer"])
+    gpus = services["trainer"]["deploy"]["resources"]["reservations"]["devices"]
+    assert any("gpu" in d["capabilities"] for d in gpus)
+
+
+@pytest.mark.parametrize("name", ["proxy", "trainer", "model"])
+def test_onthejob_services_build_the_gpu_image(services: dict[str, Any], name: str) -> None:
+    svc = services[name]
+    assert svc["build"]["context"] == "."
+    assert svc["build"]["args"]["ONTHEJOB_GPU"] == "1"
+    assert svc["image"].startswith("onthejob:")
+
+
+def test_every_named_volume_is_declared(compose: dict[str, Any]) -> None:
+    declared = set(compose["volumes"])
+    used = {v.split(":")[0] for svc in compose["services"].values() for v in svc.get("volumes", [])}
+    assert used == declared
+
+
+def test_dockerfile_installs_the_way_run_does() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert "./run bootstrap" in text
+    assert "ARG ONTHEJOB_GPU=1" in text
+    for folder in ("onthejob", "proxy", "storage", "trainer", "migrations", "examples"):
+        assert f"COPY {folder} " in text, folder
+
+
+def test_env_example_names_every_variable_compose_reads(env: dict[str, str]) -> None:
+    used = set(m.group(1) for m in _VAR.finditer((ROOT / "docker-compose.yml").read_text()))
+    assert used <= set(env), sorted(used - set(env))

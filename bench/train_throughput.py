@@ -7,7 +7,9 @@ screening, advantages, collation, processed logprobs under each call's
 sampling parameters, importance weights, rejection and the all-reduce
 bookkeeping; it also asks the LM head only for the positions it scores
 (``logits_to_keep``), which the bare loop cannot. Tokens/s counts every
-non-padding token of the batch; the target is a ratio ≥ 0.9.
+non-padding token of the batch; the target is a ratio ≥ 0.9. On a shared
+machine wall time swings with the neighbours' load, so the ratio of CPU
+seconds (``time.process_time``, all threads of this process) is printed too.
 
 Optionally (``--engine URL``, an engine serving the first model), the time
 from "adapter saved" to the first response served by it: save, POST
@@ -53,27 +55,27 @@ def make_batch(policy: Policy, n: int, prompt: int, sampled: int, sampling: dict
     return out
 
 
-def trainer_step(policy: Policy, batch: list[Trajectory], cfg: TrainConfig) -> float:
-    """Seconds for one ``train_step``."""
-    started = time.perf_counter()
+def trainer_step(policy: Policy, batch: list[Trajectory], cfg: TrainConfig) -> tuple[float, float]:
+    """Wall and CPU seconds for one ``train_step``."""
+    wall, cpu = time.perf_counter(), time.process_time()
     result = train_step(policy, batch, cfg, TaskBaseline())
-    elapsed = time.perf_counter() - started
+    elapsed = time.perf_counter() - wall, time.process_time() - cpu
     assert result.trained, result.metrics
     return elapsed
 
 
-def bare_step(policy: Policy, batch: list[Trajectory], opt: torch.optim.Optimizer) -> float:
-    """Seconds for one plain PEFT step: forward with labels, backward, AdamW."""
+def bare_step(policy: Policy, batch: list[Trajectory], opt: torch.optim.Optimizer) -> tuple[float, float]:
+    """Wall and CPU seconds for one plain PEFT step: forward with labels, backward, AdamW."""
     model = policy.model
     ids = torch.tensor([t.token_ids for t in batch])
     labels = torch.tensor([[tok if m else -100 for tok, m in zip(t.token_ids, t.mask, strict=True)] for t in batch])
-    started = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     model.train()
     opt.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss
     loss.backward()
     opt.step()
-    return time.perf_counter() - started
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def saved_to_served(policy: Policy, engine: str, alias: str) -> float:
@@ -110,7 +112,7 @@ def main() -> None:
     tokens = args.batch * (args.prompt + args.sampled)
     print(f"batch: {args.batch} × ({args.prompt} prompt + {args.sampled} sampled) = {tokens} tokens, "
           f"{args.threads} threads, best of {args.repeats} interleaved")  # fmt: skip
-    print(f"{'model':>8} {'sampling':>18} | {'trainer tok/s':>13} {'bare tok/s':>11} {'ratio':>6}")
+    print(f"{'model':>8} {'sampling':>18} | {'trainer tok/s':>13} {'bare tok/s':>11} {'ratio':>6} {'cpu ratio':>9}")
     settings = (("T=1", {"temperature": 1.0}), ("T=0.7 top-p 0.9", {"temperature": 0.7, "top_p": 0.9}))
     for spec in args.models:
         # lr 0: the weights (and so the recorded μ) stay put, the work per step is the same.
@@ -118,7 +120,7 @@ def main() -> None:
         policy = load_policy(cfg)
         opt = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=0.0)
         batches = {label: make_batch(policy, args.batch, args.prompt, args.sampled, s) for label, s in settings}
-        times: dict[str, list[float]] = {label: [] for label in (*batches, "bare")}
+        times: dict[str, list[tuple[float, float]]] = {label: [] for label in (*batches, "bare")}
         # Interleaved and warmed up, best of N: other processes share these cores.
         for i in range(args.repeats + 1):
             for label, batch in batches.items():
@@ -128,10 +130,11 @@ def main() -> None:
             elapsed = bare_step(policy, batches["T=1"], opt)
             if i:
                 times["bare"].append(elapsed)
-        bare = min(times["bare"])
+        bare_wall, bare_cpu = (min(x[i] for x in times["bare"]) for i in (0, 1))
         for label in batches:
-            ours = min(times[label])
-            print(f"{spec:>8} {label:>18} | {tokens / ours:>13,.0f} {tokens / bare:>11,.0f} {bare / ours:>6.2f}")
+            wall, cpu = (min(x[i] for x in times[label]) for i in (0, 1))
+            print(f"{spec:>8} {label:>18} | {tokens / wall:>13,.0f} {tokens / bare_wall:>11,.0f} "
+                  f"{bare_wall / wall:>6.2f} {bare_cpu / cpu:>9.2f}")  # fmt: skip
         if args.engine and spec == args.models[0]:
             print(f"saved → first response on {args.engine}: {saved_to_served(policy, args.engine, 'bench'):.3f} s")
 

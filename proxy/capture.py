@@ -27,6 +27,11 @@ SAMPLING_KEYS = (
     "frequency_penalty",
     "repetition_penalty",
     "stop",
+    # These change the distribution vLLM samples from; the trainer excludes calls it cannot reproduce.
+    "logit_bias",
+    "min_tokens",
+    "bad_words",
+    "allowed_token_ids",
 )
 
 

@@ -115,6 +115,7 @@ def _loop(
     from tqdm import tqdm
 
     lead = db is not None
+    # The bar and one line per step both go to stderr, where training logs are expected.
     bar = tqdm(total=steps, desc=f"train {args.alias}", unit="step", disable=not lead, file=sys.stderr)
     done = 0
     waiting = False
@@ -123,7 +124,9 @@ def _loop(
             batch, pending = dist.broadcast(_next_batch(db, args, load) if lead else (None, None))
             if not batch:
                 if lead and not waiting:
-                    bar.write(f"no graded trajectories to train on for {args.alias!r}{_excluded_text(pending)}")
+                    bar.write(
+                        f"no graded trajectories to train on for {args.alias!r}{_excluded_text(pending)}", sys.stderr
+                    )
                 if not args.watch:
                     return
                 waiting = True
@@ -149,7 +152,7 @@ def _loop(
                 deployed = version is not None and not args.no_deploy
                 if deployed:
                     deploy(args.proxy, args.alias, version, admin_key)
-                bar.write(summary_line(done + 1, version, result) + (" · deployed" if deployed else ""))
+                bar.write(summary_line(done + 1, version, result) + (" · deployed" if deployed else ""), sys.stderr)
             version = dist.broadcast(version)
             if result.trained:
                 policy.version, policy.dirty = version, version is None

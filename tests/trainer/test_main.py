@@ -144,7 +144,7 @@ def test_train_records_publishes_and_deploys(
     assert sorted(used) == sorted(t.id for t in pool.trajectories)
     assert proxy.requests == [({"alias": "helper", "version": 1}, "Bearer otj-k"),
                               ({"alias": "helper", "version": 2}, "Bearer otj-k")]  # fmt: skip
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "step 1 v1: loss" in out and "· deployed" in out and "ungraded=2" in out
 
 
@@ -163,7 +163,7 @@ def test_nothing_to_train_is_said_and_not_an_error(
     pg_url: str, project: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert run(_args(pg_url, project, tmp_path, "http://unused"), loader=Pool([], empty_polls=1)) == 0
-    assert "no graded trajectories to train on for 'helper' (excluded: ungraded=3)" in capsys.readouterr().out
+    assert "no graded trajectories to train on for 'helper' (excluded: ungraded=3)" in capsys.readouterr().err
     runs, steps, adapters, _ = _rows(pg_url, project)
     assert [r.status for r in runs] == ["finished"] and steps == [] and adapters == []
 

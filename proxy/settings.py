@@ -16,7 +16,7 @@ class Settings:
     upstreams: list[str] = field(default_factory=lambda: _env("UPSTREAM", "http://127.0.0.1:8001").split(","))
     database_url: str | None = None  # None: $DATABASE_URL or sqlite:///onthejob.db
     spool_dir: Path = field(default_factory=lambda: Path(_env("SPOOL", "spool")))
-    auth: bool = True
+    auth: bool = field(default_factory=lambda: _env("AUTH", "1") not in ("0", "false", "no"))
     default_project: str = "default"
     max_body_bytes: int = field(default_factory=lambda: int(_env("MAX_BODY_BYTES", str(32 * 1024 * 1024))))
     connect_timeout_s: float = field(default_factory=lambda: float(_env("CONNECT_TIMEOUT", "10")))

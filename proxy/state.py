@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -18,7 +19,7 @@ from proxy.redact import Policy
 from proxy.routing import Router
 from proxy.sessions import LinkCache
 from proxy.settings import Settings
-from proxy.spool import Spool
+from proxy.spool import Spool, absorb_orphans, claim
 from proxy.upstream import Upstream
 from storage.db import async_engine
 from storage.feedback import attach_orphans, count_orphans
@@ -40,6 +41,7 @@ class AppState:
     metrics: Metrics
     links: LinkCache
     ratelimiter: RateLimiter
+    spool_lock: int = -1
     policies: dict[str, Policy] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
@@ -56,7 +58,8 @@ class AppState:
         maker = async_sessionmaker(engine, expire_on_commit=False)
         metrics = Metrics()
         upstream = Upstream(settings.upstreams, settings.connect_timeout_s, settings.idle_timeout_s)
-        spool = Spool(settings.spool_dir, settings.spool_max_bytes)
+        folder, lock_fd = claim(settings.spool_dir)  # one folder per worker process
+        spool = Spool(folder, settings.spool_max_bytes)
         return cls(
             settings=settings,
             engine=engine,
@@ -71,9 +74,11 @@ class AppState:
             metrics=metrics,
             links=LinkCache(),
             ratelimiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
+            spool_lock=lock_fd,
         )
 
     async def start(self) -> None:
+        await asyncio.to_thread(absorb_orphans, self.spool)  # records a worker that is gone left behind
         await self.upstream.start()
         await self.router.discover()
         try:
@@ -97,6 +102,8 @@ class AppState:
                 await self.probe_upstreams()
                 with contextlib.suppress(Exception):
                     await self.sweep_feedback()
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(absorb_orphans, self.spool)
 
     async def refresh(self) -> None:
         """Reload what other replicas or the trainer may have changed: aliases and project policies."""
@@ -146,6 +153,7 @@ class AppState:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.recorder.drain_once(), timeout=10)
         self.spool.close()
+        os.close(self.spool_lock)  # releases our spool folder (after the final drain)
         await self.upstream.close()
         await self.engine.dispose()
 

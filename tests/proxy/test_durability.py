@@ -111,3 +111,35 @@ def test_full_spool_refuses_rather_than_serving_unrecorded(start_proxy: ProxyFac
     assert float(line.split()[-1]) >= 1
     ready = httpx.get(f"{proxy.url}/readyz", timeout=10)
     assert ready.status_code == 503 and ready.json()["spool"]["full"] is True
+
+
+def test_two_workers_record_everything(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any,
+                                       tmp_path: Any) -> None:  # fmt: skip
+    import subprocess
+    import sys
+
+    db_url = pg_factory()
+    port = free_port()
+    spool = tmp_path / "spool-workers"
+    proc = subprocess.Popen([sys.executable, "-m", "onthejob.cli", "serve", "--upstream", stub_upstream, "--db", db_url,
+                             "--port", str(port), "--spool", str(spool), "--no-auth", "--workers", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": "stub-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
+        ids = []
+        for _ in range(40):
+            with httpx.Client(timeout=10) as client:  # new connections spread over both workers
+                ids.append(client.post(f"{url}/v1/chat/completions", json=body).headers["x-request-id"])
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert len(list(spool.glob("w-*"))) >= 1
+    assert set(ids) <= set(_ids_in_db(db_url)), "a worker lost records"

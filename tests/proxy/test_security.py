@@ -105,7 +105,7 @@ def test_redaction_policy_leaves_no_copy_anywhere(secured: tuple[Proxy, str, str
     resp = httpx.post(f"{proxy.v1}/chat/completions", json=body, headers={"authorization": f"Bearer {harness}"},
                       timeout=10)  # fmt: skip
     assert resp.status_code == 200
-    spool_text = "".join(p.read_text(errors="replace") for p in proxy.spool.glob("*.jsonl"))
+    spool_text = "".join(p.read_text(errors="replace") for p in proxy.spool.rglob("*.jsonl"))
     proxy.wait_drained()
     dump = _dump_database(proxy.db_url)
     assert "my key is [redacted]" in dump, "the record should be stored, redacted"

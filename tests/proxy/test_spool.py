@@ -51,3 +51,25 @@ def test_quota_refuses_new_records(tmp_path: Path) -> None:
     with pytest.raises(SpoolFull):
         asyncio.run(spool.append({"i": 2}))
     spool.close()
+
+
+def test_each_worker_claims_its_own_folder_and_orphans_are_absorbed(tmp_path: Path) -> None:
+    import os
+
+    from proxy.spool import absorb_orphans, claim
+
+    first, fd1 = claim(tmp_path)
+    second, fd2 = claim(tmp_path)
+    assert first != second, "a folder held by a live worker is never shared"
+    spool1 = Spool(first, 10**9)
+    asyncio.run(spool1.append({"i": 1}))
+    spool1.seal()
+    asyncio.run(spool1.append({"i": 2}))
+    spool1.close()
+    os.close(fd1)  # worker 1 is gone; its two records are still on disk
+    spool2 = Spool(second, 10**9)
+    assert absorb_orphans(spool2) == 2 and not first.exists()
+    assert spool2.depth == 2
+    assert sorted(r["i"] for s in spool2.segments() for r in read_segment(s)) == [1, 2]
+    spool2.close()
+    os.close(fd2)

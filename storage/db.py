@@ -7,6 +7,7 @@ mode with a busy timeout because the proxy and the trainer both write to it.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -59,7 +60,10 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 
 def _json_dumps(value: Any) -> str:
     # orjson: fast, and NaN becomes null (Postgres' json type refuses the bare NaN the stdlib writes).
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:  # integers past 64 bits (a client's metadata, say): the stdlib writes them exactly
+        return json.dumps(value, default=str)
 
 
 JSON_ARGS: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}

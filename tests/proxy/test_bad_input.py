@@ -7,6 +7,7 @@ are answers, not failures), and the process stays up.
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import httpx
@@ -16,6 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.proxy.conftest import Proxy, ProxyFactory
+
+# CI runs a fixed set of cases (reproducible); hunt for new failures with e.g.
+# ONTHEJOB_FUZZ_EXAMPLES=100 ONTHEJOB_FUZZ_RANDOM=1 pytest tests/proxy/test_bad_input.py
+EXAMPLES = int(os.environ.get("ONTHEJOB_FUZZ_EXAMPLES", "12"))
+FIXED = os.environ.get("ONTHEJOB_FUZZ_RANDOM", "") != "1"
 
 
 @pytest.fixture
@@ -45,7 +51,9 @@ def test_api_answers_within_its_spec(api_schema: Any) -> None:
     for operation in operations:
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(
+            max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True
+        )
         def check(case: Any) -> None:
             case.call_and_validate(timeout=30)
 
@@ -63,7 +71,7 @@ def test_fuzzed_engine_sse_never_crashes_the_proxy(fuzz_proxy: Proxy) -> None:
     lines = st.lists(json_values.map(json.dumps) | st.text(max_size=20).filter(lambda s: "\n" not in s), max_size=6)
 
     @given(lines)
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=5 * EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=FIXED)
     def check(chunks: list[str]) -> None:
         body = {"model": "stub-model", "messages": [{"role": "user", "content": "x"}], "stream": True,
                 "stub_chunks": chunks}  # fmt: skip

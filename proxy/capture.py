@@ -104,7 +104,7 @@ def strip(obj: dict[str, Any], wants: Wants, alias: str) -> dict[str, Any] | Non
 
 
 def _only_metadata(chunk: dict[str, Any]) -> bool:
-    choices = chunk.get("choices")
+    choices = chunk.get("choices") or []
     return bool(choices) and all(c.get("delta") == {} and c.get("finish_reason") is None for c in choices)
 
 

@@ -141,7 +141,7 @@ class Recorder:
             if rows:
                 await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
-                await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[arg-type]
+                await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[misc]
             await db.commit()
         self._projects |= projects
 

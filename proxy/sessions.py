@@ -34,7 +34,8 @@ class Naming:
 
 def naming(headers: Any, body: dict[str, Any], path_session: str | None) -> Naming:
     """Read the session, task and tags from headers, ``metadata`` or the base-URL path."""
-    meta = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    raw_meta = body.get("metadata")
+    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
     session, source = headers.get("x-session-id"), "header"
     if not session and meta.get("session_id"):
         session, source = str(meta["session_id"]), "metadata"

@@ -13,6 +13,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+# What a broken, refused or reset engine connection raises.
+UPSTREAM_FAILURES = (aiohttp.ClientError, ConnectionError, OSError)
+
 
 class Upstream:
     def __init__(self, urls: list[str], connect_timeout: float, idle_timeout: float) -> None:

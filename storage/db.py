@@ -66,7 +66,12 @@ def _json_dumps(value: Any) -> str:
         return json.dumps(value, default=str)
 
 
-JSON_ARGS: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
+def _json_loads(value: Any) -> Any:
+    # SQLite hands back a JSON scalar (a bare number) as an int or float, not as text.
+    return orjson.loads(value) if isinstance(value, str | bytes) else value
+
+
+JSON_ARGS: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": _json_loads}
 
 
 def sync_engine(url: str | None = None, **kwargs: Any) -> Engine:

@@ -86,7 +86,7 @@ def saved_to_served(policy: Policy, engine: str, alias: str) -> float:
 
     root = Path(tempfile.mkdtemp(prefix="otj-bench-"))
     name = f"{alias}@v{int(time.time())}"
-    folder = save_adapter(policy.model, adapter_dir(root, alias, 1))
+    folder = save_adapter(policy.model, adapter_dir(root, "bench", alias, 1))
     started = time.perf_counter()
     with httpx.Client(timeout=60) as http:
         r = http.post(f"{engine}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(folder)})

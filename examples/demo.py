@@ -39,6 +39,9 @@ from examples.task import grade, make_problems
 CLI = [sys.executable, "-m", "onthejob.cli"]
 
 
+CARRIED = ("eval", "ungraded")  # exclusions that are not used up: counted again by every run
+
+
 class DemoError(RuntimeError):
     """A step of the demo failed; the message says which and where its log is."""
 
@@ -149,11 +152,12 @@ class Stack:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
         self.project = f"demo-{stamp}"
         self.db_url = cfg.database_url or os.environ.get("DATABASE_URL") or f"sqlite:///{self.out / 'onthejob.db'}"
-        self.adapters = self.out / "adapters" / self.project  # adapter folders are per project
+        self.adapters = self.out / "adapters"  # the trainer files them under <project>/<alias>/vN
         self.proxy_url = ""
         self.upstream = cfg.upstream or ""
         self.model_name = ""
         self.admin_key = self.harness_key = ""
+        self.carried: Counter[str] = Counter()  # eval/ungraded counts the previous training run saw
 
     def __enter__(self) -> Stack:
         try:
@@ -245,6 +249,14 @@ class Stack:
         if code != 0:
             raise DemoError(f"`onthejob train` failed in round {round_no} ({code}); see {log}")
 
+    def new_exclusions(self) -> dict[str, int]:
+        """This round's exclusions. Eval and ungraded trajectories stay available (a grade may still
+        come), so every training run counts all of them again; only the increase is this round's."""
+        counts = self.exclusions()
+        fresh = counts - self.carried
+        self.carried = Counter({k: v for k, v in counts.items() if k in CARRIED})
+        return dict(fresh)
+
     def exclusions(self) -> Counter[str]:
         """Trajectories the newest training run left out, by reason (from its recorded steps)."""
         from sqlalchemy import select
@@ -299,7 +311,7 @@ def play_round(stack: Stack, round_no: int, *, train: bool) -> tuple[RoundResult
     if train:
         stack.train(round_no)
         result.trained_version = stack.deployed_version()
-        result.excluded = dict(stack.exclusions())
+        result.excluded = stack.new_exclusions()
     result.seconds = round(time.monotonic() - started, 1)
     return result, heldout + traffic
 

@@ -30,14 +30,25 @@ from storage.models import Adapter
 from trainer.errors import DeployError, PublishError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# The optimiser's moments, saved beside the adapter so the next run continues them (engines ignore it).
+OPTIMIZER_FILE = "optimizer.pt"
 
 
-def adapter_dir(root: Path | str, alias: str, version: int) -> Path:
-    """``ROOT/<alias>/v<N>`` as an absolute path (engines resolve it in their own working directory)."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", alias)
+def _folder_name(kind: str, name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
     if safe in ("", ".", ".."):
-        raise PublishError(f"alias {alias!r} cannot name a folder; use letters, digits, '.', '_' or '-'")
-    return Path(root).expanduser().resolve() / safe / f"v{version}"
+        raise PublishError(f"{kind} {name!r} cannot name a folder; use letters, digits, '.', '_' or '-'")
+    return safe
+
+
+def adapter_dir(root: Path | str, project_id: str, alias: str, version: int) -> Path:
+    """``ROOT/<project>/<alias>/v<N>`` as an absolute path (engines resolve it in their own working directory).
+
+    The project is part of the path: two projects may both have an alias ``support`` and share
+    one adapter volume, and neither may ever overwrite the other's versions.
+    """
+    project = _folder_name("project", project_id)
+    return Path(root).expanduser().resolve() / project / _folder_name("alias", alias) / f"v{version}"
 
 
 def content_sha256(folder: Path) -> str:
@@ -68,14 +79,18 @@ def next_version(db: Session, project_id: str, alias: str) -> int:
     return int(current or 0) + 1
 
 
-def save_adapter(model: Any, folder: Path) -> Path:
-    """Write the PEFT adapter to ``folder`` atomically (temp dir + rename); never overwrite a version."""
+def save_adapter(model: Any, folder: Path, optimizer: Any = None) -> Path:
+    """Write the PEFT adapter (and the optimiser state) to ``folder`` atomically; never overwrite a version."""
     if folder.exists():
         raise PublishError(f"{folder} already exists; adapter versions are never overwritten")
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         model.save_pretrained(str(staging))
+        if optimizer is not None:
+            import torch
+
+            torch.save(optimizer.state_dict(), staging / OPTIMIZER_FILE)
         staging.chmod(0o755)  # mkdtemp makes it 0700; engines may run as another user
         staging.rename(folder)
     finally:
@@ -121,15 +136,16 @@ def publish(
     base: ModelInfo,
     run_id: int | None,
     metrics: dict[str, Any],
+    optimizer: Any = None,
 ) -> Adapter:
-    """Save the next version of ``alias`` and commit its row; returns the row."""
+    """Save the next version of ``alias`` (with its optimiser state, if given) and commit its row."""
     version = next_version(db, project_id, alias)
-    folder = adapter_dir(root, alias, version)
+    folder = adapter_dir(root, project_id, alias, version)
     if folder.exists():
         # Left by a publish that crashed before its row was committed: no row means
         # no engine was ever asked to load it, so replacing it cannot serve stale weights.
         shutil.rmtree(folder)
-    save_adapter(model, folder)
+    save_adapter(model, folder, optimizer)
     try:
         row = record_adapter(
             db, project_id=project_id, alias=alias, version=version, parent_version=parent_version,

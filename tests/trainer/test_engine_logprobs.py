@@ -91,7 +91,7 @@ def test_engine_serves_the_trained_adapter_with_the_trainers_logprobs(tiny_engin
         t.reward, t.group = float(i % 2), "g"
     result = train_step(policy, batch, cfg, TaskBaseline())
     assert result.trained and result.metrics["ratio_max"] == pytest.approx(1.0, abs=1e-4)
-    folder = save_adapter(policy.model, adapter_dir(tmp_path, "probe-trained", 1))
+    folder = save_adapter(policy.model, adapter_dir(tmp_path, "default", "probe-trained", 1))
     resp = httpx.post(
         f"{tiny_engine.url}/v1/load_lora_adapter",
         json={"lora_name": "probe-trained@v1", "lora_path": str(folder)},

@@ -35,14 +35,19 @@ def db(pg_url: str) -> Session:
 
 def test_adapter_dir_is_absolute_and_safe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert adapter_dir("adapters", "support-agent", 3) == tmp_path / "adapters" / "support-agent" / "v3"
-    assert adapter_dir("adapters", "a/../b", 1).parent.name == "a_.._b"
-    with pytest.raises(PublishError, match="cannot name a folder"):
-        adapter_dir("adapters", "..", 1)
+    expected = tmp_path / "adapters" / "acme" / "support-agent" / "v3"
+    assert adapter_dir("adapters", "acme", "support-agent", 3) == expected
+    assert adapter_dir("adapters", "acme", "a/../b", 1).parent.name == "a_.._b"
+    # Two projects with the same alias on one shared volume never share a folder.
+    assert adapter_dir("adapters", "acme", "helper", 1) != adapter_dir("adapters", "globex", "helper", 1)
+    with pytest.raises(PublishError, match="alias '..' cannot name a folder"):
+        adapter_dir("adapters", "acme", "..", 1)
+    with pytest.raises(PublishError, match="project '..' cannot name a folder"):
+        adapter_dir("adapters", "..", "helper", 1)
 
 
 def test_save_is_atomic_and_never_overwrites(model: object, tmp_path: Path) -> None:
-    folder = save_adapter(model, adapter_dir(tmp_path, "a", 1))
+    folder = save_adapter(model, adapter_dir(tmp_path, "p", "a", 1))
     assert (folder / "adapter_config.json").is_file() and (folder / "adapter_model.safetensors").is_file()
     assert [p.name for p in folder.parent.iterdir()] == ["v1"]  # no staging folder left behind
     with pytest.raises(PublishError, match="never overwritten"):
@@ -72,7 +77,7 @@ def test_publish_numbers_versions_and_records_lineage(model: object, db: Session
                      parent_version=1, base=base, run_id=None, metrics={})  # fmt: skip
     rows = db.scalars(select(Adapter).where(Adapter.project_id == project).order_by(Adapter.version)).all()
     assert [(r.version, r.parent_version) for r in rows] == [(1, None), (2, 1)]
-    assert first.path == str((tmp_path / "adapters" / "helper" / "v1").resolve())
+    assert first.path == str((tmp_path / "adapters" / project / "helper" / "v1").resolve())
     assert Path(second.path).is_absolute() and Path(second.path).is_dir()
     assert first.sha256 == content_sha256(Path(first.path))
     assert (first.base_model, first.base_sha256) == ("tiny-qwen2", "b" * 64)
@@ -83,7 +88,7 @@ def test_publish_replaces_an_orphaned_folder(model: object, db: Session, tmp_pat
     project = f"p-{uuid.uuid4().hex[:8]}"
     ensure_project(db, project)
     db.commit()
-    orphan = adapter_dir(tmp_path, "helper", 1)
+    orphan = adapter_dir(tmp_path, project, "helper", 1)
     orphan.mkdir(parents=True)
     (orphan / "junk").write_text("left by a crash before the row was committed")
     base = ModelInfo(path=tmp_path, name="tiny-qwen2", sha256="b" * 64)

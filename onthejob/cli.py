@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=2e-4)
     p.add_argument("--no-deploy", action="store_true")
     p.add_argument("--parent", default="latest", help="adapter to continue from: latest | deployed | base | N")
+    p.add_argument(
+        "--fresh-optimizer",
+        action="store_true",
+        help="start AdamW afresh instead of continuing the parent adapter's saved moments",
+    )
     p.add_argument("--min-batch", type=int, default=1, help="wait for at least this many trajectories")
     p.add_argument("--poll", type=float, default=10.0, help="seconds between polls with --watch")
     p.add_argument("--max-len", type=int, default=2048, help="longer trajectories are dropped and counted")

@@ -76,6 +76,7 @@ class TrainConfig:
     micro_tokens: int = 4096  # padded tokens per forward pass
     grad_clip: float = 1.0
     threads: int | None = None  # None: the CPU cores divided among the ranks
+    resume_optimizer: bool = True  # continue the parent adapter's AdamW moments when it saved them
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,9 +154,37 @@ def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: in
     params = [p for p in model.parameters() if p.requires_grad]
     dist.broadcast_params(params)  # LoRA A is initialised at random: every rank starts from rank 0's
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    if parent is not None and cfg.resume_optimizer:
+        resume_optimizer(optimizer, parent, cfg.lr)
     pad = base.config.pad_token_id
     pad_id = int(pad) if isinstance(pad, int) else 0  # padding is never attended to nor scored
     return Policy(model, info, optimizer, pad_id, device, version=parent_version if parent else None)
+
+
+def resume_optimizer(optimizer: torch.optim.Optimizer, parent: Path, lr: float) -> bool:
+    """Load the AdamW moments saved with ``parent`` (if any and if they fit); this run's ``lr`` wins.
+
+    A fresh AdamW's first step moves every weight by ``lr`` whatever its gradient's size
+    (the bias-corrected m/√v is ±1); continuing the moments keeps step sizes proportional
+    across training runs, which matter when each run takes only a step or two.
+    """
+    from trainer.publish import OPTIMIZER_FILE
+
+    path = parent / OPTIMIZER_FILE
+    if not path.is_file():
+        return False
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    saved = state.get("state", {})
+    fits = len(state.get("param_groups", [{}])[0].get("params", [])) == len(params) and all(
+        saved[i]["exp_avg"].shape == p.shape for i, p in enumerate(params) if i in saved
+    )
+    if not fits:
+        return False  # another rank or target set: start fresh rather than misapply moments
+    optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return True
 
 
 def train_step(

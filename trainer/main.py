@@ -48,7 +48,10 @@ def default_loader() -> Loader:
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """The flat training config from command-line flags."""
     objective = ObjectiveConfig(name=args.objective, epochs=PPO_EPOCHS if args.objective == "ppo" else 1)
-    cfg = TrainConfig(model=args.model, objective=objective, lr=args.lr, threads=getattr(args, "threads", None))
+    cfg = TrainConfig(
+        model=args.model, objective=objective, lr=args.lr, threads=getattr(args, "threads", None),
+        resume_optimizer=not getattr(args, "fresh_optimizer", False),
+    )  # fmt: skip
     if getattr(args, "max_len", None):
         cfg = replace(cfg, max_len=args.max_len)
     return cfg
@@ -145,6 +148,7 @@ def _loop(
                     version = publish(
                         db, policy.model, root=args.adapters, project_id=args.project, alias=args.alias,
                         parent_version=parent, base=policy.info, run_id=run_row.id, metrics=result.metrics,
+                        optimizer=policy.optimizer,
                     ).version  # fmt: skip
                 # The step and the trajectories it used are recorded before the deployment,
                 # so a refused deployment never makes the next run train on them twice.

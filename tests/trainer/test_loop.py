@@ -23,7 +23,8 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": -1, "min_p": 0.0}
 
 def _cfg(name: str = "tis", **kw: object) -> TrainConfig:
     epochs = 3 if name == "ppo" else 1
-    return TrainConfig(model="tiny", threads=1, lr=2e-2, objective=ObjectiveConfig(name=name, epochs=epochs), **kw)  # type: ignore[arg-type]
+    kw = {"lr": 2e-2, **kw}
+    return TrainConfig(model="tiny", threads=1, objective=ObjectiveConfig(name=name, epochs=epochs), **kw)  # type: ignore[arg-type]
 
 
 def _trajectories(n: int, seed: int = 0, **kw: object) -> list[Trajectory]:
@@ -109,7 +110,7 @@ def test_missing_mu_is_recomputed_with_the_serving_adapter(policy: Policy, tmp_p
     warmup = _trajectories(4, seed=1)
     _on_policy(policy, warmup)
     train_step(policy, warmup, cfg, TaskBaseline())
-    v1 = save_adapter(policy.model, adapter_dir(tmp_path, "a", 1))
+    v1 = save_adapter(policy.model, adapter_dir(tmp_path, "p", "a", 1))
     policy.version, policy.dirty = 1, False
     _on_policy(policy, warmup)
     train_step(policy, warmup, cfg, TaskBaseline())  # now the weights are neither base nor v1
@@ -188,3 +189,25 @@ def test_modified_base_weights_are_refused(tmp_path: Path) -> None:
     fake = type(info)(path=info.path, name=info.name, sha256="0" * 64)
     with pytest.raises(BaseModelError, match="hash"):
         check_weights(fake)
+
+
+def test_a_child_run_continues_the_parents_optimiser_moments(policy: Policy, tmp_path: Path) -> None:
+    trajectories = _trajectories(6)
+    _on_policy(policy, trajectories)
+    assert train_step(policy, trajectories, _cfg(), TaskBaseline()).trained
+    folder = save_adapter(policy.model, adapter_dir(tmp_path, "p", "a", 1), policy.optimizer)
+    saved = policy.optimizer.state_dict()["state"]
+
+    child = load_policy(_cfg(lr=1e-3), folder, 1)
+    state = child.optimizer.state_dict()
+    assert state["param_groups"][0]["lr"] == 1e-3  # this run's learning rate, not the parent's
+    assert set(state["state"]) == set(saved) and len(saved) == len(child.parameters())
+    for i, moments in saved.items():
+        assert torch.equal(state["state"][i]["exp_avg_sq"], moments["exp_avg_sq"])
+        assert int(state["state"][i]["step"]) == 1
+
+    fresh = load_policy(_cfg(resume_optimizer=False), folder, 1)
+    assert fresh.optimizer.state_dict()["state"] == {}
+    # An adapter saved without its optimiser (older versions, other tools) starts AdamW afresh.
+    bare = save_adapter(policy.model, adapter_dir(tmp_path, "p", "a", 2))
+    assert load_policy(_cfg(), bare, 2).optimizer.state_dict()["state"] == {}

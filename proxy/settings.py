@@ -34,6 +34,8 @@ class Settings:
     rate_limit_burst: int = field(default_factory=lambda: int(_env("RATE_LIMIT_BURST", "100")))
     # False only for benchmarks (the recording-off baseline): ONTHEJOB_RECORD=0.
     record: bool = field(default_factory=lambda: _env("RECORD", "1") not in ("0", "false", "no"))
+    # An operator-chosen admin key of the default project, ensured at start (docker compose's .env).
+    admin_key: str = field(default_factory=lambda: _env("ADMIN_KEY", ""))
 
     def __post_init__(self) -> None:
         self.upstreams = [u.rstrip("/").removesuffix("/v1") for u in self.upstreams if u]
@@ -42,3 +44,7 @@ class Settings:
         if self.spool_full_policy not in ("refuse", "serve"):
             raise ValueError("ONTHEJOB_SPOOL_FULL_POLICY must be 'refuse' or 'serve'")
         self.spool_dir = Path(self.spool_dir)
+        if self.admin_key and self.auth:
+            from storage.keys import check_chosen_secret
+
+            check_chosen_secret(self.admin_key)

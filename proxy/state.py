@@ -82,12 +82,33 @@ class AppState:
         await self.upstream.start()
         await self.router.discover()
         try:
+            await self.ensure_admin_key()
             await self.router.register_base_aliases()
             await self.refresh()
         except Exception as exc:  # noqa: BLE001 - the database may be down at start; serve from the spool
             log.warning("database not reachable at start (%s); aliases will load when it returns", exc)
         self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
         self.tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+
+    async def ensure_admin_key(self) -> None:
+        """``ONTHEJOB_ADMIN_KEY``, when set, is an admin key of the default project (idempotent)."""
+        if not (self.settings.admin_key and self.settings.auth):
+            return
+        from storage.keys import ensure_key
+
+        from sqlalchemy.exc import IntegrityError
+
+        secret, project = self.settings.admin_key, self.settings.default_project
+        async with self.sessionmaker() as db:
+            try:
+                if await db.run_sync(lambda s: ensure_key(s, project, secret, "admin", "ONTHEJOB_ADMIN_KEY")):
+                    await db.commit()
+                    log.info("ONTHEJOB_ADMIN_KEY registered as an admin key of project %r", project)
+            except IntegrityError:
+                await db.rollback()  # a sibling worker registered it at the same moment
+            except ValueError as exc:
+                await db.rollback()
+                log.error("ONTHEJOB_ADMIN_KEY not registered: %s", exc)
 
     async def _housekeeping(self) -> None:
         """Follow deployments (alias table) quickly; check engines for lost adapters now and then."""

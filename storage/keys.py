@@ -38,12 +38,20 @@ def ensure_project(db: DbSession, project_id: str) -> Project:
     return project
 
 
-def create_key(db: DbSession, project_id: str, role: str = "harness", name: str = "") -> NewKey:
-    """Create a key for a project (created if missing); the caller commits."""
+MIN_CHOSEN_SECRET = 24  # characters of an operator-chosen key (ONTHEJOB_ADMIN_KEY)
+
+
+def create_key(
+    db: DbSession, project_id: str, role: str = "harness", name: str = "", secret: str | None = None
+) -> NewKey:
+    """Create a key for a project (created if missing); the caller commits.
+
+    ``secret``: adopt an operator-chosen secret instead of generating one (see :func:`ensure_key`).
+    """
     if role not in ROLES:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     ensure_project(db, project_id)
-    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    secret = secret or KEY_PREFIX + secrets.token_urlsafe(32)
     key = ApiKey(
         id="key_" + secrets.token_hex(8),
         project_id=project_id,
@@ -55,6 +63,32 @@ def create_key(db: DbSession, project_id: str, role: str = "harness", name: str 
     db.add(key)
     db.flush()
     return NewKey(id=key.id, project_id=project_id, role=role, secret=secret)
+
+
+def check_chosen_secret(secret: str) -> None:
+    """An operator-chosen key must be long enough to be a secret; the message says how to make one."""
+    if len(secret) < MIN_CHOSEN_SECRET or secret.strip() != secret:
+        raise ValueError(
+            f"ONTHEJOB_ADMIN_KEY must be at least {MIN_CHOSEN_SECRET} characters without surrounding spaces; "
+            "make one with: python -c 'import secrets; print(\"otj-\" + secrets.token_urlsafe(32))'"
+        )
+
+
+def ensure_key(db: DbSession, project_id: str, secret: str, role: str = "admin", name: str = "from-env") -> bool:
+    """Make ``secret`` a key of ``project_id`` unless it is one already; True when created.
+
+    Idempotent, so a proxy can run it at every start (docker compose: one ``.env`` value
+    serves the proxy and the trainer). A revoked key stays revoked: revoking it is how an
+    operator retires it, and a restart must not bring it back.
+    """
+    check_chosen_secret(secret)
+    row = db.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(secret)))
+    if row is not None:
+        if row.project_id != project_id or row.role != role:
+            raise ValueError(f"that key already exists as a {row.role} key of project {row.project_id!r}")
+        return False
+    create_key(db, project_id, role, name, secret=secret)
+    return True
 
 
 def find_key(db: DbSession, secret: str) -> ApiKey | None:

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from onthejob.cli import build_parser
+from storage.keys import check_chosen_secret
 
 ROOT = Path(__file__).resolve().parents[1]
 _VAR = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
@@ -155,7 +156,10 @@ def test_trainer_watches_and_deploys_through_the_proxy(services: dict[str, Any])
     serve = build_parser().parse_args(onthejob_commands(services["proxy"])[-1][1:])
     assert args.proxy == f"http://proxy:{serve.port}"
     assert args.adapters == "/adapters"
-    assert "ONTHEJOB_ADMIN_KEY" in env_of(services["trainer"])
+    # One .env value is the proxy's bootstrap admin key and the trainer's deploy key: no manual step.
+    key = env_of(services["trainer"])["ONTHEJOB_ADMIN_KEY"]
+    assert key == env_of(services["proxy"])["ONTHEJOB_ADMIN_KEY"]
+    check_chosen_secret(key)  # the proxy would refuse to start with a short one
     gpus = services["trainer"]["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in d["capabilities"] for d in gpus)
 

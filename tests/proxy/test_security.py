@@ -117,6 +117,26 @@ def test_redaction_policy_leaves_no_copy_anywhere(secured: tuple[Proxy, str, str
 
 def test_cors_is_off_by_default(secured: tuple[Proxy, str, str]) -> None:
     proxy, _, _ = secured
-    pre = httpx.options(f"{proxy.v1}/chat/completions", timeout=5,
-                        headers={"origin": "https://evil.example", "access-control-request-method": "POST"})  # fmt: skip
+    headers = {"origin": "https://evil.example", "access-control-request-method": "POST"}
+    pre = httpx.options(f"{proxy.v1}/chat/completions", timeout=5, headers=headers)
     assert "access-control-allow-origin" not in pre.headers
+
+
+def test_an_admin_key_from_the_environment_is_registered_once(
+    start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any
+) -> None:
+    db_url = pg_factory()
+    chosen = "otj-operator-chosen-0123456789abcdef"
+    env = {"ONTHEJOB_ADMIN_KEY": chosen}
+    proxy = start_proxy(stub_upstream, db_url, auth=True, env=env)
+    as_admin = {"authorization": f"Bearer {chosen}"}
+    keys = httpx.get(f"{proxy.v1}/admin/keys", headers=as_admin, timeout=5)
+    assert keys.status_code == 200, keys.text
+    assert [(k["project"], k["role"]) for k in keys.json()["data"]] == [("default", "admin")]
+    assert chosen not in _dump_database(db_url) and chosen not in proxy.log.read_text()
+    proxy.stop()
+    again = start_proxy(stub_upstream, db_url, auth=True, env=env)  # a restart adds no second key
+    assert len(httpx.get(f"{again.v1}/admin/keys", headers=as_admin, timeout=5).json()["data"]) == 1
+    again.stop()
+    with pytest.raises(RuntimeError, match="ONTHEJOB_ADMIN_KEY must be at least 24 characters"):
+        start_proxy(stub_upstream, db_url, auth=True, env={"ONTHEJOB_ADMIN_KEY": "short"})

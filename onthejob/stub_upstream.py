@@ -108,8 +108,10 @@ async def _tokens(
             await resp.write(b"data: {not json\n\n")
             continue
         last = i == n - 1
-        c: dict[str, Any] = {"index": 0, "logprobs": _logprobs(chat, 1) if want_lp else None,
-                             "finish_reason": "length" if last else None, "token_ids": [100 + i] if want_ids else None}  # fmt: skip
+        c: dict[str, Any] = {
+            "index": 0, "logprobs": _logprobs(chat, 1) if want_lp else None,
+            "finish_reason": "length" if last else None, "token_ids": [100 + i] if want_ids else None,
+        }  # fmt: skip
         if chat:
             c["delta"] = {"content": "x"} if not last else {"content": "x"}
         else:

@@ -57,7 +57,7 @@ def _trainer_logprobs(model_path: Path, adapter: Path | None, prompt_ids: list[i
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
 
 
-def test_graded_traffic_becomes_a_deployed_adapter(start_proxy: ProxyFactory, tiny_engine: Engine,
+def test_graded_traffic_becomes_a_deployed_adapter(start_proxy: ProxyFactory, tiny_engine: Engine,  # noqa: F811
                                                     pg_factory: Any, tmp_path: Path) -> None:  # fmt: skip
     db_url = pg_factory()
     upgrade(db_url)

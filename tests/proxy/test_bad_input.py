@@ -65,7 +65,9 @@ def test_fuzzed_engine_sse_never_crashes_the_proxy(fuzz_proxy: Proxy) -> None:
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
             st.sampled_from(["choices", "delta", "index", "token_ids", "logprobs", "content", "usage",
-                             "finish_reason", "prompt_token_ids", "tool_calls", "function", "error"]), inner, max_size=4),
+                             "finish_reason", "prompt_token_ids", "tool_calls", "function", "error"]),
+            inner, max_size=4,
+        ),
         max_leaves=12,
     )  # fmt: skip
     lines = st.lists(json_values.map(json.dumps) | st.text(max_size=20).filter(lambda s: "\n" not in s), max_size=6)

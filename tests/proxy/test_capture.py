@@ -77,8 +77,9 @@ def test_assembler_adds_up_tokens_text_and_tool_calls() -> None:
 
 
 def test_captured_choices_read_both_logprob_shapes() -> None:
+    message = {"role": "assistant", "content": "a", "refusal": None}
     chat = {"choices": [{"index": 0, "token_ids": [1], "logprobs": {"content": [{"logprob": -2.0}]},
-                         "finish_reason": "stop", "message": {"role": "assistant", "content": "a", "refusal": None}}]}  # fmt: skip
+                         "finish_reason": "stop", "message": message}]}  # fmt: skip
     (c,) = captured_choices(chat, "chat")
     assert c["logprobs"] == [-2.0] and c["message"] == {"role": "assistant", "content": "a"}
     text = {"choices": [{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [-1.5]}, "text": "a"}]}

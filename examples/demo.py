@@ -62,7 +62,7 @@ class DemoConfig:
     batch_size: int = 64
     lr: float = 5e-4
     engine_threads: int = 2
-    workers: int = 8
+    workers: int = 24  # episodes in flight: vLLM batches them (measured: 8 → 24 is 1.5× faster on 2 cores)
     progress: bool = True
 
     @classmethod
@@ -231,6 +231,9 @@ class Stack:
             "--db", self.db_url, "--proxy", self.proxy_url, "--adapters", str(self.adapters),
             "--admin-key", self.admin_key, "--steps", str(self.cfg.train_steps),
             "--batch-size", str(self.cfg.batch_size), "--lr", str(self.cfg.lr),
+            # One step per round: the recipe was measured with AdamW's first (sign-like, lr-sized)
+            # step each round; continuing the moments made the adapter drift longer (see README).
+            "--fresh-optimizer",
         ]  # fmt: skip
         with log.open("ab") as fh:
             # stderr (the trainer's progress bar and step lines) goes to the terminal as well.

@@ -236,6 +236,11 @@ def train_step(
                     continue
             examples.append(example)
     metrics.update(recomputed_logprobs=recomputed, missing_logprobs_positive_only=positive_only)
+    examples, idle_tokens = _drop_zero_advantage(examples, policy.pad_id) if obj.name != "bc" else (examples, 0.0)
+    metrics["zero_advantage_tokens"] = int(idle_tokens)
+    active = {id(e) for e in examples}
+    needs_mu = [e for e in needs_mu if id(e) in active]  # a skipped example needs no μ
+    metrics["recomputed_logprobs"] = len(needs_mu)
 
     # 3. This rank's shard; μ recomputed with the adapter that served each turn.
     shard = examples[dist.rank() :: dist.world()]
@@ -243,10 +248,11 @@ def train_step(
     _fill_behaviour(policy, [e for e in needs_mu if id(e) in mine], adapters, cfg)
 
     # 4. Forward/backward and one optimiser step (ppo: one per epoch).
+    idle_here = idle_tokens if dist.rank() == 0 else 0.0  # counted once in the global denominator
     if obj.name == "ppo":
-        sums, rstats = _ppo_epochs(policy, shard, cfg)
+        sums, rstats = _ppo_epochs(policy, shard, cfg, idle_here)
     else:
-        sums, rstats = _single_pass(policy, shard, cfg)
+        sums, rstats = _single_pass(policy, shard, cfg, idle_here)
     loss_sum, tokens, rejected, trajs = dist.sum_floats(sums)
     totals = dist.sum_floats(rstats.as_vector())
     rstats.tokens, rstats.ratio_sum, rstats.ratio_sq_sum, rstats.clipped, rstats.kl_sum = totals
@@ -256,7 +262,7 @@ def train_step(
     trained = tokens > 0
     policy.dirty = policy.dirty or trained
     metrics.update(
-        loss=loss_sum / tokens if trained else None,
+        loss=loss_sum / (tokens + idle_tokens) if trained else None,
         tokens=int(tokens),
         trajectories=int(trajs),
         excluded=dict(excluded),
@@ -265,7 +271,24 @@ def train_step(
     return StepResult(metrics, consumed, excluded, trained)
 
 
-def _single_pass(policy: Policy, shard: Sequence[Example], cfg: TrainConfig) -> tuple[list[float], RatioStats]:
+def _drop_zero_advantage(examples: list[Example], pad_id: int) -> tuple[list[Example], float]:
+    """Examples whose advantage is exactly 0 (every attempt of a task scored alike), and their tokens.
+
+    Under tis, ppo and reinforce such an example contributes nothing to the gradient, so it
+    needs no forward or backward pass: with few distinct rewards per task that is often half
+    of a batch. Its tokens still count in the step's denominator, so the update is the one
+    computing them would give (but for sequence rejection, which would have dropped an
+    out-of-band one from the count). It is used up like the rest.
+    """
+    active = [e for e in examples if e.advantage != 0.0]
+    idle = [e for e in examples if e.advantage == 0.0]
+    tokens = float(sum(float(collate([e], pad_id).mask.sum()) for e in idle))
+    return active, tokens
+
+
+def _single_pass(
+    policy: Policy, shard: Sequence[Example], cfg: TrainConfig, idle_tokens: float = 0.0
+) -> tuple[list[float], RatioStats]:
     """tis / reinforce / bc: one forward-backward over the shard, then the optimiser step."""
     obj = cfg.objective
     stats = RatioStats()
@@ -292,11 +315,13 @@ def _single_pass(policy: Policy, shard: Sequence[Example], cfg: TrainConfig) -> 
         loss_sum += float(loss.detach())
         tokens += float(mask.sum())
         trajs += float((mask.sum(dim=1) > 0).sum())
-    _optimiser_step(policy, cfg, tokens)
+    _optimiser_step(policy, cfg, tokens, idle_tokens)
     return [loss_sum, tokens, rejected, trajs], stats
 
 
-def _ppo_epochs(policy: Policy, shard: Sequence[Example], cfg: TrainConfig) -> tuple[list[float], RatioStats]:
+def _ppo_epochs(
+    policy: Policy, shard: Sequence[Example], cfg: TrainConfig, idle_tokens: float = 0.0
+) -> tuple[list[float], RatioStats]:
     """Decoupled PPO: π_prox from a no-grad pass, sequence rejection, then ``epochs`` optimiser steps."""
     obj = cfg.objective
     stats = RatioStats()
@@ -325,7 +350,7 @@ def _ppo_epochs(policy: Policy, shard: Sequence[Example], cfg: TrainConfig) -> t
             epoch_loss += float(loss.detach())
         if epoch == 0:
             first_loss = epoch_loss
-        _optimiser_step(policy, cfg, tokens)
+        _optimiser_step(policy, cfg, tokens, idle_tokens)
     return [first_loss, tokens, rejected, trajs], stats
 
 
@@ -337,12 +362,13 @@ def _score(policy: Policy, b: Batch) -> torch.Tensor:
     return scored.logprobs
 
 
-def _optimiser_step(policy: Policy, cfg: TrainConfig, local_tokens: float) -> None:
-    """Sum gradients over ranks, divide by the global token count, clip, step."""
+def _optimiser_step(policy: Policy, cfg: TrainConfig, local_tokens: float, idle_tokens: float = 0.0) -> None:
+    """Sum gradients over ranks, divide by the global token count (zero-advantage ones too), clip, step."""
     params = policy.parameters()
-    (total,) = dist.sum_floats([local_tokens])
+    (computed, idle) = dist.sum_floats([local_tokens, idle_tokens])
+    total = computed + idle
     dist.all_reduce_grads(params)
-    if total <= 0:
+    if computed <= 0:
         policy.optimizer.zero_grad(set_to_none=True)
         return
     for p in params:

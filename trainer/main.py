@@ -82,7 +82,12 @@ def _run(args: argparse.Namespace, loader: Loader | None) -> int:
         parent_version, parent_path, baseline_state = dist.broadcast(
             _resume_point(db, args) if db is not None else (None, None, None)
         )
+        started = time.perf_counter()
         policy = load_policy(cfg, Path(parent_path) if parent_path else None, parent_version)
+        if lead:
+            parent = f"v{parent_version}" if parent_version else "a fresh LoRA"
+            print(f"loaded {policy.info.name} + {parent} on {policy.device} in {time.perf_counter() - started:.1f}s",
+                  file=sys.stderr)  # fmt: skip
         if db is not None:
             _check_lineage(db, args, policy, parent_version)
             run_row = _start_run(db, args, cfg, policy, parent_version, baseline_state)
@@ -124,7 +129,9 @@ def _loop(
     waiting = False
     try:
         while steps is None or done < steps:
+            started = time.perf_counter()
             batch, pending = dist.broadcast(_next_batch(db, args, load) if lead else (None, None))
+            timings = {"load_s": time.perf_counter() - started}
             if not batch:
                 if lead and not waiting:
                     bar.write(
@@ -138,12 +145,15 @@ def _loop(
             waiting = False
             adapters = dist.broadcast(_adapter_paths(db, args) if lead else None)
             parent = policy.version
+            started = time.perf_counter()
             result = train_step(policy, batch, cfg, baseline, adapters)
+            timings["step_s"] = time.perf_counter() - started
             _merge_counts(result.excluded, pending)  # storage's exclusions join the step's own
             result.metrics["excluded"] = dict(result.excluded)
             version = None
             if lead:
                 assert db is not None and run_row is not None
+                started = time.perf_counter()
                 if result.trained:
                     version = publish(
                         db, policy.model, root=args.adapters, project_id=args.project, alias=args.alias,
@@ -153,10 +163,15 @@ def _loop(
                 # The step and the trajectories it used are recorded before the deployment,
                 # so a refused deployment never makes the next run train on them twice.
                 _record_step(db, args, run_row, done + 1, version, result, baseline)
+                timings["publish_s"] = time.perf_counter() - started
                 deployed = version is not None and not args.no_deploy
                 if deployed:
+                    started = time.perf_counter()
                     deploy(args.proxy, args.alias, version, admin_key)
-                bar.write(summary_line(done + 1, version, result) + (" · deployed" if deployed else ""), sys.stderr)
+                    timings["deploy_s"] = time.perf_counter() - started
+                took = " ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in timings.items())
+                line = summary_line(done + 1, version, result) + (" · deployed" if deployed else "")
+                bar.write(f"{line} ({took})", sys.stderr)
             version = dist.broadcast(version)
             if result.trained:
                 policy.version, policy.dirty = version, version is None

@@ -131,6 +131,7 @@ def test_missing_mu_is_recomputed_with_the_serving_adapter(policy: Policy, tmp_p
         expected_base = _score_all(reference, served_by_base)
     got = [sum(v for v in e.behaviour if not math.isnan(v)) for e in examples]
     assert got == pytest.approx([float(expected_v1[0]), float(expected_base[0])], abs=1e-4)
+    served_by_base[0].reward = 1.0  # the two attempts differ: nonzero advantages, so both are scored
     result = train_step(policy, served_by_v1 + served_by_base, cfg, TaskBaseline(), {1: v1})
     assert result.metrics["recomputed_logprobs"] == 2 and result.metrics["kl_mu_pi"] > 0
 
@@ -211,3 +212,33 @@ def test_a_child_run_continues_the_parents_optimiser_moments(policy: Policy, tmp
     # An adapter saved without its optimiser (older versions, other tools) starts AdamW afresh.
     bare = save_adapter(policy.model, adapter_dir(tmp_path, "p", "a", 2))
     assert load_policy(_cfg(), bare, 2).optimizer.state_dict()["state"] == {}
+
+
+def test_zero_advantage_examples_skip_the_forward_pass_but_not_the_denominator() -> None:
+    """Tasks whose attempts all scored alike add no gradient: skipping them gives the same step."""
+    from trainer.advantages import compute_advantages
+    from trainer.loop import _single_pass
+
+    mixed = _trajectories(4, seed=1)  # rewards 0, 1, 0, 1 in group "g": nonzero advantages
+    alike = _trajectories(4, seed=2)
+    for t in alike:
+        t.reward, t.group = 1.0, "same"  # all four attempts scored alike: advantage 0
+    batch = mixed + alike
+    cfg = _cfg(grad_clip=0.0)  # plain SGD below, unclipped: the update is the gradient, scale included
+    skipping, computing = load_policy(cfg), load_policy(cfg)
+    for p in (skipping, computing):
+        _on_policy(p, batch)
+        p.optimizer = torch.optim.SGD(p.parameters(), lr=1.0)
+    result = train_step(skipping, batch, cfg, TaskBaseline())
+    assert result.trained and result.metrics["trajectories"] == 4 and result.metrics["zero_advantage_tokens"] == 24
+    assert sorted(result.consumed) == sorted(t.id for t in batch)  # the skipped ones are used up too
+
+    # The same step computing every example (what the trainer did before skipping).
+    advantages = compute_advantages([float(t.reward) for t in batch], [t.group for t in batch],
+                                    [t.task_id for t in batch], TaskBaseline())  # fmt: skip
+    assert advantages[4:] == [0.0] * 4 and all(a != 0 for a in advantages[:4])
+    _single_pass(computing, [Example(t, a, recorded_behaviour(t)) for t, a in zip(batch, advantages, strict=True)], cfg)
+    untouched = load_policy(cfg).parameters()
+    for a, b, c in zip(skipping.parameters(), computing.parameters(), untouched, strict=True):
+        assert torch.allclose(a - c, b - c, atol=1e-7, rtol=1e-4), "skipping zero-advantage examples changed the update"
+    assert any(not torch.equal(a, c) for a, c in zip(skipping.parameters(), untouched, strict=True))

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from trl.trainer.utils import selective_log_softmax
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: below this temperature a row is greedy
 
@@ -161,9 +160,21 @@ def token_logprobs(
     the module docstring), so the result is always finite.
     """
     processed = processed_logits(logits, temperature, top_k, top_p, min_p, keep=ids)
-    # TRL loops over the leading dimension to save memory; give it one row of N tokens,
-    # not N rows of one (a Python loop and N autograd nodes per micro-batch).
-    return selective_log_softmax(processed.unsqueeze(0), ids.unsqueeze(0)).squeeze(0)
+    return selected_log_softmax(processed, ids)
+
+
+def selected_log_softmax(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)[n, ids[n]]`` for ``[N, V]`` logits, the same arithmetic on every device.
+
+    Single-precision and wider: the picked logit minus the row's logsumexp (no [N, V] log-softmax
+    is kept for backward). Half precision: logsumexp loses too much there, so a real log-softmax.
+    Our own rather than TRL's: importing trl pulls datasets and pandas into every training run,
+    and on GPUs TRL switches to a fused Triton kernel whose rounding differs from what we tested.
+    """
+    index = ids.unsqueeze(-1)
+    if logits.dtype in (torch.float32, torch.float64):
+        return logits.gather(-1, index).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.log_softmax(logits, dim=-1).gather(-1, index).squeeze(-1)
 
 
 @dataclass

@@ -145,3 +145,18 @@ def test_filters_match_vllms_own_implementation() -> None:
     theirs = apply_top_k_top_p_pytorch(logits.clone(), k, p)
     assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
     assert torch.allclose(ours.log_softmax(-1).nan_to_num(neginf=0), theirs.log_softmax(-1).nan_to_num(neginf=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_selected_log_softmax_is_the_gathered_log_softmax(dtype: torch.dtype) -> None:
+    from trainer.logprobs import selected_log_softmax
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(7, 300, generator=gen) * 4).to(dtype).requires_grad_()
+    ids = torch.randint(0, 300, (7,), generator=gen)
+    naive = torch.log_softmax(logits.float(), dim=-1)[torch.arange(7), ids]
+    ours = selected_log_softmax(logits, ids)
+    tol = {"atol": 1e-5, "rtol": 0.0} if dtype == torch.float32 else {"atol": 0.0, "rtol": 1e-2}  # bf16: 8 bits
+    assert ours.dtype == dtype and torch.allclose(ours.float(), naive, **tol)
+    ours.sum().backward()  # differentiable in both branches
+    assert logits.grad is not None and torch.isfinite(logits.grad).all()

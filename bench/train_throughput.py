@@ -47,7 +47,7 @@ def make_batch(policy: Policy, n: int, prompt: int, sampled: int, sampling: dict
             mask=[0] * prompt + [1] * sampled, logprobs=[None] * (prompt + sampled), turns=[turn],
             completion_ids=[turn.completion_id], reward=float(i % 2), group="g",
         ))  # fmt: skip
-    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in out], policy.pad_id)
+    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in out], policy.pad_id, policy.device)
     with torch.no_grad():
         lp = _score(policy, batch)
     for row, t in enumerate(out):
@@ -67,8 +67,10 @@ def trainer_step(policy: Policy, batch: list[Trajectory], cfg: TrainConfig) -> t
 def bare_step(policy: Policy, batch: list[Trajectory], opt: torch.optim.Optimizer) -> tuple[float, float]:
     """Wall and CPU seconds for one plain PEFT step: forward with labels, backward, AdamW."""
     model = policy.model
-    ids = torch.tensor([t.token_ids for t in batch])
-    labels = torch.tensor([[tok if m else -100 for tok, m in zip(t.token_ids, t.mask, strict=True)] for t in batch])
+    ids = torch.tensor([t.token_ids for t in batch], device=policy.device)
+    labels = torch.tensor(
+        [[tok if m else -100 for tok, m in zip(t.token_ids, t.mask, strict=True)] for t in batch], device=policy.device
+    )
     wall, cpu = time.perf_counter(), time.process_time()
     model.train()
     opt.zero_grad(set_to_none=True)

@@ -37,14 +37,14 @@ def _trajectories(n: int, seed: int = 0, **kw: object) -> list[Trajectory]:
 
 
 def _score_all(policy: Policy, trajectories: list[Trajectory]) -> torch.Tensor:
-    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in trajectories], policy.pad_id)
+    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in trajectories], policy.pad_id, policy.device)
     with torch.no_grad():
         return _score(policy, batch).sum(dim=1)
 
 
 def _on_policy(policy: Policy, trajectories: list[Trajectory], shift: float = 0.0) -> None:
     """Record μ as the policy's own processed logprobs (minus ``shift`` per token)."""
-    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in trajectories], policy.pad_id)
+    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in trajectories], policy.pad_id, policy.device)
     with torch.no_grad():
         lp = _score(policy, batch)
     for row, t in enumerate(trajectories):

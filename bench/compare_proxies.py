@@ -31,12 +31,11 @@ from bench import peers
 from bench.harness import (
     PY,
     Server,
-    count_rows,
     fsync_probe,
     machine_description,
     pin_self,
     throwaway_database,
-    wait_spool_empty,
+    wait_rows,
 )
 from bench.loadgen import build_request, pct
 from bench.measure import Row, add_baseline, best_of, capacity, fmt, measure, table
@@ -64,12 +63,16 @@ def body(port: int, stream: bool, max_tokens: int, gap_ms: float = 0) -> bytes:
 
 
 async def run(args: argparse.Namespace) -> str:
+    if args.workers > 1:
+        args.pin = False  # several workers per peer: they, the stub and the load share every core
     load_cores, peer_cores = ({0}, {1}) if args.pin else (None, None)
     pin_self(load_cores)
     logdir = Path(tempfile.mkdtemp(prefix="onthejob-compare-"))
     out: list[str] = [f"machine: {machine_description()}"]
     split = "load generator + stub on core 0, peer under test on core 1" if args.pin else "unpinned"
-    out.append(f"CPU split: {split}; LiteLLM workers: {args.litellm_workers}; onthejob: 1 worker")
+    litellm_workers = args.litellm_workers or args.workers
+    out.append(f"CPU split: {split}; workers per peer: onthejob {args.workers}, pass-through {args.workers}, "
+               f"LiteLLM {litellm_workers}")  # fmt: skip
     out.append("versions: " + ", ".join(f"{k} {v}" for k, v in peers.versions().items()))
     fs50, fs99 = fsync_probe(logdir)
     out.append(f"one append+fsync on this disk now: p50 {fs50:.2f} ms, p99 {fs99:.2f} ms")
@@ -80,13 +83,14 @@ async def run(args: argparse.Namespace) -> str:
     with throwaway_database(args.db_admin) as db_url:
         try:
             stub = servers["stub"] = peers.stub(logdir, load_cores)
-            servers["passthrough"] = peers.passthrough(stub.url, logdir, peer_cores)
+            w = args.workers
+            servers["passthrough"] = peers.passthrough(stub.url, logdir, peer_cores, workers=w)
             servers["onthejob"] = peers.onthejob(stub.url, db_url, logdir / "spool-on", logdir, peer_cores,
-                                                 record=True, name="onthejob")  # fmt: skip
+                                                 record=True, name="onthejob", workers=w)  # fmt: skip
             servers["onthejob-rec-off"] = peers.onthejob(stub.url, db_url, logdir / "spool-off", logdir, peer_cores,
-                                                         record=False, name="onthejob-rec-off")  # fmt: skip
+                                                         record=False, name="onthejob-rec-off", workers=w)  # fmt: skip
             if not args.skip_litellm:
-                servers["litellm"] = peers.litellm(stub.url, logdir, peer_cores, workers=args.litellm_workers)
+                servers["litellm"] = peers.litellm(stub.url, logdir, peer_cores, workers=litellm_workers)
             order = ["direct", "passthrough", "onthejob", "onthejob-rec-off", "litellm"]
             order = [p for p in order if p == "direct" or p in servers]
             returned: list[str] = []
@@ -124,9 +128,8 @@ async def run(args: argparse.Namespace) -> str:
                     f"first chunk p50 {row.ttfb_p50_ms:.3f} ms",
                     flush=True,
                 )
-            wait_spool_empty(servers["onthejob"].url)
             unique = set(returned)
-            landed = count_rows(db_url, list(unique))
+            landed = wait_rows(db_url, list(unique))
         finally:
             for server in servers.values():
                 server.stop()
@@ -239,7 +242,13 @@ def main() -> None:
     parser.add_argument("--gap-concurrency", type=int, default=8)
     parser.add_argument("--gap-duration", type=float, default=4.0)
     parser.add_argument("--drain-seconds", type=float, default=4.0, help="seconds of traffic to fill the spool")
-    parser.add_argument("--litellm-workers", type=int, default=1)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes per peer (onthejob, pass-through, LiteLLM); > 1 turns pinning off",
+    )
+    parser.add_argument("--litellm-workers", type=int, default=0, help="LiteLLM's own count (default: --workers)")
     parser.add_argument("--skip-litellm", action="store_true")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
     parser.add_argument("--db-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")

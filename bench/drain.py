@@ -21,16 +21,20 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from proxy.metrics import Metrics
 from proxy.recorder import Recorder
 from proxy.settings import Settings
-from proxy.spool import Spool
+from proxy.spool import Spool, absorb_orphans, claim
 from storage.db import async_engine
 
 
 async def drain(spool_dir: Path, db_url: str) -> dict[str, float]:
     settings = Settings(upstreams=["http://127.0.0.1:1"], database_url=db_url, spool_dir=spool_dir)
     engine = async_engine(db_url, pool_size=5, max_overflow=5)
-    spool = Spool(spool_dir, settings.spool_max_bytes)
+    folder, _lock = claim(spool_dir)  # the folder a proxy worker left, as a restarted proxy adopts it
+    spool = Spool(folder, settings.spool_max_bytes)
+    absorb_orphans(spool)  # the other workers' folders, if it ran several
     recorder = Recorder(spool, async_sessionmaker(engine, expire_on_commit=False), Metrics(), settings.drain_batch)
     records, size = spool.depth, spool.bytes
+    if not records:
+        raise RuntimeError(f"no spooled records under {spool_dir}: the fill step recorded nothing")
     t0 = time.perf_counter()
     while spool.depth > 0:
         if await recorder.drain_once() == 0:

@@ -175,6 +175,24 @@ def wait_spool_empty(proxy_url: str, timeout_s: float = 60.0) -> float:
     raise RuntimeError(f"spool of {proxy_url} not empty after {timeout_s}s")
 
 
+def wait_rows(db_url: str, ids: list[str], timeout_s: float = 60.0, settle_s: float = 10.0) -> int:
+    """Rows of ``ids`` in Postgres once all have landed, or once the count stopped growing for ``settle_s``.
+
+    Works for any number of proxy workers (each drains its own spool folder; /readyz
+    answers for one of them only).
+    """
+    t0 = last_change = time.monotonic()
+    seen = -1
+    while True:
+        landed = count_rows(db_url, ids)
+        now = time.monotonic()
+        if landed == len(ids) or now - t0 > timeout_s or now - last_change > settle_s:
+            return landed
+        if landed != seen:
+            seen, last_change = landed, now
+        time.sleep(0.2)
+
+
 def fsync_probe(folder: Path, n: int = 200) -> tuple[float, float]:
     """p50 and p99 of one append + fsync of a 3 kB line on the spool's disk, now (ms)."""
     path = folder / "fsync-probe"

@@ -10,6 +10,7 @@ Run: ``python -m bench.passthrough --upstream http://127.0.0.1:9000 --port 9100`
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -59,13 +60,24 @@ def create_app(upstream: str) -> Starlette:
     return Starlette(routes=routes, lifespan=lifespan)
 
 
+def app_from_env() -> Starlette:
+    """The app for each worker process when ``--workers`` > 1."""
+    return create_app(os.environ["PASSTHROUGH_UPSTREAM"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--upstream", required=True)
     parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
-    uvicorn.run(create_app(args.upstream), host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",
-                log_level="warning", access_log=False)  # fmt: skip
+    server = {"host": "127.0.0.1", "port": args.port, "loop": "uvloop", "http": "httptools",
+              "log_level": "warning", "access_log": False}  # fmt: skip
+    if args.workers > 1:
+        os.environ["PASSTHROUGH_UPSTREAM"] = args.upstream
+        uvicorn.run("bench.passthrough:app_from_env", factory=True, workers=args.workers, **server)  # type: ignore[arg-type]
+    else:
+        uvicorn.run(create_app(args.upstream), **server)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

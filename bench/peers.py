@@ -20,18 +20,26 @@ def stub(logdir: Path, cores: set[int] | None) -> Server:
     return start_server("stub", cmd, port, logdir, ready_path="/v1/models", cores=cores)
 
 
-def passthrough(upstream: str, logdir: Path, cores: set[int] | None) -> Server:
+def passthrough(upstream: str, logdir: Path, cores: set[int] | None, workers: int = 1) -> Server:
     port = free_port()
-    cmd = [PY, "-m", "bench.passthrough", "--upstream", upstream, "--port", str(port)]
+    cmd = [PY, "-m", "bench.passthrough", "--upstream", upstream, "--port", str(port), "--workers", str(workers)]
     return start_server("passthrough", cmd, port, logdir, ready_path="/", cores=cores)
 
 
 def onthejob(
-    upstream: str, db_url: str, spool: Path, logdir: Path, cores: set[int] | None, *, record: bool, name: str
+    upstream: str,
+    db_url: str,
+    spool: Path,
+    logdir: Path,
+    cores: set[int] | None,
+    *,
+    record: bool,
+    name: str,
+    workers: int = 1,
 ) -> Server:
     port = free_port()
     cmd = [PY, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url, "--port", str(port),
-           "--spool", str(spool), "--no-auth"]  # fmt: skip
+           "--spool", str(spool), "--no-auth", "--workers", str(workers)]  # fmt: skip
     env = {"ONTHEJOB_RECORD": "1" if record else "0"}
     return start_server(name, cmd, port, logdir, env=env, cores=cores)
 

@@ -67,6 +67,11 @@ def create_key(
 
 def check_chosen_secret(secret: str) -> None:
     """An operator-chosen key must be long enough to be a secret; the message says how to make one."""
+    if "change-me" in secret:
+        raise ValueError(
+            "ONTHEJOB_ADMIN_KEY is still the placeholder from .env.example; replace it with a secret of your own: "
+            "python -c 'import secrets; print(\"otj-\" + secrets.token_urlsafe(32))'"
+        )
     if len(secret) < MIN_CHOSEN_SECRET or secret.strip() != secret:
         raise ValueError(
             f"ONTHEJOB_ADMIN_KEY must be at least {MIN_CHOSEN_SECRET} characters without surrounding spaces; "

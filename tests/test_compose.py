@@ -159,7 +159,9 @@ def test_trainer_watches_and_deploys_through_the_proxy(services: dict[str, Any])
     # One .env value is the proxy's bootstrap admin key and the trainer's deploy key: no manual step.
     key = env_of(services["trainer"])["ONTHEJOB_ADMIN_KEY"]
     assert key == env_of(services["proxy"])["ONTHEJOB_ADMIN_KEY"]
-    check_chosen_secret(key)  # the proxy would refuse to start with a short one
+    with pytest.raises(ValueError, match="still the placeholder"):
+        check_chosen_secret(key)  # the proxy refuses .env.example's value: an operator must choose one
+    check_chosen_secret("otj-" + "x" * 40)
     gpus = services["trainer"]["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in d["capabilities"] for d in gpus)
 

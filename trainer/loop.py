@@ -236,8 +236,10 @@ def train_step(
                     continue
             examples.append(example)
     metrics.update(recomputed_logprobs=recomputed, missing_logprobs_positive_only=positive_only)
+    n_before = len(examples)
     examples, idle_tokens = _drop_zero_advantage(examples, policy.pad_id) if obj.name != "bc" else (examples, 0.0)
-    metrics["zero_advantage_tokens"] = int(idle_tokens)
+    idle = n_before - len(examples)
+    metrics.update(zero_advantage_trajectories=idle, zero_advantage_tokens=int(idle_tokens))
     active = {id(e) for e in examples}
     needs_mu = [e for e in needs_mu if id(e) in active]  # a skipped example needs no μ
     metrics["recomputed_logprobs"] = len(needs_mu)
@@ -264,7 +266,7 @@ def train_step(
     metrics.update(
         loss=loss_sum / (tokens + idle_tokens) if trained else None,
         tokens=int(tokens),
-        trajectories=int(trajs),
+        trajectories=int(trajs) + idle if trained else int(trajs),  # in the step, zero-advantage ones too
         excluded=dict(excluded),
         **rstats.summary(),
     )

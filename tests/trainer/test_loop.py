@@ -230,7 +230,9 @@ def test_zero_advantage_examples_skip_the_forward_pass_but_not_the_denominator()
         _on_policy(p, batch)
         p.optimizer = torch.optim.SGD(p.parameters(), lr=1.0)
     result = train_step(skipping, batch, cfg, TaskBaseline())
-    assert result.trained and result.metrics["trajectories"] == 4 and result.metrics["zero_advantage_tokens"] == 24
+    m = result.metrics
+    assert result.trained and m["trajectories"] == 8
+    assert (m["zero_advantage_trajectories"], m["zero_advantage_tokens"]) == (4, 24)
     assert sorted(result.consumed) == sorted(t.id for t in batch)  # the skipped ones are used up too
 
     # The same step computing every example (what the trainer did before skipping).

@@ -206,10 +206,14 @@ def train_step(
     rewards = [float(t.reward) for t in kept if t.reward is not None]
     metrics: dict[str, Any] = {"reward_mean": sum(rewards) / len(rewards) if rewards else None}
 
-    # 2. Advantages (bc: a filter instead), and what to do where μ is missing.
+    # 2. Advantages (bc: a filter instead), and what to do where μ is missing. A zero advantage
+    #    (every attempt of a task scored alike) gives no gradient under tis, ppo or reinforce:
+    #    such an example skips the forward/backward pass, but its tokens stay in the step's
+    #    denominator, so the update equals the one computing it would give (but for sequence
+    #    rejection, which could have dropped it from the count). It is used up like the rest.
     examples: list[Example] = []
     needs_mu: list[Example] = []
-    recomputed = positive_only = 0
+    recomputed = positive_only = idle = idle_tokens = 0
     if obj.name == "bc":
         for t in kept:
             if t.reward is not None and t.reward >= obj.bc_threshold:
@@ -225,24 +229,25 @@ def train_step(
         )
         for t, a in zip(kept, advantages, strict=True):
             example = Example(t, a, recorded_behaviour(t))
-            if missing_behaviour(t) and obj.name != "reinforce":
-                if all(_known(policy, v, adapters) for v in t.adapters):
-                    needs_mu.append(example)
-                    recomputed += 1
-                elif a > 0:
-                    positive_only += 1  # μ unknowable: only safe to reinforce, weight 1
-                else:
-                    excluded[MISSING_MU_UNKNOWN_ADAPTER] += 1
-                    continue
+            needs = missing_behaviour(t) and obj.name != "reinforce"
+            known = needs and all(_known(policy, v, adapters) for v in t.adapters)
+            if needs and not known and a <= 0:
+                excluded[MISSING_MU_UNKNOWN_ADAPTER] += 1
+                continue
+            if a == 0.0:
+                idle += 1
+                idle_tokens += sum(t.mask[1:])  # collate's mask: nothing predicts the first token
+                continue
+            if known:
+                needs_mu.append(example)
+                recomputed += 1
+            elif needs:
+                positive_only += 1  # μ unknowable: only safe to reinforce, weight 1
             examples.append(example)
-    metrics.update(recomputed_logprobs=recomputed, missing_logprobs_positive_only=positive_only)
-    n_before = len(examples)
-    examples, idle_tokens = _drop_zero_advantage(examples, policy.pad_id) if obj.name != "bc" else (examples, 0.0)
-    idle = n_before - len(examples)
-    metrics.update(zero_advantage_trajectories=idle, zero_advantage_tokens=int(idle_tokens))
-    active = {id(e) for e in examples}
-    needs_mu = [e for e in needs_mu if id(e) in active]  # a skipped example needs no μ
-    metrics["recomputed_logprobs"] = len(needs_mu)
+    metrics.update(
+        recomputed_logprobs=recomputed, missing_logprobs_positive_only=positive_only,
+        zero_advantage_trajectories=idle, zero_advantage_tokens=idle_tokens,
+    )  # fmt: skip
 
     # 3. This rank's shard; μ recomputed with the adapter that served each turn.
     shard = examples[dist.rank() :: dist.world()]
@@ -250,11 +255,10 @@ def train_step(
     _fill_behaviour(policy, [e for e in needs_mu if id(e) in mine], adapters, cfg)
 
     # 4. Forward/backward and one optimiser step (ppo: one per epoch).
-    idle_here = idle_tokens if dist.rank() == 0 else 0.0  # counted once in the global denominator
     if obj.name == "ppo":
-        sums, rstats = _ppo_epochs(policy, shard, cfg, idle_here)
+        sums, rstats = _ppo_epochs(policy, shard, cfg, idle_tokens)
     else:
-        sums, rstats = _single_pass(policy, shard, cfg, idle_here)
+        sums, rstats = _single_pass(policy, shard, cfg, idle_tokens)
     loss_sum, tokens, rejected, trajs = dist.sum_floats(sums)
     totals = dist.sum_floats(rstats.as_vector())
     rstats.tokens, rstats.ratio_sum, rstats.ratio_sq_sum, rstats.clipped, rstats.kl_sum = totals
@@ -271,21 +275,6 @@ def train_step(
         **rstats.summary(),
     )
     return StepResult(metrics, consumed, excluded, trained)
-
-
-def _drop_zero_advantage(examples: list[Example], pad_id: int) -> tuple[list[Example], float]:
-    """Examples whose advantage is exactly 0 (every attempt of a task scored alike), and their tokens.
-
-    Under tis, ppo and reinforce such an example contributes nothing to the gradient, so it
-    needs no forward or backward pass: with few distinct rewards per task that is often half
-    of a batch. Its tokens still count in the step's denominator, so the update is the one
-    computing them would give (but for sequence rejection, which would have dropped an
-    out-of-band one from the count). It is used up like the rest.
-    """
-    active = [e for e in examples if e.advantage != 0.0]
-    idle = [e for e in examples if e.advantage == 0.0]
-    tokens = float(sum(float(collate([e], pad_id).mask.sum()) for e in idle))
-    return active, tokens
 
 
 def _single_pass(
@@ -365,10 +354,14 @@ def _score(policy: Policy, b: Batch) -> torch.Tensor:
 
 
 def _optimiser_step(policy: Policy, cfg: TrainConfig, local_tokens: float, idle_tokens: float = 0.0) -> None:
-    """Sum gradients over ranks, divide by the global token count (zero-advantage ones too), clip, step."""
+    """Sum gradients over ranks, divide by the global token count, clip, step.
+
+    ``idle_tokens``: the whole batch's zero-advantage tokens (the same on every rank), counted
+    in the denominator though never computed.
+    """
     params = policy.parameters()
-    (computed, idle) = dist.sum_floats([local_tokens, idle_tokens])
-    total = computed + idle
+    (computed,) = dist.sum_floats([local_tokens])
+    total = computed + idle_tokens
     dist.all_reduce_grads(params)
     if computed <= 0:
         policy.optimizer.zero_grad(set_to_none=True)

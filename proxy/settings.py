@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage.keys import check_chosen_secret
+
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"ONTHEJOB_{name}", default)
@@ -45,6 +47,4 @@ class Settings:
             raise ValueError("ONTHEJOB_SPOOL_FULL_POLICY must be 'refuse' or 'serve'")
         self.spool_dir = Path(self.spool_dir)
         if self.admin_key and self.auth:
-            from storage.keys import check_chosen_secret
-
             check_chosen_secret(self.admin_key)

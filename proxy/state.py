@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from proxy.auth import Auth
@@ -23,6 +24,7 @@ from proxy.spool import Spool, absorb_orphans, claim
 from proxy.upstream import Upstream
 from storage.db import async_engine
 from storage.feedback import attach_orphans, count_orphans
+from storage.keys import ensure_key
 from storage.models import Project
 
 log = logging.getLogger("onthejob.proxy")
@@ -94,10 +96,6 @@ class AppState:
         """``ONTHEJOB_ADMIN_KEY``, when set, is an admin key of the default project (idempotent)."""
         if not (self.settings.admin_key and self.settings.auth):
             return
-        from storage.keys import ensure_key
-
-        from sqlalchemy.exc import IntegrityError
-
         secret, project = self.settings.admin_key, self.settings.default_project
         async with self.sessionmaker() as db:
             try:

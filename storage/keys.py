@@ -39,6 +39,7 @@ def ensure_project(db: DbSession, project_id: str) -> Project:
 
 
 MIN_CHOSEN_SECRET = 24  # characters of an operator-chosen key (ONTHEJOB_ADMIN_KEY)
+MAKE_ONE = "make one with: python -c 'import secrets; print(\"otj-\" + secrets.token_urlsafe(32))'"
 
 
 def create_key(
@@ -68,14 +69,10 @@ def create_key(
 def check_chosen_secret(secret: str) -> None:
     """An operator-chosen key must be long enough to be a secret; the message says how to make one."""
     if "change-me" in secret:
-        raise ValueError(
-            "ONTHEJOB_ADMIN_KEY is still the placeholder from .env.example; replace it with a secret of your own: "
-            "python -c 'import secrets; print(\"otj-\" + secrets.token_urlsafe(32))'"
-        )
+        raise ValueError(f"ONTHEJOB_ADMIN_KEY is still the placeholder from .env.example; {MAKE_ONE}")
     if len(secret) < MIN_CHOSEN_SECRET or secret.strip() != secret:
         raise ValueError(
-            f"ONTHEJOB_ADMIN_KEY must be at least {MIN_CHOSEN_SECRET} characters without surrounding spaces; "
-            "make one with: python -c 'import secrets; print(\"otj-\" + secrets.token_urlsafe(32))'"
+            f"ONTHEJOB_ADMIN_KEY must be at least {MIN_CHOSEN_SECRET} characters without surrounding spaces; {MAKE_ONE}"
         )
 
 

@@ -21,15 +21,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from bench.harness import machine_description, wait_spool_empty
-from bench.load import Proc, Tally, bounded, loadavg, percentiles, reconcile, run_clients, start_proxy, start_stub
+from bench.harness import Server, machine_description, wait_spool_empty
+from bench.load import Tally, loadavg, percentiles, reconcile, run_clients, run_within, start_proxy, start_stub
 from tests.pg_cluster import PgCluster
 
 
@@ -44,7 +43,7 @@ class Timeline:
         print(f"  t={self.marks[name]:6.1f} s  {name}", flush=True)
 
 
-async def _monitor(proxy: Proc, stop: asyncio.Event, tl: Timeline) -> None:
+async def _monitor(proxy: Server, stop: asyncio.Event, tl: Timeline) -> None:
     async with httpx.AsyncClient(timeout=5) as client:
         while not stop.is_set():
             with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
@@ -54,7 +53,7 @@ async def _monitor(proxy: Proc, stop: asyncio.Event, tl: Timeline) -> None:
                 await asyncio.wait_for(stop.wait(), 0.25)
 
 
-async def _scenario(args: argparse.Namespace, proxy: Proc, cluster: PgCluster, tl: Timeline) -> Tally:
+async def _scenario(args: argparse.Namespace, proxy: Server, cluster: PgCluster, tl: Timeline) -> Tally:
     stop_load, stop_monitor = asyncio.Event(), asyncio.Event()
     monitor = asyncio.create_task(_monitor(proxy, stop_monitor, tl))
     load = asyncio.create_task(run_clients(proxy.port, stop_load, clients=args.clients, mix="mixed",
@@ -154,12 +153,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=5.0)
     parser.add_argument("--drain-timeout", type=float, default=300.0)
     args = parser.parse_args()
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()
-    with bounded(args.before + args.outage + args.after + args.drain_timeout + 300):
-        sys.exit(run(args))
+    run_within(run, args, args.before + args.outage + args.after + args.drain_timeout + 300)
 
 
 if __name__ == "__main__":

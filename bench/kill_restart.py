@@ -19,32 +19,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.harness import free_port, machine_description, throwaway_database, wait_spool_empty
+from bench.harness import Server, free_port, machine_description, throwaway_database, wait_spool_empty
 from bench.load import (
-    Proc,
     Tally,
-    bounded,
     loadavg,
     percentiles,
     proxy_cmd,
     reconcile,
     run_clients,
+    run_within,
     spawn,
     start_stub,
     wait_ready,
 )
 
 
-async def _scenario(args: argparse.Namespace, first: Proc, restart: Callable[[], Proc],
-                    log: list[str]) -> tuple[Tally, Proc]:  # fmt: skip
+async def _scenario(args: argparse.Namespace, first: Server, restart: Callable[[], Server],
+                    log: list[str]) -> tuple[Tally, Server]:  # fmt: skip
     t0 = time.monotonic()
 
     def mark(what: str) -> None:
@@ -79,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"machine: {machine_description()}")
     print(f"load: {args.clients} clients, streamed and non-streamed calls alternating, {args.tokens} tokens a reply, "
           f"{args.gap_ms} ms between chunks; {args.kills} SIGKILL(s), {args.interval:.0f} s apart")  # fmt: skip
-    procs: list[Proc] = []
+    procs: list[Server] = []
     with tempfile.TemporaryDirectory(prefix="onthejob-kill-") as tmp, throwaway_database() as db_url:
         logdir = Path(tmp)
         spool, port = logdir / "spool", free_port()
@@ -87,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             stub = start_stub(logdir)
             procs.append(stub)
 
-            def restart() -> Proc:
+            def restart() -> Server:
                 procs.append(spawn("proxy", proxy_cmd(stub.url, db_url, spool, port), port, logdir,
                                    env={"ONTHEJOB_RECORD": "1"}))  # fmt: skip
                 return procs[-1]
@@ -136,13 +133,7 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=5.0)
     parser.add_argument("--drain-timeout", type=float, default=300.0)
     args = parser.parse_args()
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()
-    budget = (args.kills + 1) * (args.interval + args.down + 90) + args.drain_timeout + 120
-    with bounded(budget):
-        sys.exit(run(args))
+    run_within(run, args, (args.kills + 1) * (args.interval + args.down + 90) + args.drain_timeout + 120)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,16 @@ import httptools
 import httpx
 import orjson
 
-from bench.harness import PY, ROOT, _descendants, free_port, machine_description, throwaway_database, wait_spool_empty
+from bench.harness import (
+    PY,
+    ROOT,
+    Server,
+    _descendants,
+    free_port,
+    machine_description,
+    throwaway_database,
+    wait_spool_empty,
+)
 from bench.loadgen import _Conn, build_request, pct
 
 HOST = "127.0.0.1"
@@ -60,39 +69,21 @@ PR_SET_PDEATHSIG = 1
 # ---------------------------------------------------------------- processes
 
 
-@dataclass
-class Proc:
-    name: str
-    url: str
-    port: int
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
 def _die_with_parent() -> None:
     """In the child: get SIGKILL when this script dies, however it dies (no orphaned servers)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def spawn(name: str, cmd: list[str], port: int, logdir: Path, env: dict[str, str] | None = None) -> Proc:
+def spawn(name: str, cmd: list[str], port: int, logdir: Path, env: dict[str, str] | None = None) -> Server:
     """Start ``cmd``; it gets SIGKILL when the thread that spawned it exits, so spawn from the main thread."""
     log = logdir / f"{name}-{port}.log"
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
                             env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)  # noqa: PLW1509  # fmt: skip
-    return Proc(name, f"http://{HOST}:{port}", port, proc, log)
+    return Server(name, f"http://{HOST}:{port}", port, proc, log)
 
 
-def wait_ready(p: Proc, ready_path: str = "/healthz", timeout_s: float = 90.0) -> Proc:
+def wait_ready(p: Server, ready_path: str = "/healthz", timeout_s: float = 90.0) -> Server:
     """Wait until ``ready_path`` answers below 500 (safe to call from a worker thread)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -117,12 +108,12 @@ def start_proc(
     ready_path: str = "/healthz",
     env: dict[str, str] | None = None,
     timeout_s: float = 90.0,
-) -> Proc:
+) -> Server:
     """Start ``cmd`` (it dies with this script) and wait until ``ready_path`` answers below 500."""
     return wait_ready(spawn(name, cmd, port, logdir, env), ready_path, timeout_s)
 
 
-def start_stub(logdir: Path) -> Proc:
+def start_stub(logdir: Path) -> Server:
     port = free_port()
     return start_proc("stub", [PY, "-m", "onthejob.stub_upstream", "--port", str(port)], port, logdir,
                       ready_path="/v1/models")  # fmt: skip
@@ -135,7 +126,7 @@ def proxy_cmd(upstream: str, db_url: str, spool: Path, port: int, workers: int =
 
 
 def start_proxy(upstream: str, db_url: str, spool: Path, logdir: Path, port: int | None = None,
-                env: dict[str, str] | None = None, workers: int = 1) -> Proc:  # fmt: skip
+                env: dict[str, str] | None = None, workers: int = 1) -> Server:  # fmt: skip
     port = port or free_port()
     return start_proc("proxy", proxy_cmd(upstream, db_url, spool, port, workers), port, logdir,
                       env={"ONTHEJOB_RECORD": "1", **(env or {})})  # fmt: skip
@@ -164,6 +155,16 @@ def tree_rss_kib(pid: int) -> tuple[int, int]:
 
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def run_within(run: Callable[[argparse.Namespace], int], args: argparse.Namespace, seconds: float) -> None:
+    """A load script's ``main`` tail: uvloop if installed, ``run(args)`` bounded in time, its exit code."""
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        uvloop.install()
+    with bounded(seconds):
+        sys.exit(run(args))
 
 
 @contextlib.contextmanager
@@ -365,7 +366,7 @@ def percentiles(values: list[float]) -> str:
 # ---------------------------------------------------------------- the load run
 
 
-async def _load(args: argparse.Namespace, proxy: Proc) -> tuple[Tally, list[tuple[float, int, int]]]:
+async def _load(args: argparse.Namespace, proxy: Server) -> tuple[Tally, list[tuple[float, int, int]]]:
     stop = asyncio.Event()
     samples: list[tuple[float, int, int]] = []
     t0 = time.monotonic()
@@ -465,12 +466,7 @@ def main() -> None:
     parser.add_argument("--rss-samples", type=int, default=6, help="RSS samples during the load")
     parser.add_argument("--drain-timeout", type=float, default=300.0)
     args = parser.parse_args()
-    with contextlib.suppress(ImportError):
-        import uvloop
-
-        uvloop.install()
-    with bounded(args.duration + args.drain_timeout + 300):
-        sys.exit(run(args))
+    run_within(run, args, args.duration + args.drain_timeout + 300)
 
 
 if __name__ == "__main__":

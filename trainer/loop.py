@@ -44,6 +44,7 @@ from trainer.batch import (
     recorded_behaviour,
     screen,
 )
+from trainer.checkpoint import resume_optimizer
 from trainer.errors import BaseModelError, DataError
 from trainer.logprobs import sequence_logprobs
 from trainer.objective import (
@@ -159,32 +160,6 @@ def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: in
     pad = base.config.pad_token_id
     pad_id = int(pad) if isinstance(pad, int) else 0  # padding is never attended to nor scored
     return Policy(model, info, optimizer, pad_id, device, version=parent_version if parent else None)
-
-
-def resume_optimizer(optimizer: torch.optim.Optimizer, parent: Path, lr: float) -> bool:
-    """Load the AdamW moments saved with ``parent`` (if any and if they fit); this run's ``lr`` wins.
-
-    A fresh AdamW's first step moves every weight by ``lr`` whatever its gradient's size
-    (the bias-corrected m/√v is ±1); continuing the moments keeps step sizes proportional
-    across training runs, which matter when each run takes only a step or two.
-    """
-    from trainer.publish import OPTIMIZER_FILE
-
-    path = parent / OPTIMIZER_FILE
-    if not path.is_file():
-        return False
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    saved = state.get("state", {})
-    fits = len(state.get("param_groups", [{}])[0].get("params", [])) == len(params) and all(
-        saved[i]["exp_avg"].shape == p.shape for i, p in enumerate(params) if i in saved
-    )
-    if not fits:
-        return False  # another rank or target set: start fresh rather than misapply moments
-    optimizer.load_state_dict(state)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return True
 
 
 def train_step(

@@ -30,8 +30,6 @@ from storage.models import Adapter
 from trainer.errors import DeployError, PublishError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
-# The optimiser's moments, saved beside the adapter so the next run continues them (engines ignore it).
-OPTIMIZER_FILE = "optimizer.pt"
 
 
 def _folder_name(kind: str, name: str) -> str:
@@ -88,9 +86,9 @@ def save_adapter(model: Any, folder: Path, optimizer: Any = None) -> Path:
     try:
         model.save_pretrained(str(staging))
         if optimizer is not None:
-            import torch
+            from trainer.checkpoint import save_optimizer
 
-            torch.save(optimizer.state_dict(), staging / OPTIMIZER_FILE)
+            save_optimizer(optimizer, staging)
         staging.chmod(0o755)  # mkdtemp makes it 0700; engines may run as another user
         staging.rename(folder)
     finally:

@@ -52,8 +52,9 @@ async def db_session(request: Request) -> AsyncIterator[AsyncSession]:
 
 # Ids in paths and queries: bounded, and never a NUL (Postgres text cannot hold one); documented in the spec.
 NO_NUL = r"^[^\x00]*$"
-PathId = Annotated[str, Path(max_length=200, pattern=NO_NUL)]
-QueryId = Annotated[str | None, Query(max_length=200, pattern=NO_NUL)]
+MAX_ID = 200
+PathId = Annotated[str, Path(max_length=MAX_ID, pattern=NO_NUL)]
+QueryId = Annotated[str | None, Query(max_length=MAX_ID, pattern=NO_NUL)]
 
 StateDep = Annotated["AppState", Depends(app_state)]
 PrincipalDep = Annotated[Principal, Depends(current_principal)]

@@ -9,6 +9,8 @@ import orjson
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
+from proxy.errors import ApiError
+
 
 class ErrorDetail(BaseModel):
     message: str
@@ -43,3 +45,8 @@ class ORJSONResponse(JSONResponse):
             return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY)
         except TypeError:  # e.g. an integer past 64 bits in a stored request body
             return json.dumps(content, default=str, ensure_ascii=False).encode()
+
+
+def error_response(exc: ApiError) -> ORJSONResponse:
+    """The OpenAI error envelope for one of our errors."""
+    return ORJSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)

@@ -3,17 +3,19 @@ models, tokenizer passthrough, and stored completions read back the OpenAI way."
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from sqlalchemy import select
+from starlette.types import Receive, Scope, Send
 
 from proxy.calls import handle, read_json
-from proxy.deps import NO_NUL, DbDep, PathId, PrincipalDep, QueryId, StateDep
-from proxy.errors import NotFound, UpstreamError
-from proxy.responses import ORJSONResponse
+from proxy.deps import MAX_ID, NO_NUL, DbDep, PathId, PrincipalDep, QueryId, StateDep
+from proxy.errors import ApiError, NotFound, UpstreamError
+from proxy.responses import ORJSONResponse, error_response
 from storage.models import Completion
 
 router = APIRouter()
@@ -32,6 +34,37 @@ COMPLETIONS_DOC = _doc({"model": MODEL, "prompt": {"oneOf": [{"type": "string", 
 TOKENIZER_DOC = _doc({"model": MODEL})
 
 
+CALL_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+log = logging.getLogger("onthejob.proxy")
+
+
+def call_route(path: str) -> tuple[str, str | None] | None:
+    """(endpoint, session named by the path) for a call route, matched as the routes below would be."""
+    endpoint = CALL_PATHS.get(path)
+    if endpoint is not None:
+        return endpoint, None
+    if path.startswith("/s/"):
+        session, _, rest = path[3:].partition("/")
+        endpoint = CALL_PATHS.get("/" + rest)
+        # Anything else (an overlong or NUL id) goes through FastAPI, which answers the 400.
+        if endpoint is not None and session and len(session) <= MAX_ID and "\x00" not in session:
+            return endpoint, session
+    return None
+
+
+async def serve_call(scope: Scope, receive: Receive, send: Send, endpoint: str, path_session: str | None) -> None:
+    """One call route as a bare ASGI endpoint (see proxy.app.ProxyApp)."""
+    try:
+        response = await handle(Request(scope, receive, send), endpoint, path_session)
+    except ApiError as exc:
+        response = error_response(exc)
+    except Exception:
+        log.exception("unexpected error serving %s", scope["path"])
+        response = error_response(ApiError("internal error in the proxy; the call may not be recorded"))
+    await response(scope, receive, send)
+
+
+# The routes below document the call routes; requests for them are served by serve_call first.
 @router.post("/v1/chat/completions", openapi_extra=CHAT_DOC, tags=["openai"])
 async def chat_completions(request: Request) -> Any:
     """OpenAI chat completions, streaming or not, recorded token-exactly."""

@@ -16,13 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psycopg
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
-from storage.feedback import attach_pending
+from storage import bulk
+from storage.feedback import any_pending, attach_pending
 from storage.models import Completion, Project, Session, utcnow
 
 log = logging.getLogger("onthejob.recorder")
@@ -119,7 +121,8 @@ class Recorder:
         rows = [_row(r["completion"]) for r in records if "completion" in r]
         sessions = {(r["session"]["project_id"], r["session"]["id"]): r["session"] for r in records if "session" in r}
         async with self.sessionmaker() as db:
-            dialect = db.get_bind().dialect.name
+            conn = await db.connection()
+            dialect = conn.dialect.name
             projects = {p for p, _ in sessions} | {r["project_id"] for r in rows}
             missing = projects - self._projects
             if missing:
@@ -128,22 +131,39 @@ class Recorder:
                     .values([{"id": p, "settings": {}, "created_at": utcnow()} for p in missing])
                     .on_conflict_do_nothing()
                 )
-            # executemany with one statement per table: compiled once and cached, not per batch.
-            conn = await db.connection()
-            if sessions:
-                now = utcnow()
-                values = [{**s, "created_at": now, "updated_at": now} for s in sessions.values()]
-                stmt = _insert(dialect, Session.__table__)
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
-                )
-                await conn.execute(stmt, values)
-            if rows:
-                await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
+            copied = False
+            if dialect == "postgresql":
+                try:
+                    async with conn.begin_nested():
+                        await bulk.upsert_sessions(conn, list(sessions.values()))
+                        if rows:
+                            await bulk.copy_completions(conn, rows)
+                    copied = True
+                except psycopg.Error:
+                    pass  # already partly stored (a replayed segment) or refused: the portable path decides
+            if not copied:
+                await _insert_portable(conn, dialect, rows, list(sessions.values()))
+            if rows and await any_pending(db, projects):
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[misc]
             await db.commit()
         self._projects |= projects
+
+
+async def _insert_portable(
+    conn: AsyncConnection, dialect: str, rows: list[dict[str, Any]], sessions: list[dict[str, Any]]
+) -> None:
+    """Upsert sessions and insert completions (skipping ones already stored) on any database."""
+    # executemany with one statement per table: compiled once and cached, not per batch.
+    if sessions:
+        now = utcnow()
+        stmt = _insert(dialect, Session.__table__)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
+        )
+        await conn.execute(stmt, [{**s, "created_at": now, "updated_at": now} for s in sessions])
+    if rows:
+        await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
 
 
 class _Landed:

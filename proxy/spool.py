@@ -36,6 +36,7 @@ class Spool:
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[tuple[bytes, asyncio.Future[None]] | None] = queue.SimpleQueue()
         self._seq = self._last_seq()
+        _cut_torn_tail(folder / ACTIVE)
         self._fd = os.open(folder / ACTIVE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._active_records = 0
         self._active_first: float | None = None
@@ -236,6 +237,23 @@ def read_segment(path: Path) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError:
             continue
     return out
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """Drop a partial last line (a write cut by a crash, never acknowledged) before appending.
+
+    Appending after it would glue the next record onto the fragment, and both would be
+    unreadable; the fragment's own record was never acknowledged, so nothing is lost.
+    """
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return
+    with path.open("r+b") as handle:
+        handle.truncate(data.rfind(b"\n") + 1)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _fsync_dir(folder: Path) -> None:

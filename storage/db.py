@@ -58,7 +58,7 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cursor.close()
 
 
-def _json_dumps(value: Any) -> str:
+def json_dumps(value: Any) -> str:
     # orjson: fast, and NaN becomes null (Postgres' json type refuses the bare NaN the stdlib writes).
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
@@ -66,12 +66,12 @@ def _json_dumps(value: Any) -> str:
         return json.dumps(value, default=str)
 
 
-def _json_loads(value: Any) -> Any:
+def json_loads(value: Any) -> Any:
     # SQLite hands back a JSON scalar (a bare number) as an int or float, not as text.
     return orjson.loads(value) if isinstance(value, str | bytes) else value
 
 
-JSON_ARGS: dict[str, Any] = {"json_serializer": _json_dumps, "json_deserializer": _json_loads}
+JSON_ARGS: dict[str, Any] = {"json_serializer": json_dumps, "json_deserializer": json_loads}
 
 
 def sync_engine(url: str | None = None, **kwargs: Any) -> Engine:

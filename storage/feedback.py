@@ -353,6 +353,12 @@ async def attach_pending(db: AsyncSession, completions: Sequence[Completion]) ->
     return count
 
 
+async def any_pending(db: AsyncSession, project_ids: Iterable[str]) -> bool:
+    """Whether any feedback of these projects waits for its target (answered by a partial index)."""
+    stmt = select(Feedback.id).where(Feedback.project_id.in_(list(project_ids)), Feedback.attached_at.is_(None))
+    return await db.scalar(stmt.limit(1)) is not None
+
+
 def pending_stmt(project_id: str | None = None, older_than: datetime | None = None) -> Select[Feedback]:
     stmt = select(Feedback).where(Feedback.attached_at.is_(None))
     if project_id is not None:

@@ -22,12 +22,14 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 # Plain JSON, not JSONB: Postgres' JSONB refuses "\u0000", which a model can emit
 # (the tiny test model does), and we never query inside these documents.
 Json = JSON()
+PENDING = text("attached_at IS NULL")
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -149,6 +151,8 @@ class Feedback(Base):
         Index("ix_feedback_target", "project_id", "target_kind", "target_id"),
         Index("ix_feedback_session", "project_id", "session_id"),
         Index("ix_feedback_completion", "project_id", "completion_id"),
+        # Pending feedback (target not landed yet): the recorder asks per batch whether any exists.
+        Index("ix_feedback_pending", "project_id", postgresql_where=PENDING, sqlite_where=PENDING),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)

@@ -38,9 +38,10 @@ def test_recovers_after_a_crash_and_skips_a_torn_line(tmp_path: Path) -> None:
         handle.write(b'{"i": 3, "tor')  # a write cut by a crash: never acknowledged
     again = Spool(tmp_path, max_bytes=10**9)
     assert again.depth == 2
+    asyncio.run(again.append({"i": 4}))  # must not be glued onto the torn fragment
     again.seal()
     segments = again.segments()
-    assert [r["i"] for s in segments for r in read_segment(s)] == [1, 2]
+    assert [r["i"] for s in segments for r in read_segment(s)] == [1, 2, 4]
     again.close()
 
 

@@ -72,12 +72,11 @@ def validate(body: dict[str, Any], endpoint: str) -> None:
 
 
 async def resolve_session(
-    st: AppState, project: str, naming: sessions.Naming, messages: list[dict[str, Any]] | None
+    st: AppState, project: str, naming: sessions.Naming, messages: list[dict[str, Any]] | None, keys: list[str]
 ) -> tuple[str, str, str | None, str | None]:
-    """(session id, how it was found, parent completion id, task id) for a call."""
+    """(session id, how it was found, parent completion id, task id) for a call; ``keys``: its prefix keys."""
     link = None
     if messages:
-        keys = sessions.prefix_keys(messages)
         # A parent's link key always ends with the assistant message it returned.
         candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
         if candidates:
@@ -120,6 +119,7 @@ class Call:
         route: Route,
         naming: sessions.Naming,
         session: tuple[str, str, str | None, str | None],
+        prompt_key: str | None = None,
     ) -> None:
         self.st = st
         self.id = "cmpl-" + uuid.uuid4().hex
@@ -129,6 +129,7 @@ class Call:
         self.route = route
         self.naming = naming
         self.session_id, self.session_source, self.parent_id, self.task_id = session
+        self.prompt_key = prompt_key  # the request messages' prefix key (chat only)
         self.created = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.ttft_ms: float | None = None
@@ -229,8 +230,7 @@ class Call:
         if not st.settings.record:
             return
         choices = choices or []
-        messages = self.body.get("messages") if self.endpoint == "chat" else None
-        keys = [sessions.link_key(messages, c.get("message")) for c in choices] if messages else []
+        keys = [sessions.link_key(self.prompt_key, c.get("message")) for c in choices]
         record = {
             "id": self.id,
             "project_id": self.project,
@@ -251,7 +251,7 @@ class Call:
             "usage": usage,
             "status_code": status,
             "termination": termination,
-            "error": error,
+            "error": error.replace("\x00", "\ufffd") if error else error,  # Postgres text cannot hold NUL
             "stream": self.wants.stream,
             "link_key": keys[0] if keys else None,
             "parent_id": self.parent_id,
@@ -308,8 +308,9 @@ async def handle(request: Request, endpoint: str, path_session: str | None = Non
     route = st.router.resolve(principal.project_id, body.get("model"))
     naming = sessions.naming(headers, body, path_session)
     messages = body.get("messages") if endpoint == "chat" else None
-    session = await resolve_session(st, principal.project_id, naming, messages)
-    call = Call(st, principal, endpoint, body, route, naming, session)
+    keys = sessions.prefix_keys(messages) if messages else []
+    session = await resolve_session(st, principal.project_id, naming, messages, keys)
+    call = Call(st, principal, endpoint, body, route, naming, session, keys[-1] if keys else None)
     # Serve inline; one watcher task cancels us if the client leaves before its reply (or first chunk).
     me = asyncio.current_task()
     assert me is not None

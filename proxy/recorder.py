@@ -22,7 +22,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from proxy.metrics import Metrics
-from proxy.spool import Spool, read_segment
+from proxy.spool import Spool
 from storage import bulk
 from storage.feedback import any_pending, attach_pending
 from storage.models import Completion, Project, Session, utcnow
@@ -91,7 +91,7 @@ class Recorder:
         return moved
 
     async def _move(self, segment: Path) -> int:
-        records = await asyncio.to_thread(read_segment, segment)
+        records = await asyncio.to_thread(self.spool.records, segment)
         for start in range(0, len(records), self.batch):
             batch = records[start : start + self.batch]
             try:
@@ -118,12 +118,12 @@ class Recorder:
                 self.metrics.records_dropped.labels("quarantined").inc()
 
     async def _write(self, records: list[dict[str, Any]]) -> None:
-        rows = [_row(r["completion"]) for r in records if "completion" in r]
+        completions = [r["completion"] for r in records if "completion" in r]
         sessions = {(r["session"]["project_id"], r["session"]["id"]): r["session"] for r in records if "session" in r}
         async with self.sessionmaker() as db:
             conn = await db.connection()
             dialect = conn.dialect.name
-            projects = {p for p, _ in sessions} | {r["project_id"] for r in rows}
+            projects = {p for p, _ in sessions} | {c["project_id"] for c in completions}
             missing = projects - self._projects
             if missing:
                 await db.execute(
@@ -136,16 +136,16 @@ class Recorder:
                 try:
                     async with conn.begin_nested():
                         await bulk.upsert_sessions(conn, list(sessions.values()))
-                        if rows:
-                            await bulk.copy_completions(conn, rows)
+                        if completions:
+                            await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
                     copied = True
                 except psycopg.Error:
                     pass  # already partly stored (a replayed segment) or refused: the portable path decides
             if not copied:
-                await _insert_portable(conn, dialect, rows, list(sessions.values()))
-            if rows and await any_pending(db, projects):
+                await _insert_portable(conn, dialect, [_row(c) for c in completions], list(sessions.values()))
+            if completions and await any_pending(db, projects):
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
-                await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[misc]
+                await attach_pending(db, [_Landed(_row(c)) for c in completions])  # type: ignore[misc]
             await db.commit()
         self._projects |= projects
 

@@ -83,18 +83,22 @@ def normalise(message: dict[str, Any]) -> bytes:
 
 def prefix_keys(messages: list[dict[str, Any]]) -> list[str]:
     """Chained hashes: keys[j] identifies messages[: j + 1]."""
-    keys, state = [], b""
+    keys: list[str] = []
     for message in messages:
-        state = hashlib.sha256(state + normalise(message)).digest()
-        keys.append(state.hex())
+        keys.append(extend_key(keys[-1] if keys else None, message))
     return keys
 
 
-def link_key(messages: list[dict[str, Any]], reply: dict[str, Any] | None) -> str | None:
-    """The key a follow-up call will find: request messages plus the returned assistant message."""
-    if reply is None:
+def extend_key(key: str | None, message: dict[str, Any]) -> str:
+    """The key of a prefix (``key``; None for the empty one) followed by ``message``."""
+    return hashlib.sha256((bytes.fromhex(key) if key else b"") + normalise(message)).hexdigest()
+
+
+def link_key(prompt_key: str | None, reply: dict[str, Any] | None) -> str | None:
+    """The key a follow-up call will find: the request's messages (``prompt_key``) plus the returned message."""
+    if reply is None or prompt_key is None:
         return None
-    return prefix_keys([*messages, reply])[-1]
+    return extend_key(prompt_key, reply)
 
 
 def new_session_id() -> str:

@@ -5,6 +5,10 @@ writes everything queued, fsyncs once, and wakes all the callers of that batch.
 The recorder seals the active file into a numbered segment, inserts its records
 into the database, and deletes the segment only after the commit. A crash leaves
 whole segments (and at worst one torn last line, which is skipped on read).
+
+The records this process wrote are also kept in memory (up to ``MEMORY_BYTES`` of
+them), so the recorder does not parse back what it has just serialised; segments
+from before a restart, adopted ones and any past that budget are read from disk.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from typing import Any
 import orjson
 
 ACTIVE = "active.jsonl"
+MEMORY_BYTES = 64 * 1024 * 1024
+
+
+# A queued append: the line to write, the record it encodes, and the caller's future.
+_Item = tuple[bytes, dict[str, Any], "asyncio.Future[None]"]
 
 
 class SpoolFull(Exception):
@@ -34,7 +43,7 @@ class Spool:
         self.max_bytes = max_bytes
         folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[tuple[bytes, asyncio.Future[None]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._seq = self._last_seq()
         _cut_torn_tail(folder / ACTIVE)
         self._fd = os.open(folder / ACTIVE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -47,6 +56,11 @@ class Spool:
         if self._active_records:
             self._active_first = (folder / ACTIVE).stat().st_mtime
         self.bytes = self._disk_bytes()
+        # In-memory copies: per sealed segment, and for the active file (None once it holds records we lack).
+        self._memory: dict[Path, tuple[list[dict[str, Any]], int]] = {}
+        self._active_memory: list[dict[str, Any]] | None = None if self._active_records else []
+        self._active_memory_bytes = 0
+        self._memory_bytes = 0
         self.appended = 0
         self.fsyncs = 0
         self._thread = threading.Thread(target=self._writer, name="spool-writer", daemon=True)
@@ -63,7 +77,7 @@ class Spool:
             raise SpoolFull(f"spool at {self.folder} holds {self.bytes} bytes, quota {self.max_bytes}")
         line = orjson.dumps(record) + b"\n"
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put((line, future))
+        self._queue.put((line, record, future))
         await future
 
     # ---- writer thread ---------------------------------------------------------------
@@ -83,7 +97,7 @@ class Spool:
                     break
                 batch.append(nxt)
             error: BaseException | None = None
-            data = b"".join(line for line, _ in batch)
+            data = b"".join(item[0] for item in batch)
             with self._lock:
                 try:
                     size_before = os.lseek(self._fd, 0, os.SEEK_END)
@@ -101,9 +115,28 @@ class Spool:
                         self._active_records += len(batch)
                         if self._active_first is None:
                             self._active_first = time.time()
+                        self._remember(batch, len(data))
                 except BaseException as exc:  # noqa: BLE001 - never leave a caller waiting
                     error = exc
             _wake(batch, error)
+
+    def _remember(self, batch: list[_Item], size: int) -> None:
+        """Keep the batch's records for the recorder (under the lock), within the memory budget."""
+        if self._active_memory is None:
+            return
+        if self._memory_bytes + size > MEMORY_BYTES:
+            self._memory_bytes -= self._active_memory_bytes
+            self._active_memory, self._active_memory_bytes = None, 0  # this file is read back from disk
+            return
+        self._active_memory.extend(item[1] for item in batch)
+        self._active_memory_bytes += size
+        self._memory_bytes += size
+
+    def records(self, segment: Path) -> list[dict[str, Any]]:
+        """A sealed segment's records: the in-memory copy when this process wrote them all, else from disk."""
+        with self._lock:
+            kept = self._memory.get(segment)
+        return kept[0] if kept is not None else read_segment(segment)
 
     # ---- sealing and draining (recorder side) ----------------------------------------
     def seal(self) -> Path | None:
@@ -120,6 +153,9 @@ class Spool:
             self._oldest[target] = self._active_first or time.time()
             self._active_records = 0
             self._active_first = None
+            if self._active_memory is not None:
+                self._memory[target] = (self._active_memory, self._active_memory_bytes)
+            self._active_memory, self._active_memory_bytes = [], 0
             return target
 
     def adopt(self, file: Path, records: int) -> None:
@@ -145,6 +181,8 @@ class Spool:
             self.depth -= records
             self.bytes -= size
             self._oldest.pop(segment, None)
+            _, kept = self._memory.pop(segment, (None, 0))
+            self._memory_bytes -= kept
 
     def oldest_age(self) -> float:
         """Seconds since the oldest record not yet in the database was spooled (0 when empty)."""
@@ -264,9 +302,9 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _wake(batch: list[tuple[bytes, asyncio.Future[None]]], error: BaseException | None) -> None:
+def _wake(batch: list[_Item], error: BaseException | None) -> None:
     by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-    for _, fut in batch:
+    for _, _, fut in batch:
         by_loop.setdefault(fut.get_loop(), []).append(fut)
     for loop, futures in by_loop.items():
         loop.call_soon_threadsafe(_resolve, futures, error)

@@ -8,7 +8,7 @@ from proxy.sessions import Link, LinkCache, link_key, naming, prefix_keys
 def test_a_follow_up_finds_the_previous_turn() -> None:
     first = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"}]
     reply = {"role": "assistant", "content": "a1", "refusal": None}
-    key = link_key(first, reply)
+    key = link_key(prefix_keys(first)[-1], reply)
     # The SDK echoes the assistant message back with different optional fields; it still links.
     follow = [*first, {"role": "assistant", "content": "a1"}, {"role": "tool", "content": "42", "tool_call_id": "t"}]
     assert prefix_keys(follow)[2] == key

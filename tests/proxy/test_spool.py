@@ -74,3 +74,44 @@ def test_each_worker_claims_its_own_folder_and_orphans_are_absorbed(tmp_path: Pa
     assert sorted(r["i"] for s in spool2.segments() for r in read_segment(s)) == [1, 2]
     spool2.close()
     os.close(fd2)
+
+
+def test_records_come_from_memory_within_the_budget_and_from_disk_otherwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import proxy.spool
+
+    spool = Spool(tmp_path, max_bytes=10**9)
+    asyncio.run(spool.append({"i": 1}))
+    first = spool.seal()
+    assert first is not None
+    kept = spool.records(first)
+    assert kept == read_segment(first) == [{"i": 1}]
+    (tmp_path / first.name).write_bytes(b'{"i": "changed on disk"}\n')
+    assert spool.records(first) == [{"i": 1}], "served from memory, not parsed back"
+    spool.remove(first, 1)
+
+    monkeypatch.setattr(proxy.spool, "MEMORY_BYTES", 12)  # room for one small record, not two
+    asyncio.run(spool.append({"i": 2}))
+    asyncio.run(spool.append({"i": 3}))
+    second = spool.seal()
+    assert second is not None
+    (tmp_path / second.name).write_bytes(b'{"i": 2}\n{"i": "from disk"}\n')
+    assert spool.records(second) == [{"i": 2}, {"i": "from disk"}], "over budget: the whole file is read back"
+    spool.remove(second, 2)
+    assert spool._memory_bytes == 0
+    spool.close()
+
+    asyncio.run(_append_then_reopen(tmp_path))
+
+
+async def _append_then_reopen(folder: Path) -> None:
+    spool = Spool(folder, max_bytes=10**9)
+    await spool.append({"i": 4})
+    spool.close()
+    again = Spool(folder, max_bytes=10**9)  # a restart: the active file's records are only on disk
+    await again.append({"i": 5})
+    segment = again.seal()
+    assert segment is not None
+    assert again.records(segment) == read_segment(segment) == [{"i": 4}, {"i": 5}]
+    again.close()

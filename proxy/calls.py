@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 from sqlalchemy import select
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive
 
@@ -40,17 +40,30 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 async def read_json(request: Request, limit: int) -> dict[str, Any]:
     """The request body as a JSON object; 413 past ``limit`` bytes, 400 if it is not a JSON object."""
-    declared = request.headers.get("content-length")
+    return parse_json(await read_body(request.receive, request.headers.get("content-length"), limit))
+
+
+async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes:
+    """The raw body, read straight off the ASGI channel (Starlette's stream adds a layer per chunk)."""
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit} (ONTHEJOB_MAX_BODY_BYTES)")
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the {limit}-byte limit")
         chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = orjson.loads(b"".join(chunks))
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(
             f"the request body is not valid JSON ({exc}); send a JSON object (integers must fit in 64 bits)"
@@ -298,7 +311,7 @@ async def handle(request: Request, endpoint: str, path_session: str | None = Non
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(request.scope["headers"])}
     principal = await st.auth.authenticate(headers.get("authorization"))
     st.ratelimiter.check(principal.key_id)
-    body = await read_json(request, st.settings.max_body_bytes)
+    body = parse_json(await read_body(request.receive, headers.get("content-length"), st.settings.max_body_bytes))
     validate(body, endpoint)
     if st.spool.full and st.settings.spool_full_policy == "refuse" and st.settings.record:
         st.metrics.spool_full_rejections.inc()

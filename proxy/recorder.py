@@ -22,7 +22,7 @@ from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from proxy.metrics import Metrics
-from proxy.spool import Spool
+from proxy.spool import Spool, read_segment
 from storage import bulk
 from storage.feedback import any_pending, attach_pending
 from storage.models import Completion, Project, Session, utcnow
@@ -91,14 +91,16 @@ class Recorder:
         return moved
 
     async def _move(self, segment: Path) -> int:
-        records = await asyncio.to_thread(self.spool.records, segment)
+        records = self.spool.kept(segment)  # what this process wrote; else parse the file off the loop
+        if records is None:
+            records = await asyncio.to_thread(read_segment, segment)
         for start in range(0, len(records), self.batch):
             batch = records[start : start + self.batch]
             try:
                 await self._write(batch)
             except POISON:
                 await self._isolate(batch)
-        await asyncio.to_thread(self.spool.remove, segment, len(records))
+        self.spool.remove(segment, len(records))  # one unlink: not worth a thread hop
         self.written += len(records)
         self.metrics.records_written.inc(len(records))
         return len(records)

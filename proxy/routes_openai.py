@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from sqlalchemy import select
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from proxy.calls import handle, read_json
@@ -58,6 +59,8 @@ async def serve_call(scope: Scope, receive: Receive, send: Send, endpoint: str, 
         response = await handle(Request(scope, receive, send), endpoint, path_session)
     except ApiError as exc:
         response = error_response(exc)
+    except ClientDisconnect:
+        return  # gone while sending its body: nobody to answer, nothing was forwarded
     except Exception:
         log.exception("unexpected error serving %s", scope["path"])
         response = error_response(ApiError("internal error in the proxy; the call may not be recorded"))

@@ -132,11 +132,11 @@ class Spool:
         self._active_memory_bytes += size
         self._memory_bytes += size
 
-    def records(self, segment: Path) -> list[dict[str, Any]]:
-        """A sealed segment's records: the in-memory copy when this process wrote them all, else from disk."""
+    def kept(self, segment: Path) -> list[dict[str, Any]] | None:
+        """A sealed segment's records if this process wrote them all and kept them (else read the file)."""
         with self._lock:
             kept = self._memory.get(segment)
-        return kept[0] if kept is not None else read_segment(segment)
+        return kept[0] if kept is not None else None
 
     # ---- sealing and draining (recorder side) ----------------------------------------
     def seal(self) -> Path | None:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from sqlalchemy import Select, and_, func, or_, select
+from sqlalchemy import Select, and_, bindparam, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -353,10 +353,16 @@ async def attach_pending(db: AsyncSession, completions: Sequence[Completion]) ->
     return count
 
 
+_ANY_PENDING = (
+    select(Feedback.id)
+    .where(Feedback.project_id.in_(bindparam("projects", expanding=True)), Feedback.attached_at.is_(None))
+    .limit(1)
+)
+
+
 async def any_pending(db: AsyncSession, project_ids: Iterable[str]) -> bool:
     """Whether any feedback of these projects waits for its target (answered by a partial index)."""
-    stmt = select(Feedback.id).where(Feedback.project_id.in_(list(project_ids)), Feedback.attached_at.is_(None))
-    return await db.scalar(stmt.limit(1)) is not None
+    return await db.scalar(_ANY_PENDING, {"projects": list(project_ids)}) is not None
 
 
 def pending_stmt(project_id: str | None = None, older_than: datetime | None = None) -> Select[Feedback]:

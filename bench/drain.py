@@ -40,6 +40,7 @@ async def drain(spool_dir: Path, db_url: str) -> dict[str, float]:
         if await recorder.drain_once() == 0:
             raise RuntimeError(f"drain made no progress with {spool.depth} records left")
     seconds = time.perf_counter() - t0
+    await recorder.close()
     spool.close()
     await engine.dispose()
     return {"records": records, "bytes": size, "seconds": seconds, "records_per_s": records / seconds}

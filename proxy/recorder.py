@@ -9,6 +9,7 @@ retries with backoff and drains when it returns.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from datetime import datetime
@@ -49,6 +50,14 @@ class Recorder:
         self.db_ok = True
         self.written = 0
         self._projects: set[str] = set()
+        # On Postgres the recorder writes through its own psycopg connection (storage/bulk.py).
+        url = getattr(sessionmaker.kw.get("bind"), "url", None)
+        self._copy_url = (
+            url.set(drivername="postgresql").render_as_string(hide_password=False)
+            if url is not None and url.get_backend_name() == "postgresql"
+            else None
+        )
+        self._copy_conn: psycopg.AsyncConnection[Any] | None = None
 
     async def run(self) -> None:
         """Drain forever; back off while the database is down."""
@@ -81,6 +90,12 @@ class Recorder:
                 self.metrics.spool_depth.set(self.spool.depth)
                 self.metrics.spool_age.set(self.spool.oldest_age())
                 self.metrics.spool_bytes.set(self.spool.bytes)
+
+    async def close(self) -> None:
+        if self._copy_conn is not None:
+            with contextlib.suppress(Exception):
+                await self._copy_conn.close()
+            self._copy_conn = None
 
     async def drain_once(self) -> int:
         """Seal the active file and move every sealed segment into the database."""
@@ -122,10 +137,46 @@ class Recorder:
     async def _write(self, records: list[dict[str, Any]]) -> None:
         completions = [r["completion"] for r in records if "completion" in r]
         sessions = {(r["session"]["project_id"], r["session"]["id"]): r["session"] for r in records if "session" in r}
+        projects = {p for p, _ in sessions} | {c["project_id"] for c in completions}
+        if not (self._copy_url and await self._write_copy(completions, list(sessions.values()), projects)):
+            await self._write_portable(completions, list(sessions.values()), projects)
+        self._projects |= projects
+
+    async def _write_copy(
+        self, completions: list[dict[str, Any]], sessions: list[dict[str, Any]], projects: set[str]
+    ) -> bool:
+        """Postgres: one transaction on the recorder's own connection. False: take the portable path."""
+        conn = self._copy_conn
+        if conn is None or conn.closed:
+            conn = self._copy_conn = await psycopg.AsyncConnection.connect(self._copy_url, connect_timeout=5)
+        try:
+            async with conn.transaction():
+                if projects - self._projects:
+                    await bulk.insert_projects(conn, projects - self._projects)
+                await bulk.upsert_sessions(conn, sessions)
+                if completions:
+                    await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
+                pending = bool(completions) and await bulk.any_pending(conn, projects)
+        except psycopg.OperationalError:
+            await conn.close()
+            self._copy_conn = None
+            raise  # the database is unreachable: the run loop backs off and retries
+        except psycopg.Error:
+            return False  # already partly stored (a replayed segment) or refused: the portable path decides
+        if pending:  # rare: feedback arrived before its call; the orphan sweep covers a crash right here
+            async with self.sessionmaker() as db:
+                await attach_pending(db, [_Landed(_row(c)) for c in completions])  # type: ignore[misc]
+                await db.commit()
+        return True
+
+    async def _write_portable(
+        self, completions: list[dict[str, Any]], sessions: list[dict[str, Any]], projects: set[str]
+    ) -> None:
+        """Any database, through SQLAlchemy: skips completions already stored; raises POISON on bad content."""
+        rows = [_row(c) for c in completions]
         async with self.sessionmaker() as db:
             conn = await db.connection()
             dialect = conn.dialect.name
-            projects = {p for p, _ in sessions} | {c["project_id"] for c in completions}
             missing = projects - self._projects
             if missing:
                 await db.execute(
@@ -133,23 +184,11 @@ class Recorder:
                     .values([{"id": p, "settings": {}, "created_at": utcnow()} for p in missing])
                     .on_conflict_do_nothing()
                 )
-            copied = False
-            if dialect == "postgresql":
-                try:
-                    async with conn.begin_nested():
-                        await bulk.upsert_sessions(conn, list(sessions.values()))
-                        if completions:
-                            await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
-                    copied = True
-                except psycopg.Error:
-                    pass  # already partly stored (a replayed segment) or refused: the portable path decides
-            if not copied:
-                await _insert_portable(conn, dialect, [_row(c) for c in completions], list(sessions.values()))
-            if completions and await any_pending(db, projects):
+            await _insert_portable(conn, dialect, rows, sessions)
+            if rows and await any_pending(db, projects):
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
-                await attach_pending(db, [_Landed(_row(c)) for c in completions])  # type: ignore[misc]
+                await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[misc]
             await db.commit()
-        self._projects |= projects
 
 
 async def _insert_portable(

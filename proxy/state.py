@@ -171,6 +171,7 @@ class AppState:
                 await task
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.recorder.drain_once(), timeout=10)
+        await self.recorder.close()
         self.spool.close()
         os.close(self.spool_lock)  # releases our spool folder (after the final drain)
         await self.upstream.close()

@@ -66,6 +66,7 @@ async def drain(engine: AsyncEngine, folder: Path, records: list[dict[str, Any]]
     recorder = Recorder(spool, async_sessionmaker(engine, expire_on_commit=False), Metrics(), batch=500)
     while spool.depth:
         await recorder.drain_once()
+    await recorder.close()
     spool.close()
     return recorder
 

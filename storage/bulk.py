@@ -1,6 +1,6 @@
 """Postgres bulk writes for the recorder, on a plain psycopg connection.
 
-COPY for completions, one ``unnest`` upsert for sessions, one query for pending
+COPY for completions, one upsert for sessions, one query for pending
 feedback: four round trips per batch and no per-row work beyond formatting. The
 portable path (SQLAlchemy ``executemany`` with ``ON CONFLICT DO NOTHING``, a pool
 checkout with a ping and an ORM session per batch) cost the proxy ~100 µs of CPU per
@@ -27,10 +27,12 @@ INSERT_PROJECTS = """
 INSERT INTO projects (id, settings, created_at) SELECT p, '{}'::json, now() FROM unnest(%s::text[]) AS u(p)
 ON CONFLICT (id) DO NOTHING
 """
+# The batch's sessions as one JSON array: one orjson call here, one parse there (five text arrays
+# cost ~10 µs a session to adapt). A NUL in a tag cannot become text: that batch goes the portable way.
 UPSERT_SESSIONS = """
 INSERT INTO sessions (project_id, id, task_id, source, tags, created_at, updated_at)
-SELECT p, i, t, s, g::json, now(), now()
-FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) AS u(p, i, t, s, g)
+SELECT project_id, id, task_id, source, coalesce(tags, '[]'::json), now(), now()
+FROM json_to_recordset(%s::json) AS s(project_id text, id text, task_id text, source text, tags json)
 ON CONFLICT (project_id, id) DO UPDATE SET updated_at = excluded.updated_at
 """
 ANY_PENDING = "SELECT EXISTS (SELECT 1 FROM feedback WHERE attached_at IS NULL AND project_id = ANY(%s::text[]))"
@@ -48,15 +50,10 @@ async def copy_completions(conn: AsyncConnection[Any], rows: list[dict[str, Any]
             await copy.write_row([json_dumps(row.get(c)) if c in JSON_COLUMNS else row.get(c) for c in columns])
 
 
-async def upsert_sessions(conn: AsyncConnection[Any], sessions: Iterable[dict[str, Any]]) -> None:
-    """Insert new sessions; touch ``updated_at`` of known ones (one statement, arrays as parameters)."""
-    columns: list[list[Any]] = [[], [], [], [], []]
-    for s in sessions:
-        for i, value in enumerate((s["project_id"], s["id"], s.get("task_id"), s["source"], s.get("tags") or [])):
-            columns[i].append(value)
-    if columns[0]:
-        columns[4] = [json_dumps(tags) for tags in columns[4]]
-        await conn.execute(UPSERT_SESSIONS, columns)
+async def upsert_sessions(conn: AsyncConnection[Any], sessions: list[dict[str, Any]]) -> None:
+    """Insert new sessions; touch ``updated_at`` of known ones (one statement)."""
+    if sessions:
+        await conn.execute(UPSERT_SESSIONS, [json_dumps(sessions)])
 
 
 async def any_pending(conn: AsyncConnection[Any], project_ids: Iterable[str]) -> bool:

@@ -162,3 +162,13 @@ async def test_a_refused_record_is_quarantined_and_the_rest_stored(engine: Async
 def test_copy_covers_every_completion_column() -> None:
     assert set(bulk.COLUMNS) == set(Completion.__table__.columns.keys())
     assert set(record(0)["completion"]) == set(bulk.COLUMNS)
+
+
+async def test_a_nul_in_a_session_tag_is_stored_the_portable_way(engine: AsyncEngine, tmp_path: Path) -> None:
+    records = [record(0), record(1)]
+    records[1]["session"]["tags"] = ["nul\u0000tag"]  # JSON text may hold it; Postgres text may not
+    await drain(engine, tmp_path / "n", records)
+    assert len(await stored(engine)) == 2
+    async with engine.connect() as conn:
+        tags = (await conn.execute(text("SELECT tags::text FROM sessions WHERE id = 'ses_1'"))).scalar_one()
+    assert tags == '["nul\\u0000tag"]'

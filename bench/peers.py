@@ -11,6 +11,8 @@ from pathlib import Path
 from bench.harness import PY, ROOT, Server, free_port, start_server
 
 LITELLM_VENV = ROOT / "bench" / ".litellm-venv"
+# The version the reference figures were measured with; pinned so runs compare.
+LITELLM_REQUIREMENT = "litellm[proxy]==1.108.7"
 MODEL = "stub-model"
 
 
@@ -51,7 +53,7 @@ def ensure_litellm_venv() -> Path:
         print(f"creating {LITELLM_VENV} and installing litellm[proxy] (a few minutes, once)", file=sys.stderr)
         base = os.environ.get("BENCH_BASE_PYTHON") or sys.base_prefix + "/bin/python3"
         subprocess.run([base, "-m", "venv", str(LITELLM_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "litellm[proxy]"], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", LITELLM_REQUIREMENT], check=True)
     return python
 
 

@@ -1,7 +1,9 @@
 """The write-behind recorder: spool segments → batched database inserts → delete after commit.
 
-Inserts are idempotent (``ON CONFLICT DO NOTHING`` on our own ids), so a crash
-between the commit and the segment's deletion replays it without duplicates.
+On Postgres a batch is one transaction on the recorder's own psycopg connection
+(COPY, storage/bulk.py); elsewhere, and for a batch COPY refuses, SQLAlchemy inserts
+it with ``ON CONFLICT DO NOTHING`` on our own ids, so a crash between the commit and
+the segment's deletion replays it without duplicates.
 While the database is down the spool grows and nothing is dropped; the recorder
 retries with backoff and drains when it returns.
 """
@@ -20,7 +22,7 @@ import orjson
 import psycopg
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
@@ -52,12 +54,12 @@ class Recorder:
         self._projects: set[str] = set()
         # On Postgres the recorder writes through its own psycopg connection (storage/bulk.py).
         url = getattr(sessionmaker.kw.get("bind"), "url", None)
-        self._copy_url = (
+        self._pg_url = (
             url.set(drivername="postgresql").render_as_string(hide_password=False)
             if url is not None and url.get_backend_name() == "postgresql"
             else None
         )
-        self._copy_conn: psycopg.AsyncConnection[Any] | None = None
+        self._pg_conn: psycopg.AsyncConnection[Any] | None = None
 
     async def run(self) -> None:
         """Drain forever; back off while the database is down."""
@@ -92,10 +94,10 @@ class Recorder:
                 self.metrics.spool_bytes.set(self.spool.bytes)
 
     async def close(self) -> None:
-        if self._copy_conn is not None:
+        if self._pg_conn is not None:
             with contextlib.suppress(Exception):
-                await self._copy_conn.close()
-            self._copy_conn = None
+                await self._pg_conn.close()
+            self._pg_conn = None
 
     async def drain_once(self) -> int:
         """Seal the active file and move every sealed segment into the database."""
@@ -138,17 +140,17 @@ class Recorder:
         completions = [r["completion"] for r in records if "completion" in r]
         sessions = {(r["session"]["project_id"], r["session"]["id"]): r["session"] for r in records if "session" in r}
         projects = {p for p, _ in sessions} | {c["project_id"] for c in completions}
-        if not (self._copy_url and await self._write_copy(completions, list(sessions.values()), projects)):
+        if not (self._pg_url and await self._write_pg(completions, list(sessions.values()), projects)):
             await self._write_portable(completions, list(sessions.values()), projects)
         self._projects |= projects
 
-    async def _write_copy(
+    async def _write_pg(
         self, completions: list[dict[str, Any]], sessions: list[dict[str, Any]], projects: set[str]
     ) -> bool:
         """Postgres: one transaction on the recorder's own connection. False: take the portable path."""
-        conn = self._copy_conn
+        conn = self._pg_conn
         if conn is None or conn.closed:
-            conn = self._copy_conn = await psycopg.AsyncConnection.connect(self._copy_url, connect_timeout=5)
+            conn = self._pg_conn = await psycopg.AsyncConnection.connect(self._pg_url, connect_timeout=5)
         try:
             async with conn.transaction():
                 if projects - self._projects:
@@ -159,7 +161,7 @@ class Recorder:
                 pending = bool(completions) and await bulk.any_pending(conn, projects)
         except psycopg.OperationalError:
             await conn.close()
-            self._copy_conn = None
+            self._pg_conn = None
             raise  # the database is unreachable: the run loop backs off and retries
         except psycopg.Error:
             return False  # already partly stored (a replayed segment) or refused: the portable path decides
@@ -184,27 +186,20 @@ class Recorder:
                     .values([{"id": p, "settings": {}, "created_at": utcnow()} for p in missing])
                     .on_conflict_do_nothing()
                 )
-            await _insert_portable(conn, dialect, rows, sessions)
+            # executemany with one statement per table: compiled once and cached, not per batch.
+            if sessions:
+                now = utcnow()
+                stmt = _insert(dialect, Session.__table__)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
+                )
+                await conn.execute(stmt, [{**s, "created_at": now, "updated_at": now} for s in sessions])
+            if rows:
+                await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
             if rows and await any_pending(db, projects):
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[misc]
             await db.commit()
-
-
-async def _insert_portable(
-    conn: AsyncConnection, dialect: str, rows: list[dict[str, Any]], sessions: list[dict[str, Any]]
-) -> None:
-    """Upsert sessions and insert completions (skipping ones already stored) on any database."""
-    # executemany with one statement per table: compiled once and cached, not per batch.
-    if sessions:
-        now = utcnow()
-        stmt = _insert(dialect, Session.__table__)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
-        )
-        await conn.execute(stmt, [{**s, "created_at": now, "updated_at": now} for s in sessions])
-    if rows:
-        await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
 
 
 class _Landed:

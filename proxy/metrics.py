@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
@@ -36,3 +38,11 @@ class Metrics:
             "onthejob_feedback_orphans", "Pending feedback older than its TTL (target never landed)", registry=r
         )
         self.adapter_loads = Counter("onthejob_adapter_loads", "Adapter loads into engines", ["result"], registry=r)
+        self._terminations: dict[str, Any] = {}
+
+    def termination(self, reason: str) -> Any:
+        """The per-reason child of ``terminations`` (``labels()`` costs more than the increment; once per call)."""
+        child = self._terminations.get(reason)
+        if child is None:
+            child = self._terminations[reason] = self.terminations.labels(reason)
+        return child

@@ -11,7 +11,7 @@ sampled ids.
 from __future__ import annotations
 
 import hashlib
-import uuid
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -102,7 +102,7 @@ def link_key(prompt_key: str | None, reply: dict[str, Any] | None) -> str | None
 
 
 def new_session_id() -> str:
-    return "ses_" + uuid.uuid4().hex
+    return "ses_" + os.urandom(16).hex()
 
 
 @dataclass(frozen=True)

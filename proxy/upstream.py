@@ -12,7 +12,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+from multidict import CIMultiDict
+from yarl import URL
 
+JSON_HEADERS = CIMultiDict({"content-type": "application/json"})
 # What a broken, refused or reset engine connection raises.
 UPSTREAM_FAILURES = (aiohttp.ClientError, ConnectionError, OSError)
 
@@ -23,7 +26,8 @@ class Upstream:
         self._cycle = itertools.cycle(urls)
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=idle_timeout)
         self._session: aiohttp.ClientSession | None = None
-        self.fingerprints: dict[str, str] = {}  # per replica: vLLM's system_fingerprint, seen in replies
+        self.fingerprints: dict[str, str] = {}
+        self._urls: dict[tuple[str, str], URL] = {}  # per replica: vLLM's system_fingerprint, seen in replies
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)
@@ -48,7 +52,10 @@ class Upstream:
 
     async def open(self, base: str, path: str, body: bytes) -> aiohttp.ClientResponse:
         """POST a JSON body and return the response with its body unread (the caller streams it)."""
-        return await self.session.post(f"{base}{path}", data=body, headers={"content-type": "application/json"})
+        url = self._urls.get((base, path))
+        if url is None:  # parsed once per replica and route, not per call
+            url = self._urls[(base, path)] = URL(f"{base}{path}")
+        return await self.session.post(url, data=body, headers=JSON_HEADERS)
 
     async def get_json(self, base: str, path: str, timeout: float = 5.0) -> tuple[int, Any]:
         async with self.session.get(f"{base}{path}", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

@@ -29,6 +29,23 @@ def app_from_env() -> FastAPI:
     return create_app(Settings())
 
 
+def worker_env(settings: Settings, workers: int) -> dict[str, str]:
+    """What each of ``workers`` processes reads its settings from (uvicorn starts them by import path).
+
+    Each worker has its own spool folder (see proxy.spool.claim), so the quota is split
+    between them: ``ONTHEJOB_SPOOL_MAX_BYTES`` bounds the proxy's disk use, not one worker's.
+    """
+    env = {
+        "ONTHEJOB_UPSTREAM": ",".join(settings.upstreams),
+        "ONTHEJOB_SPOOL": str(settings.spool_dir),
+        "ONTHEJOB_AUTH": "1" if settings.auth else "0",
+        "ONTHEJOB_SPOOL_MAX_BYTES": str(settings.spool_max_bytes // workers),
+    }
+    if settings.database_url:
+        env["DATABASE_URL"] = settings.database_url
+    return env
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
@@ -39,11 +56,7 @@ def run(args: argparse.Namespace) -> int:
     server = {"host": args.host, "port": args.port, "loop": "uvloop", "http": "httptools", "log_level": "warning",
               "timeout_graceful_shutdown": 30}  # fmt: skip
     if args.workers > 1:
-        # Each worker is its own process with its own spool folder (see proxy.spool.claim).
-        os.environ.update({"ONTHEJOB_UPSTREAM": ",".join(settings.upstreams), "ONTHEJOB_SPOOL": str(settings.spool_dir),
-                           "ONTHEJOB_AUTH": "1" if settings.auth else "0"})  # fmt: skip
-        if settings.database_url:
-            os.environ["DATABASE_URL"] = settings.database_url
+        os.environ.update(worker_env(settings, args.workers))
         uvicorn.run("proxy.main:app_from_env", factory=True, workers=args.workers, **server)  # type: ignore[arg-type]
     else:
         uvicorn.run(create_app(settings), **server)  # type: ignore[arg-type]

@@ -111,3 +111,21 @@ async def _append_then_reopen(folder: Path) -> None:
     assert segment is not None
     assert again.kept(segment) is None and read_segment(segment) == [{"i": 4}, {"i": 5}]
     again.close()
+
+
+def test_workers_split_the_spool_quota_and_see_the_same_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from proxy.main import worker_env
+    from proxy.settings import Settings
+
+    settings = Settings(upstreams=["http://a:1", "http://b:2"], spool_dir=tmp_path, spool_max_bytes=3_000,
+                        auth=False, database_url="postgresql://x@h/db")  # fmt: skip
+    env = worker_env(settings, 3)
+    assert env["ONTHEJOB_SPOOL_MAX_BYTES"] == "1000"
+    assert env["DATABASE_URL"] == "postgresql://x@h/db"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    again = Settings()  # what each worker process builds
+    assert (again.spool_max_bytes, again.upstreams, again.auth, again.spool_dir) == (
+        1000, ["http://a:1", "http://b:2"], False, tmp_path)  # fmt: skip

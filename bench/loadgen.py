@@ -131,6 +131,8 @@ class _Conn(asyncio.Protocol):
 
     async def request(self, payload: bytes, loop: asyncio.AbstractEventLoop) -> Sample:
         assert self.transport is not None
+        if self.transport.is_closing():  # the server died since the last reply (uvloop raises RuntimeError)
+            raise ConnectionResetError("the connection was closed by the server")
         self.waiter = loop.create_future()
         self._reset(perf())
         self.transport.write(payload)

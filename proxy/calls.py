@@ -94,6 +94,8 @@ async def resolve_session(
         candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
         if candidates:
             link = st.links.longest(project, candidates, naming.session_id)
+            if link is None:  # served by another worker, and maybe not yet in the database
+                link = _spool_link(st, project, candidates, naming.session_id)
             if link is None:
                 link = await _db_link(st, project, candidates, naming.session_id)
     task = naming.task_id or (link.task_id if link else None)
@@ -102,6 +104,15 @@ async def resolve_session(
     if link is not None:
         return link.session_id, "linked", link.completion_id, task
     return sessions.new_session_id(), "new", None, task
+
+
+def _spool_link(st: AppState, project: str, keys: list[str], session: str | None) -> sessions.Link | None:
+    needles = [b'"link_key":"' + key.encode() + b'"' for key in reversed(keys)]  # the longest prefix first
+    for record in st.spool.sibling_records(needles):
+        call = record.get("completion") or {}
+        if call.get("project_id") == project and (session is None or call.get("session_id") == session):
+            return sessions.Link(call["session_id"], call["id"], call.get("task_id"))
+    return None
 
 
 async def _db_link(st: AppState, project: str, keys: list[str], session: str | None) -> sessions.Link | None:

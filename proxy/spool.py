@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ import orjson
 
 ACTIVE = "active.jsonl"
 MEMORY_BYTES = 64 * 1024 * 1024
+SIBLING_SCAN_BYTES = 2 * 1024 * 1024
 
 
 # A queued append: the line to write, the record it encodes, and the caller's future.
@@ -61,6 +63,8 @@ class Spool:
         self._active_memory: list[dict[str, Any]] | None = None if self._active_records else []
         self._active_memory_bytes = 0
         self._memory_bytes = 0
+        self._siblings: list[Path] = []
+        self._siblings_at = 0.0
         self.appended = 0
         self.fsyncs = 0
         self._thread = threading.Thread(target=self._writer, name="spool-writer", daemon=True)
@@ -188,6 +192,46 @@ class Spool:
         """Seconds since the oldest record not yet in the database was spooled (0 when empty)."""
         times = list(self._oldest.values()) + ([self._active_first] if self._active_first else [])
         return max(0.0, time.time() - min(times)) if times else 0.0
+
+    # ---- other workers' records (linking a follow-up served here to a turn served there) ----
+    def sibling_records(self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES) -> Iterator[dict[str, Any]]:
+        """Records in other workers' spools (not yet in the database) whose line holds a needle.
+
+        Needles in priority order; for each, the newest match first. Reads at most ``budget``
+        bytes, newest files first (a worker's spool holds ~50 ms of its traffic while the
+        database keeps up). Nothing to do with one worker.
+        """
+        now = time.monotonic()
+        if now > self._siblings_at:
+            self._siblings = [f for f in self.folder.parent.glob("w-*") if f != self.folder]
+            self._siblings_at = now + 5.0
+        if not self._siblings:
+            return
+        chunks: list[bytes] = []
+        for folder in self._siblings:
+            for file in [folder / ACTIVE, *sorted(folder.glob("seg-*.jsonl"), reverse=True)]:
+                if budget <= 0:
+                    break
+                try:
+                    with file.open("rb") as handle:
+                        size = handle.seek(0, os.SEEK_END)
+                        handle.seek(max(0, size - budget))
+                        data = handle.read(budget)
+                except OSError:
+                    continue  # sealed or drained meanwhile
+                budget -= len(data)
+                chunks.append(data)
+        for needle in needles:
+            for data in chunks:
+                at = data.rfind(needle)
+                while at >= 0:
+                    start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+                    if end > 0:  # a complete line (the tail may be mid-write)
+                        try:
+                            yield orjson.loads(data[start:end])
+                        except orjson.JSONDecodeError:
+                            pass
+                    at = data.rfind(needle, 0, start)
 
     def writable(self) -> bool:
         return not self.full and os.access(self.folder, os.W_OK)

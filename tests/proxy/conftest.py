@@ -56,12 +56,12 @@ def start_proxy(tmp_path: Path) -> Iterator[ProxyFactory]:
     started: list[Proxy] = []
 
     def start(upstream: str, db_url: str, *, auth: bool = False, env: dict[str, str] | None = None,
-              spool: Path | None = None, port: int | None = None) -> Proxy:  # fmt: skip
+              spool: Path | None = None, port: int | None = None, workers: int = 1) -> Proxy:  # fmt: skip
         port = port or free_port()
         spool = spool or tmp_path / f"spool-{port}"
         log = tmp_path / f"proxy-{port}.log"
         cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url,
-               "--port", str(port), "--spool", str(spool)]  # fmt: skip
+               "--port", str(port), "--spool", str(spool), "--workers", str(workers)]  # fmt: skip
         if not auth:
             cmd.append("--no-auth")
         proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT,

@@ -129,3 +129,37 @@ def test_workers_split_the_spool_quota_and_see_the_same_settings(
     again = Settings()  # what each worker process builds
     assert (again.spool_max_bytes, again.upstreams, again.auth, again.spool_dir) == (
         1000, ["http://a:1", "http://b:2"], False, tmp_path)  # fmt: skip
+
+
+def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Path) -> None:
+    from proxy.spool import claim
+
+    mine_folder, mine_lock = claim(tmp_path)
+    theirs_folder, theirs_lock = claim(tmp_path)
+    mine, theirs = Spool(mine_folder, 10**9), Spool(theirs_folder, 10**9)
+
+    async def write() -> None:
+        for i, key in enumerate(["k1", "k2", "k1"]):
+            await theirs.append({"completion": {"id": f"c{i}", "link_key": key}})
+        await mine.append({"completion": {"id": "own", "link_key": "k3"}})
+
+    asyncio.run(write())
+    theirs.seal()  # one sealed segment, then more in the active file
+    asyncio.run(theirs.append({"completion": {"id": "c3", "link_key": "k4"}}))
+    with (theirs_folder / ACTIVE).open("ab") as handle:
+        handle.write(b'{"completion": {"id": "torn", "link_key": "k5"')  # mid-write: not a line yet
+
+    def found(*keys: str) -> list[str]:
+        needles = [b'"link_key":"' + k.encode() + b'"' for k in keys]
+        return [r["completion"]["id"] for r in mine.sibling_records(needles)]
+
+    assert found("k1") == ["c2", "c0"]  # newest first
+    assert found("k2", "k1")[0] == "c1"  # needles in priority order
+    assert found("k4") == ["c3"] and found("k5") == [] and found("k3") == []  # never our own spool
+    assert list(mine.sibling_records([b'"link_key":"k1"'], budget=60)) == []  # the read is capped, newest first
+    for spool in (mine, theirs):
+        spool.close()
+    import os
+
+    os.close(mine_lock)
+    os.close(theirs_lock)

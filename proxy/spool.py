@@ -209,7 +209,7 @@ class Spool:
             return
         chunks: list[bytes] = []
         for folder in self._siblings:
-            for file in [folder / ACTIVE, *sorted(folder.glob("seg-*.jsonl"), reverse=True)]:
+            for file in _newest_first(folder):
                 if budget <= 0:
                     break
                 try:
@@ -319,6 +319,14 @@ def read_segment(path: Path) -> list[dict[str, Any]]:
         except orjson.JSONDecodeError:
             continue
     return out
+
+
+def _newest_first(folder: Path) -> Iterator[Path]:
+    """A spool folder's files, newest first. The active file is opened before the segments are
+    listed: a record sealed meanwhile is then in a listed segment, and one already drained
+    from there is in the database, so a reader never misses it."""
+    yield folder / ACTIVE
+    yield from sorted(folder.glob("seg-*.jsonl"), reverse=True)
 
 
 def _cut_torn_tail(path: Path) -> None:

@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
 from storage import bulk
-from storage.feedback import any_pending, attach_pending
+from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
 
 log = logging.getLogger("onthejob.recorder")
@@ -196,7 +196,6 @@ class Recorder:
                 await conn.execute(stmt, [{**s, "created_at": now, "updated_at": now} for s in sessions])
             if rows:
                 await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
-            if rows and await any_pending(db, projects):
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[misc]
             await db.commit()

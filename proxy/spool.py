@@ -49,11 +49,10 @@ class Spool:
         self._seq = self._last_seq()
         _cut_torn_tail(folder / ACTIVE)
         self._fd = os.open(folder / ACTIVE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._active_records = 0
         self._active_first: float | None = None
         # Records in sealed segments and the active file, and when the oldest was written.
-        self.depth = sum(len(read_segment(p)) for p in self.segments()) + len(read_segment(folder / ACTIVE))
         self._active_records = len(read_segment(folder / ACTIVE))
+        self.depth = sum(len(read_segment(p)) for p in self.segments()) + self._active_records
         self._oldest: dict[Path, float] = {p: p.stat().st_mtime for p in self.segments()}
         if self._active_records:
             self._active_first = (folder / ACTIVE).stat().st_mtime
@@ -223,15 +222,11 @@ class Spool:
                 chunks.append(data)
         for needle in needles:
             for data in chunks:
-                at = data.rfind(needle)
-                while at >= 0:
-                    start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
-                    if end > 0:  # a complete line (the tail may be mid-write)
-                        try:
-                            yield orjson.loads(data[start:end])
-                        except orjson.JSONDecodeError:
-                            pass
-                    at = data.rfind(needle, 0, start)
+                for line in _lines_holding(data, needle):
+                    try:
+                        yield orjson.loads(line)
+                    except orjson.JSONDecodeError:
+                        pass
 
     def writable(self) -> bool:
         return not self.full and os.access(self.folder, os.W_OK)
@@ -321,6 +316,16 @@ def read_segment(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _lines_holding(data: bytes, needle: bytes) -> Iterator[bytes]:
+    """The complete lines of ``data`` that contain ``needle``, last first (a tail may be mid-write)."""
+    at = data.rfind(needle)
+    while at >= 0:
+        start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        if end > 0:
+            yield data[start:end]
+        at = data.rfind(needle, 0, start)
+
+
 def _newest_first(folder: Path) -> Iterator[Path]:
     """A spool folder's files, newest first. The active file is opened before the segments are
     listed: a record sealed meanwhile is then in a listed segment, and one already drained
@@ -335,13 +340,17 @@ def _cut_torn_tail(path: Path) -> None:
     Appending after it would glue the next record onto the fragment, and both would be
     unreadable; the fragment's own record was never acknowledged, so nothing is lost.
     """
-    if not path.exists() or path.stat().st_size == 0:
-        return
-    data = path.read_bytes()
-    if data.endswith(b"\n"):
+    if not path.exists():
         return
     with path.open("r+b") as handle:
-        handle.truncate(data.rfind(b"\n") + 1)
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return  # the usual case: one byte read, not the whole file
+        handle.seek(0)
+        handle.truncate(handle.read().rfind(b"\n") + 1)
         handle.flush()
         os.fsync(handle.fileno())
 

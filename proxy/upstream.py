@@ -26,8 +26,8 @@ class Upstream:
         self._cycle = itertools.cycle(urls)
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=idle_timeout)
         self._session: aiohttp.ClientSession | None = None
-        self.fingerprints: dict[str, str] = {}
-        self._urls: dict[tuple[str, str], URL] = {}  # per replica: vLLM's system_fingerprint, seen in replies
+        self.fingerprints: dict[str, str] = {}  # per replica: vLLM's system_fingerprint, seen in replies
+        self._urls: dict[tuple[str, str], URL] = {}  # per (replica, route), parsed once
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=30)

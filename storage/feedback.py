@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from sqlalchemy import Select, and_, bindparam, func, or_, select
+from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -351,18 +351,6 @@ async def attach_pending(db: AsyncSession, completions: Sequence[Completion]) ->
             fb.attached_at = now
             count += 1
     return count
-
-
-_ANY_PENDING = (
-    select(Feedback.id)
-    .where(Feedback.project_id.in_(bindparam("projects", expanding=True)), Feedback.attached_at.is_(None))
-    .limit(1)
-)
-
-
-async def any_pending(db: AsyncSession, project_ids: Iterable[str]) -> bool:
-    """Whether any feedback of these projects waits for its target (answered by a partial index)."""
-    return await db.scalar(_ANY_PENDING, {"projects": list(project_ids)}) is not None
 
 
 def pending_stmt(project_id: str | None = None, older_than: datetime | None = None) -> Select[Feedback]:

@@ -1,6 +1,6 @@
 """Feedback and session read routes: ``POST/GET /v1/feedback``, ``GET /v1/sessions/{id}[/trajectories]``.
 
-Thin: parse, call :mod:`storage.feedback` / :mod:`storage.loaders`, return.
+Thin: parse (:mod:`storage.feedback_input`), call :mod:`storage.feedback` / :mod:`storage.loaders`, return.
 Everything is scoped to the caller's project; another project's ids look
 unknown (feedback pending, reads 404).
 """
@@ -15,14 +15,8 @@ from fastapi.responses import JSONResponse
 
 from proxy.deps import DbDep, PathId, PrincipalDep, QueryId
 from proxy.errors import Conflict, InvalidRequest, NotFound
-from storage.feedback import (
-    FeedbackConflict,
-    FeedbackInputError,
-    feedback_to_dict,
-    list_feedback,
-    parse_feedback,
-    submit_feedback,
-)
+from storage.feedback import feedback_to_dict, list_feedback, submit_feedback
+from storage.feedback_input import FeedbackConflict, FeedbackInputError, parse_feedback
 from storage.loaders import load_trajectories_async, session_view
 from storage.trajectories import trajectory_to_dict
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from storage.feedback import MAX_COMMENT_BYTES, FeedbackInputError, parse_feedback
+from storage.feedback_input import MAX_COMMENT_BYTES, FeedbackInputError, parse_feedback
 
 OK = {"target": {"completion_id": "cmpl-1"}, "name": "thumbs", "value": True}
 

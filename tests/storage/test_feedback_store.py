@@ -16,15 +16,8 @@ from sqlalchemy.pool import NullPool
 
 from storage import feedback as feedback_module
 from storage.db import async_engine, sync_engine
-from storage.feedback import (
-    FeedbackConflict,
-    attach_orphans,
-    attach_pending,
-    count_orphans,
-    list_feedback,
-    parse_feedback,
-    submit_feedback,
-)
+from storage.feedback import attach_orphans, attach_pending, count_orphans, list_feedback, submit_feedback
+from storage.feedback_input import FeedbackConflict, parse_feedback
 from storage.migrate import upgrade
 from storage.models import Completion, Feedback, Project, utcnow
 from tests.storage.rows import insert, new_project, row

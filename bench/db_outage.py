@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench.harness import Server, machine_description, wait_spool_empty
-from bench.load import Tally, loadavg, percentiles, reconcile, run_clients, run_within, start_proxy, start_stub
+from bench.reliability import Tally, loadavg, percentiles, reconcile, run_clients, run_within, start_proxy, start_stub
 from tests.pg_cluster import PgCluster
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.harness import Server, free_port, machine_description, throwaway_database, wait_spool_empty
-from bench.load import (
+from bench.reliability import (
     Tally,
     loadavg,
     percentiles,

@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sqlalchemy.orm import Session as DbSession
+    pass
 
 # (messages before the assistant turn, the assistant message) -> that turn's ids as the
 # template renders it inside a later prompt, through its end-of-turn token.
@@ -439,15 +439,3 @@ def chat_template_render(tokenizer: Any) -> Render:
         return turn
 
     return render
-
-
-def load_training_batch(
-    db: DbSession, project_id: str, alias: str, **options: Any
-) -> tuple[list[Trajectory], Counter[str]]:
-    """Graded, unused, non-eval trajectories of an alias, and exclusions by reason.
-
-    See :func:`storage.loaders.load_training_batch` for the options.
-    """
-    from storage.loaders import load_training_batch as load
-
-    return load(db, project_id, alias, **options)

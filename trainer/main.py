@@ -39,9 +39,9 @@ PPO_EPOCHS = 4
 def default_loader() -> Loader:
     """storage's ``load_training_batch(db, project_id, alias) -> (trajectories, exclusions by reason)``."""
     try:
-        from storage.trajectories import load_training_batch
+        from storage.loaders import load_training_batch
     except ImportError as exc:
-        raise DataError("storage.trajectories.load_training_batch is missing: this build cannot load traffic") from exc
+        raise DataError("storage.loaders.load_training_batch is missing: this build cannot load traffic") from exc
     return load_training_batch
 
 

@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 from onthejob.engine import Engine
 from storage.db import sync_engine
-from storage.trajectories import assemble_session, chat_template_render, load_training_batch
+from storage.loaders import load_training_batch
+from storage.trajectories import assemble_session, chat_template_render
 from tests.storage.rows import feedback_row, new_project
 
 pytestmark = pytest.mark.engine

@@ -11,9 +11,8 @@ import pytest
 from sqlalchemy.orm import Session
 
 from storage.db import sync_engine
-from storage.loaders import load_trajectories, ungraded_share
+from storage.loaders import load_training_batch, load_trajectories, ungraded_share
 from storage.models import TrainingRun, TrainingStep, UsedTrajectory
-from storage.trajectories import load_training_batch
 from tests.storage.rows import choice, feedback_row, insert, new_project, row
 from tests.storage.test_trajectories import P1
 

@@ -24,6 +24,7 @@ COPY onthejob ./onthejob
 COPY proxy ./proxy
 COPY storage ./storage
 COPY trainer ./trainer
+COPY judge ./judge
 COPY migrations ./migrations
 COPY examples ./examples
 RUN ./run bootstrap && rm -rf /root/.cache/pip

@@ -1,0 +1,84 @@
+"""A project's judge settings (``settings["judge"]``): what the proxy validates and the judge and trainer read.
+
+It lives in storage because three sides need the one definition: the admin API
+checks it (``PUT /v1/admin/project``), ``onthejob judge`` runs by it, and the
+reward rule gates judge grades by the calibration stored under its
+:meth:`JudgeSettings.fingerprint`. Nothing here calls a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+JUDGE_SOURCE = "judge"  # the feedback source of every judge grade
+JUDGE_TAG = "judge"  # the tag of the judge's own model calls: never trained on
+JUDGE_UNCALIBRATED = "judge_uncalibrated"  # exclusion reason of a judge grade below the agreement gate
+DEFAULT_MIN_AGREEMENT = 0.6
+
+
+class JudgeSettingsError(ValueError):
+    """Judge settings the API refuses; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class JudgeSettings(BaseModel):
+    """How a project's judge scores sessions; the defaults judge with the project's own served model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rubric: str = Field(min_length=1, max_length=8000, description="what a good answer is, in the operator's words")
+    mode: Literal["absolute", "relative"] = "absolute"
+    base_url: str | None = Field(
+        default=None, max_length=500, description="OpenAI-compatible endpoint; None: this proxy (the served model)"
+    )
+    model: str | None = Field(default=None, max_length=200, description="model or alias; None: the project's alias")
+    api_key_env: str | None = Field(default=None, max_length=200, description="environment variable with the key")
+    scale: tuple[float, float] = (0.0, 1.0)  # the project's reward range a judge score is mapped into
+    threshold: float | None = None  # decision threshold on that scale; None: the middle of it
+    min_agreement: float = Field(default=DEFAULT_MIN_AGREEMENT, ge=-1.0, le=1.0)
+    min_labelled: int = Field(default=8, ge=2, le=100_000)
+    comments: bool = True  # judge sessions whose only feedback is a comment (reading the comment)
+    self_evaluation: bool = False  # judge sessions nobody graded, from the conversation alone
+    implicit: bool = False  # the next user turn counts as a comment on the previous assistant turn
+    calibration_tags: tuple[str, ...] = ("calibration", "eval")  # graded sessions with these tags calibrate
+    max_transcript_chars: int = Field(default=6000, ge=200, le=200_000)
+
+    @model_validator(mode="after")
+    def _scale(self) -> JudgeSettings:
+        low, high = self.scale
+        if not high > low:
+            raise ValueError(f"scale must be [low, high] with high > low, got {list(self.scale)}")
+        if self.threshold is not None and not low <= self.threshold <= high:
+            raise ValueError(f"threshold {self.threshold} is outside scale {list(self.scale)}")
+        return self
+
+    @property
+    def decision_threshold(self) -> float:
+        low, high = self.scale
+        return self.threshold if self.threshold is not None else (low + high) / 2
+
+    def fingerprint(self) -> str:
+        """What calibration is keyed by: every field that changes a score (not the key, not the gate)."""
+        scoring = {k: getattr(self, k) for k in ("rubric", "mode", "base_url", "model", "scale")}
+        blob = json.dumps(scoring, sort_keys=True, default=list).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def parse_judge_settings(raw: Mapping[str, Any] | None) -> JudgeSettings | None:
+    """``settings["judge"]`` validated, or None when the project has no judge; errors name the field."""
+    if raw is None:
+        return None
+    try:
+        return JudgeSettings.model_validate(dict(raw))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = "judge." + ".".join(str(p) for p in err["loc"]) if err["loc"] else "judge"
+        raise JudgeSettingsError(f"{param}: {str(err['msg']).removeprefix('Value error, ')}", param) from None

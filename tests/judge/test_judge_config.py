@@ -1,0 +1,36 @@
+"""The judge settings the admin API will take."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage.judge_config import JudgeSettingsError, parse_judge_settings
+
+
+def test_defaults_and_fingerprint() -> None:
+    cfg = parse_judge_settings({"rubric": "Correct and brief."})
+    assert cfg is not None
+    assert (cfg.mode, cfg.min_agreement, cfg.decision_threshold) == ("absolute", 0.6, 0.5)
+    assert parse_judge_settings(None) is None
+    same = parse_judge_settings({"rubric": "Correct and brief.", "min_agreement": 0.9})
+    other = parse_judge_settings({"rubric": "Correct and brief.", "mode": "relative"})
+    assert same is not None and other is not None
+    assert cfg.fingerprint() == same.fingerprint()  # the gate is not part of what scores
+    assert cfg.fingerprint() != other.fingerprint()
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        ({}, "judge.rubric"),
+        ({"rubric": "x", "mode": "pairwise"}, "judge.mode"),
+        ({"rubric": "x", "scale": [1, 0]}, "judge"),
+        ({"rubric": "x", "threshold": 5}, "judge"),
+        ({"rubric": "x", "min_agreement": 2}, "judge.min_agreement"),
+        ({"rubric": "x", "colour": "blue"}, "judge.colour"),
+    ],
+)
+def test_refusals_name_the_field(raw: dict[str, object], param: str) -> None:
+    with pytest.raises(JudgeSettingsError) as info:
+        parse_judge_settings(raw)
+    assert info.value.param == param

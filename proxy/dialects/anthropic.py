@@ -1,0 +1,381 @@
+"""The Anthropic Messages dialect: a Messages request becomes the engine's chat body, and back.
+
+Pure functions, no I/O: the proxy's one call path sends the chat body, captures the
+engine's token ids and logprobs, and hands the reply (or each stream chunk, see
+:mod:`proxy.dialects.anthropic_stream`) back here to become what Anthropic would send.
+
+The translation mirrors vLLM's own ``/v1/messages`` (system blocks joined, one text
+block as a plain string, ``tool_result`` blocks as ``tool`` messages ahead of the
+user's text, ``tool_use`` input as ``json.dumps``) so the same request renders to the
+same prompt tokens through either door; the reference tests compare the two.
+
+What the engine cannot do is accepted and ignored, never a 400 (Claude Code sends
+all of it): ``cache_control`` and unknown fields on blocks, ``thinking``,
+``service_tier``, ``container``, ``mcp_servers``, ``context_management``, ``thinking``
+and ``redacted_thinking`` blocks in the history, server tools (a ``type`` other
+than ``custom``), the ``anthropic-version``/``anthropic-beta`` headers and ``?beta=true``.
+What would silently change the meaning is refused, naming the field: images and
+documents (the model takes text only), a ``tool_result`` whose ``tool_use`` is not in
+the previous assistant message, malformed tools.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from proxy.errors import ApiError, InvalidRequest
+
+ROLES = ("user", "assistant")
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
+# Claude Code prefixes its system prompt with a per-request attribution hash; kept, it would
+# change the prompt (and the message-prefix link key) every turn. vLLM drops it too.
+BILLING_HEADER = "x-anthropic-billing-header"
+IGNORED_BLOCKS = ("thinking", "redacted_thinking")
+REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload")
+ANTHROPIC_ERRORS = {  # our status -> (Anthropic's status, error type)
+    400: (400, "invalid_request_error"),
+    401: (401, "authentication_error"),
+    403: (403, "permission_error"),
+    404: (404, "not_found_error"),
+    409: (409, "conflict_error"),
+    413: (413, "request_too_large"),
+    429: (429, "rate_limit_error"),
+    502: (500, "api_error"),  # the engine failed: Anthropic has no 502
+    503: (529, "overloaded_error"),  # spool full or draining: retry later, as for 529
+    504: (504, "timeout_error"),
+}
+
+
+def _fail(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(f"{param}: {message}", param=param)
+
+
+# --------------------------------------------------------------------------- request
+
+
+def to_chat(body: dict[str, Any]) -> dict[str, Any]:
+    """The chat-completions body for a Messages request (``model`` still the client's alias)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _fail("model", "field required: a model name from GET /v1/models")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        raise _fail("max_tokens", "field required (the Messages API has no default output length)")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise _fail("max_tokens", "must be an integer of at least 1")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _fail("messages", "must be a non-empty list of {role, content} objects")
+    chat_messages = _system(body.get("system"))
+    previous_tool_ids: set[str] = set()
+    for i, message in enumerate(messages):
+        previous_tool_ids = _message(message, f"messages.{i}", previous_tool_ids, chat_messages)
+    out: dict[str, Any] = {"model": model, "messages": chat_messages, "max_tokens": max_tokens}
+    if "stream" in body:
+        if not isinstance(body["stream"], bool):
+            raise _fail("stream", "must be true or false")
+        out["stream"] = body["stream"]
+    for name, low, high in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+        value = body.get(name)
+        if value is not None:
+            if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
+                raise _fail(name, f"must be a number from {low:g} to {high:g}")
+            out[name] = value
+    top_k = body.get("top_k")
+    if top_k is not None:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise _fail("top_k", "must be an integer of at least 1")
+        out["top_k"] = top_k
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise _fail("stop_sequences", "must be a list of non-empty strings")
+        if stops:
+            out["stop"] = list(stops)
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _fail("metadata", "must be an object")
+    if metadata and metadata.get("user_id") is not None:
+        out["user"] = str(metadata["user_id"])  # the end user, recorded; the engine ignores it
+    tools = _tools(body.get("tools"))
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    if tools:
+        out["tools"] = tools
+        out["tool_choice"] = choice[0] if choice else "auto"
+        if choice and choice[1]:
+            out["parallel_tool_calls"] = False
+    return out
+
+
+def _text_of(blocks: Any, where: str) -> str:
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise _fail(where, "must be a string or a list of text blocks")
+    parts = []
+    for j, block in enumerate(blocks):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise _fail(f"{where}.{j}", "must be a text block {type: 'text', text: string}")
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def _system(system: Any) -> list[dict[str, Any]]:
+    if system is None or system == "":
+        return []
+    if isinstance(system, list):
+        system = [b for b in system if not (isinstance(b, dict) and str(b.get("text", "")).startswith(BILLING_HEADER))]
+    text = _text_of(system, "system")
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _message(message: Any, where: str, tool_ids: set[str], out: list[dict[str, Any]]) -> set[str]:
+    """Append one Messages turn as chat messages; return the tool_use ids it declared."""
+    if not isinstance(message, dict):
+        raise _fail(where, "must be an object {role, content}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise _fail(f"{where}.role", "must be 'user' or 'assistant'")
+    content = message.get("content")
+    if isinstance(content, str):
+        out.append({"role": role, "content": content})
+        return set()
+    if not isinstance(content, list):
+        raise _fail(f"{where}.content", "must be a string or a list of content blocks")
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    answered: set[str] = set()
+    for j, block in enumerate(content):
+        at = f"{where}.content.{j}"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            if not isinstance(block.get("text"), str):
+                raise _fail(f"{at}.text", "must be a string")
+            if block["text"]:
+                texts.append(block["text"])
+        elif kind == "tool_use":
+            if role != "assistant":
+                raise _fail(at, "tool_use blocks may only appear in assistant messages")
+            calls.append(_tool_use(block, at))
+        elif kind == "tool_result":
+            if role != "user":
+                raise _fail(at, "tool_result blocks may only appear in user messages")
+            use_id = block.get("tool_use_id")
+            if not isinstance(use_id, str) or use_id not in tool_ids:
+                raise _fail(
+                    f"{at}.tool_use_id",
+                    f"tool_result for {use_id!r} has no tool_use block with that id in the previous message",
+                )
+            answered.add(use_id)
+            out.append({"role": "tool", "tool_call_id": use_id, "content": _result_text(block.get("content"), at)})
+        elif kind in IGNORED_BLOCKS:
+            continue  # our model never writes these; an echoed history keeps them
+        elif kind in REFUSED_BLOCKS:
+            raise _fail(f"{at}.type", f"{kind} blocks are not supported: this model takes text only")
+        else:
+            raise _fail(f"{at}.type", f"unknown content block type {kind!r} (text, tool_use, tool_result)")
+    message_out: dict[str, Any] = {"role": role}
+    if texts:
+        message_out["content"] = texts[0] if len(texts) == 1 else [{"type": "text", "text": t} for t in texts]
+    if calls:
+        message_out["tool_calls"] = calls
+    if role == "assistant" or texts:  # a user turn of tool results only adds no user message
+        out.append(message_out)
+    return {c["id"] for c in calls}
+
+
+def _tool_use(block: dict[str, Any], at: str) -> dict[str, Any]:
+    if not isinstance(block.get("id"), str) or not block["id"]:
+        raise _fail(f"{at}.id", "tool_use blocks need a string id")
+    if not isinstance(block.get("name"), str) or not block["name"]:
+        raise _fail(f"{at}.name", "tool_use blocks need a tool name")
+    args = block.get("input", {})
+    if not isinstance(args, dict):
+        raise _fail(f"{at}.input", "must be an object")
+    return {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": json.dumps(args)}}
+
+
+def _result_text(content: Any, at: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _fail(f"{at}.content", "must be a string or a list of text blocks")
+    parts = []
+    for k, item in enumerate(content):
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind == "text" and isinstance(item.get("text"), str):
+            parts.append(item["text"])
+        elif kind in REFUSED_BLOCKS:
+            raise _fail(f"{at}.content.{k}.type", f"{kind} blocks are not supported: this model takes text only")
+        else:
+            raise _fail(f"{at}.content.{k}", "tool_result content blocks must be text blocks")
+    return "\n".join(parts)
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise _fail("tools", "must be a list of tool definitions")
+    out = []
+    for i, tool in enumerate(tools):
+        at = f"tools.{i}"
+        if not isinstance(tool, dict):
+            raise _fail(at, "must be an object {name, description, input_schema}")
+        if tool.get("type") not in (None, "custom"):
+            continue  # a server tool (web search, code execution): the engine cannot run it
+        name = tool.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.match(name):
+            raise _fail(f"{at}.name", "must match ^[a-zA-Z0-9_-]{1,128}$")
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict):
+            raise _fail(f"{at}.input_schema", "field required: a JSON Schema object")
+        if schema.get("type") != "object":
+            raise _fail(f"{at}.input_schema.type", "must be 'object'")
+        if "properties" in schema and not isinstance(schema["properties"], dict):
+            raise _fail(f"{at}.input_schema.properties", "must be an object")
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise _fail(f"{at}.description", "must be a string")
+        function: dict[str, Any] = {"name": name, "parameters": schema}
+        if description is not None:
+            function["description"] = description
+        if isinstance(tool.get("strict"), bool):
+            function["strict"] = tool["strict"]  # constrains the arguments to the schema (vLLM's guided decoding)
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[Any, bool] | None:
+    """(chat tool_choice, parallel calls disabled), or None for the default."""
+    if choice is None:
+        return None
+    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
+        raise _fail("tool_choice.type", "must be one of 'auto', 'any', 'tool', 'none'")
+    kind = choice["type"]
+    no_parallel = bool(choice.get("disable_parallel_tool_use"))
+    if kind in ("any", "tool") and not tools:
+        raise _fail("tool_choice", f"tool_choice {kind!r} needs a non-empty 'tools' list")
+    if kind == "tool":
+        name = choice.get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise _fail("tool_choice.name", f"names no tool in 'tools': {name!r}")
+        return {"type": "function", "function": {"name": name}}, no_parallel
+    return {"auto": "auto", "any": "required", "none": "none"}[kind], no_parallel
+
+
+# --------------------------------------------------------------------------- reply
+
+
+def stop_reason(finish: str | None, matched: Any, tool_calls: bool) -> tuple[str | None, str | None]:
+    """(stop_reason, stop_sequence) for a chat finish reason and vLLM's ``stop_reason``.
+
+    A forced tool call finishes with ``stop``; the tool calls decide. A matched stop
+    string is a ``str`` (an int is a stop token, i.e. a natural end).
+    """
+    if finish == "length":
+        return "max_tokens", None
+    if finish not in ("stop", "tool_calls"):
+        return None, None
+    if tool_calls or finish == "tool_calls":
+        return "tool_use", None
+    if isinstance(matched, str):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
+    """Anthropic usage from chat usage: input excludes cached reads, as Anthropic counts them."""
+    chat_usage = chat_usage or {}
+    prompt = int(chat_usage.get("prompt_tokens") or 0)
+    details = chat_usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    cached = cached if isinstance(cached, int) else 0
+    return {
+        "input_tokens": max(0, prompt - cached),
+        "output_tokens": int(chat_usage.get("completion_tokens") or 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "cache_creation": None,
+        "server_tool_use": None,
+        "service_tier": None,
+    }
+
+
+def tool_input(arguments: str | None) -> dict[str, Any]:
+    """A tool call's arguments as the ``input`` object (``{}`` when the model wrote no valid object)."""
+    try:
+        value = json.loads(arguments or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def message_shell(message_id: str, model: str) -> dict[str, Any]:
+    """A Message without content: the non-streamed reply's frame and ``message_start``'s body."""
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+        "usage": usage(None),
+    }
+
+
+def from_chat(reply: dict[str, Any], message_id: str, model: str) -> dict[str, Any]:
+    """The Message for a non-streamed chat reply (its first choice)."""
+    out = message_shell(message_id, model)
+    choices = reply.get("choices") or [{}]
+    choice = choices[0]
+    message = choice.get("message") or {}
+    content: list[dict[str, Any]] = []
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"], "citations": None})
+    calls = message.get("tool_calls") or []
+    for call in calls:
+        fn = call.get("function") or {}
+        block = {
+            "type": "tool_use",
+            "id": call.get("id"),
+            "name": fn.get("name"),
+            "input": tool_input(fn.get("arguments")),
+        }
+        content.append(block)
+    out["content"] = content or [{"type": "text", "text": "", "citations": None}]
+    out["stop_reason"], out["stop_sequence"] = stop_reason(
+        choice.get("finish_reason"), choice.get("stop_reason"), bool(calls)
+    )
+    out["usage"] = usage(reply.get("usage"))
+    return out
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def error_status(exc: ApiError) -> int:
+    """The HTTP status Anthropic uses for one of our errors."""
+    return ANTHROPIC_ERRORS.get(exc.status, (exc.status, "api_error"))[0]
+
+
+def error_body(exc: ApiError, request_id: str | None = None) -> dict[str, Any]:
+    """Anthropic's error envelope: ``{"type": "error", "error": {"type", "message"}, "request_id"}``."""
+    kind = ANTHROPIC_ERRORS.get(exc.status, (exc.status, "api_error"))[1]
+    return {"type": "error", "error": {"type": kind, "message": exc.message}, "request_id": request_id}
+
+
+def count_tokens_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The engine's ``/tokenize`` body for ``count_tokens``: the same rendering a call would get."""
+    chat = to_chat({**body, "max_tokens": 1, "stream": False})
+    out: dict[str, Any] = {"model": chat["model"], "messages": chat["messages"], "add_generation_prompt": True}
+    if chat.get("tools"):
+        out["tools"] = chat["tools"]
+    return out

@@ -1,0 +1,432 @@
+"""The Anthropic Messages translation, without HTTP: request → chat body, reply → Message, stream → events.
+
+Replies and streams are checked with the anthropic SDK's own types and its own stream
+accumulator, so "the SDK parses it" is tested, not assumed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import anthropic
+import orjson
+import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import Message, RawMessageStreamEvent
+from pydantic import TypeAdapter
+
+from proxy.dialects import anthropic as dialect
+from proxy.dialects.anthropic_stream import MessageStream
+from proxy.errors import InvalidRequest, Unavailable, UpstreamError
+
+CALC = {
+    "name": "calculator",
+    "description": "Evaluate arithmetic",
+    "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}}},
+}
+
+
+def body(**extra: Any) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}], **extra}
+
+
+def bad(request: dict[str, Any]) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as info:
+        dialect.to_chat(request)
+    return info.value
+
+
+# --------------------------------------------------------------------------- request
+
+
+def test_minimal_request_maps_to_chat() -> None:
+    assert dialect.to_chat(body()) == {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_system_string_and_blocks_and_claude_code_extras_are_accepted() -> None:
+    system = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=abc"},
+        {"type": "text", "text": "You are ", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": "helpful."},
+    ]
+    request = body(
+        system=system,
+        thinking={"type": "enabled", "budget_tokens": 2048},
+        service_tier="auto",
+        metadata={"user_id": "user_42"},
+        context_management={},
+        container=None,
+        mcp_servers=[],
+    )
+    request["messages"] = [
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "text",
+                    "text": "hi",
+                    "cache_control": {"type": "ephemeral"},
+                    "citations": None,
+                    "unknown_field": 1,
+                }
+            ],
+        }
+    ]
+    chat = dialect.to_chat(request)
+    assert chat["messages"] == [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "hi"}]
+    assert chat["user"] == "user_42"
+    assert set(chat) == {"model", "max_tokens", "messages", "user"}  # nothing vendor-specific reaches the engine
+    assert dialect.to_chat(body(system="Be brief."))["messages"][0] == {"role": "system", "content": "Be brief."}
+
+
+def test_tool_use_and_tool_result_round_trip_as_chat_tool_messages() -> None:
+    messages = [
+        {"role": "user", "content": "17*3?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me compute."},
+                {"type": "tool_use", "id": "toolu_1", "name": "calculator", "input": {"expression": "17*3"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_1",
+                    "content": [{"type": "text", "text": "51"}, {"type": "text", "text": "ok"}],
+                },
+                {"type": "text", "text": "So?"},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": [{"type": "thinking", "thinking": "...", "signature": "s"}, {"type": "text", "text": "51"}],
+        },
+    ]
+    chat = dialect.to_chat(body(messages=messages, tools=[CALC], tool_choice={"type": "auto"}))
+    assert chat["messages"] == [
+        {"role": "user", "content": "17*3?"},
+        {
+            "role": "assistant",
+            "content": "Let me compute.",
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "17*3"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "51\nok"},
+        {"role": "user", "content": "So?"},
+        {"role": "assistant", "content": "51"},
+    ]
+    assert chat["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "description": "Evaluate arithmetic",
+                "parameters": CALC["input_schema"],
+            },
+        }
+    ]
+    assert chat["tool_choice"] == "auto"
+
+
+def test_tool_result_only_turn_adds_no_user_message() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "a", "name": "calculator", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": "done"}]},
+    ]
+    chat = dialect.to_chat(body(messages=messages, tools=[CALC]))
+    assert [m["role"] for m in chat["messages"]] == ["user", "assistant", "tool"]
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected", "parallel"),
+    [
+        ({"type": "auto"}, "auto", None),
+        ({"type": "any"}, "required", None),
+        ({"type": "none"}, "none", None),
+        (
+            {"type": "tool", "name": "calculator", "disable_parallel_tool_use": True},
+            {"type": "function", "function": {"name": "calculator"}},
+            False,
+        ),
+    ],
+)
+def test_tool_choice(choice: dict[str, Any], expected: Any, parallel: bool | None) -> None:
+    chat = dialect.to_chat(body(tools=[{**CALC, "strict": True}], tool_choice=choice))
+    assert chat["tool_choice"] == expected
+    assert chat.get("parallel_tool_calls") == parallel
+    assert chat["tools"][0]["function"]["strict"] is True
+
+
+def test_sampling_and_stop_sequences() -> None:
+    chat = dialect.to_chat(body(temperature=0, top_p=0.9, top_k=5, stop_sequences=["END"], stream=True))
+    assert (chat["temperature"], chat["top_p"], chat["top_k"], chat["stop"], chat["stream"]) == (
+        0,
+        0.9,
+        5,
+        ["END"],
+        True,
+    )
+
+
+def test_server_tools_are_dropped_not_refused() -> None:
+    chat = dialect.to_chat(body(tools=[{"type": "web_search_20250305", "name": "web_search"}, CALC]))
+    assert [t["function"]["name"] for t in chat["tools"]] == ["calculator"]
+
+
+@pytest.mark.parametrize(
+    ("request_", "param"),
+    [
+        ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
+        (body(max_tokens=0), "max_tokens"),
+        (body(messages=[]), "messages"),
+        (body(messages=[{"role": "system", "content": "x"}]), "messages.0.role"),
+        (
+            body(
+                messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "1"}]}]
+            ),
+            "messages.0.content.0.tool_use_id",
+        ),
+        (
+            body(
+                messages=[
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "c", "input": {}}]},
+                    {"role": "user", "content": "b"},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]},
+                ]
+            ),
+            "messages.3.content.0.tool_use_id",
+        ),  # its tool_use must be in the previous message
+        (
+            body(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": ""}}]}]),
+            "messages.0.content.0.type",
+        ),
+        (body(tools=[{"name": "calc"}]), "tools.0.input_schema"),
+        (body(tools=[{"name": "calc", "input_schema": {"type": "string"}}]), "tools.0.input_schema.type"),
+        (body(tools=[{"name": "bad name!", "input_schema": {"type": "object"}}]), "tools.0.name"),
+        (body(tools=[CALC], tool_choice={"type": "tool", "name": "other"}), "tool_choice.name"),
+        (body(tool_choice={"type": "any"}), "tool_choice"),
+        (body(temperature="hot"), "temperature"),
+        (body(system=[{"type": "image"}]), "system.0"),
+    ],
+)
+def test_bad_input_names_the_field(request_: dict[str, Any], param: str) -> None:
+    exc = bad(request_)
+    assert exc.param == param and exc.message.startswith(param + ":"), exc.message
+    out = dialect.error_body(exc, "msg_1")
+    assert out["type"] == "error" and out["error"]["type"] == "invalid_request_error"
+    assert dialect.error_status(exc) == 400
+
+
+def test_error_envelope_uses_anthropic_statuses() -> None:
+    assert dialect.error_status(Unavailable("full")) == 529
+    assert dialect.error_body(Unavailable("full"))["error"]["type"] == "overloaded_error"
+    assert dialect.error_status(UpstreamError("x")) == 500
+    exc = bad(body(max_tokens=None))
+    anthropic_exc = anthropic.BadRequestError  # the SDK reads our envelope like its own
+    assert anthropic_exc.__name__ and dialect.error_body(exc)["error"]["message"].startswith("max_tokens")
+
+
+def test_count_tokens_body_renders_as_a_call_would() -> None:
+    request = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [CALC], "system": "s"}
+    out = dialect.count_tokens_body(request)
+    assert out["messages"] == [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}]
+    assert out["add_generation_prompt"] is True and out["tools"][0]["function"]["name"] == "calculator"
+
+
+# --------------------------------------------------------------------------- replies and streams
+
+
+def text_reply(text: str, finish: str = "stop", matched: Any = None) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": finish,
+                "stop_reason": matched,
+            }
+        ],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15},
+    }
+
+
+TOOL_ARGS = '{"expression": "17*3"}'
+
+
+def tool_reply() -> dict[str, Any]:
+    call = {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "calculator", "arguments": TOOL_ARGS}}
+    reply = text_reply("", finish="stop")  # a forced (named) call finishes with "stop"
+    reply["choices"][0]["message"] = {"role": "assistant", "content": "", "tool_calls": [call]}
+    return reply
+
+
+def chunks_for(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chunks vLLM streams for ``reply`` (content split in two, arguments in pieces, usage last)."""
+    choice = reply["choices"][0]
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "m"}
+    out = [
+        {
+            **head,
+            "prompt_token_ids": list(range(12)),
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        }
+    ]
+    text = choice["message"].get("content") or ""
+    for part in (text[: len(text) // 2], text[len(text) // 2 :]):
+        if part:
+            out.append({**head, "choices": [{"index": 0, "delta": {"content": part}, "token_ids": [1]}]})
+    for i, call in enumerate(choice["message"].get("tool_calls") or ()):
+        out.append(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "token_ids": [2],
+                        "delta": {
+                            "tool_calls": [
+                                {
+                                    "index": i,
+                                    "id": call["id"],
+                                    "type": "function",
+                                    "function": {"name": call["function"]["name"]},
+                                }
+                            ]
+                        },
+                    }
+                ],
+            }
+        )
+        args = call["function"]["arguments"]
+        for piece in (args[:5], args[5:]):
+            out.append(
+                {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "token_ids": [3],
+                            "delta": {"tool_calls": [{"index": i, "function": {"arguments": piece}}]},
+                        }
+                    ],
+                }
+            )
+    out.append(
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {},
+                    "finish_reason": choice["finish_reason"],
+                    "stop_reason": choice.get("stop_reason"),
+                }
+            ],
+        }
+    )
+    out.append({**head, "choices": [], "usage": reply["usage"]})
+    return out
+
+
+def parse_sse(raw: bytes) -> list[dict[str, Any]]:
+    events = []
+    for frame in raw.split(b"\n\n"):
+        if not frame.strip():
+            continue
+        name, data = frame.split(b"\n")
+        assert name.startswith(b"event: ") and data.startswith(b"data: ")
+        event = orjson.loads(data[6:])
+        assert event["type"] == name[7:].decode()
+        events.append(event)
+    return events
+
+
+def streamed(reply: dict[str, Any]) -> tuple[list[dict[str, Any]], Message]:
+    state = MessageStream("msg_1", "alias")
+    raw = b"".join(state.feed(c) for c in chunks_for(reply)) + state.end()
+    events = parse_sse(raw)
+    adapter: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
+    snapshot, bufs = None, {}  # type: ignore[var-annotated]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for event in events:
+            snapshot = accumulate_event(event=adapter.validate_python(event), current_snapshot=snapshot, json_bufs=bufs)
+    assert snapshot is not None
+    return events, Message.model_validate(snapshot.model_dump())
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason", "sequence"),
+    [
+        (text_reply("Hello there"), "end_turn", None),
+        (text_reply("Hello", "length"), "max_tokens", None),
+        (text_reply("Hi", "stop", "END"), "stop_sequence", "END"),
+        (text_reply("Hi", "stop", 2), "end_turn", None),
+        (tool_reply(), "tool_use", None),
+        (text_reply(""), "end_turn", None),
+    ],
+)
+def test_reply_and_stream_agree_and_parse_in_the_sdk(reply: dict[str, Any], reason: str, sequence: str | None) -> None:
+    message = dialect.from_chat(reply, "msg_1", "alias")
+    typed = Message.model_validate(message)
+    assert (typed.stop_reason, typed.stop_sequence) == (reason, sequence)
+    assert (typed.usage.input_tokens, typed.usage.output_tokens) == (12, 3)
+    assert set(message) >= {"id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"}
+    events, assembled = streamed(reply)
+    assert assembled.model_dump() == typed.model_dump()
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
+    assert events[0]["message"]["usage"]["input_tokens"] == 12  # known at the first chunk from the prompt ids
+
+
+def test_tool_stream_events_in_order() -> None:
+    events, assembled = streamed(tool_reply())
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert events[1]["content_block"] == {
+        "type": "tool_use",
+        "id": "chatcmpl-tool-1",
+        "name": "calculator",
+        "input": {},
+    }
+    assert "".join(e["delta"]["partial_json"] for e in events[2:4]) == TOOL_ARGS
+    assert assembled.content[0].input == {"expression": "17*3"}  # type: ignore[union-attr]
+
+
+def test_each_chunk_is_translated_as_it_arrives() -> None:
+    state = MessageStream("msg_1", "alias")
+    chunks = chunks_for(text_reply("Hello there"))
+    assert [e["type"] for e in parse_sse(state.feed(chunks[0]))] == ["message_start"]
+    assert [e["type"] for e in parse_sse(state.feed(chunks[1]))] == ["content_block_start", "content_block_delta"]
+    assert [e["type"] for e in parse_sse(state.feed(chunks[2]))] == ["content_block_delta"]
+    assert state.feed(chunks[3]) == b""  # the finish chunk: stop reason waits for usage
+    assert [e["type"] for e in parse_sse(state.feed(chunks[4]))] == ["content_block_stop", "message_delta"]
+    assert [e["type"] for e in parse_sse(state.end())] == ["message_stop"]
+    assert parse_sse(state.ping()) == [{"type": "ping"}]
+
+
+def test_stream_cut_short_still_closes_with_counted_tokens() -> None:
+    state = MessageStream("msg_1", "alias")
+    raw = b"".join(state.feed(c) for c in chunks_for(text_reply("Hello there"))[:3]) + state.end()
+    events = parse_sse(raw)
+    assert [e["type"] for e in events][-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    assert events[-2]["usage"]["output_tokens"] == 2  # token ids seen so far

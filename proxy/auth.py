@@ -3,7 +3,8 @@
 Keys are looked up by their sha256 and compared in constant time. A key seen
 valid keeps working while the database is down (the LiteLLM failure where valid
 keys got 401 during an outage); an unseen key during an outage gets 503, never a
-false 401.
+false 401. A key comes as ``Authorization: Bearer <key>`` (OpenAI clients) or as
+``x-api-key: <key>`` (Anthropic clients); Bearer wins when both are sent.
 """
 
 from __future__ import annotations
@@ -33,14 +34,19 @@ class Auth:
         self.ttl_s = ttl_s
         self._cache: dict[str, tuple[Principal | None, float]] = {}
 
-    async def authenticate(self, authorization: str | None) -> Principal:
+    async def authenticate(self, authorization: str | None, api_key: str | None = None) -> Principal:
+        """The caller of a key sent as ``Authorization: Bearer`` or ``x-api-key``."""
         if not self.enabled:
             return Principal(self.default_project, "admin", None)
-        if not authorization or not authorization.lower().startswith("bearer "):
+        if authorization and authorization.lower().startswith("bearer "):
+            secret = authorization[7:].strip()
+        elif api_key and api_key.strip():
+            secret = api_key.strip()
+        else:
             raise Unauthorized(
-                "missing API key: send 'Authorization: Bearer <key>' (create one with `onthejob keys create`)"
+                "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                " (create one with `onthejob keys create`)"
             )
-        secret = authorization[7:].strip()
         digest = hash_key(secret)
         cached = self._cache.get(digest)
         now = time.monotonic()

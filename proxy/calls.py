@@ -320,7 +320,7 @@ async def handle(request: Request, endpoint: str, path_session: str | None = Non
     # One pass over the raw headers (first occurrence wins, as in Starlette): Headers.get scans
     # the list and raises KeyError for each absent one, and naming() asks for four, mostly absent.
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(request.scope["headers"])}
-    principal = await st.auth.authenticate(headers.get("authorization"))
+    principal = await st.auth.authenticate(headers.get("authorization"), headers.get("x-api-key"))
     st.ratelimiter.check(principal.key_id)
     body = parse_json(await read_body(request.receive, headers.get("content-length"), st.settings.max_body_bytes))
     validate(body, endpoint)

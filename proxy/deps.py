@@ -34,7 +34,7 @@ def app_state(request: Request) -> AppState:
 
 async def current_principal(request: Request) -> Principal:
     st = app_state(request)
-    principal = await st.auth.authenticate(request.headers.get("authorization"))
+    principal = await st.auth.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
     st.ratelimiter.check(principal.key_id)
     return principal
 

@@ -77,6 +77,14 @@ def test_roles_keys_at_rest_and_rate_limits(secured: tuple[Proxy, str, str]) -> 
     assert httpx.get(f"{proxy.v1}/models", timeout=5).status_code == 401
     bad = httpx.get(f"{proxy.v1}/models", headers={"authorization": "Bearer otj-wrong"}, timeout=5)
     assert bad.status_code == 401 and bad.json()["error"]["type"] == "authentication_error"
+    # Anthropic clients send the key as x-api-key: the same key, the same checks, on routes and calls alike.
+    assert httpx.get(f"{proxy.v1}/models", headers={"x-api-key": harness}, timeout=5).status_code == 200
+    assert httpx.get(f"{proxy.v1}/models", headers={"x-api-key": "otj-wrong"}, timeout=5).status_code == 401
+    chat = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]}
+    assert (
+        httpx.post(f"{proxy.v1}/chat/completions", json=chat, headers={"x-api-key": harness}, timeout=10).status_code
+        == 200
+    )
     forbidden = httpx.get(f"{proxy.v1}/admin/keys", headers=as_harness, timeout=5)
     assert forbidden.status_code == 403 and "admin" in forbidden.json()["error"]["message"]
     listed = httpx.get(f"{proxy.v1}/admin/keys", headers={"authorization": f"Bearer {admin}"}, timeout=5).json()

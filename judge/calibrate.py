@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from storage.judge_config import JUDGE_UNCALIBRATED
+from storage.judge_config import Verdict, verdict
 
 
 def average_ranks(values: Sequence[float]) -> list[float]:
@@ -96,21 +96,8 @@ def agreement(scores: Sequence[float | None], labels: Sequence[float], threshold
     )
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """Whether a judge's grades may count, and why not."""
-
-    accepted: bool
-    reason: str | None  # JUDGE_UNCALIBRATED when refused
-    detail: str
-
-
 def gate(result: Agreement | None, min_agreement: float, min_labelled: int) -> Verdict:
-    """Grades count only with enough labelled pairs and ρ ≥ ``min_agreement``."""
+    """Grades count only with enough labelled pairs and ρ ≥ ``min_agreement`` (:func:`storage.judge_config.verdict`)."""
     if result is None:
-        return Verdict(False, JUDGE_UNCALIBRATED, "never calibrated: run `onthejob judge --calibrate`")
-    if result.n < min_labelled:
-        return Verdict(False, JUDGE_UNCALIBRATED, f"{result.n} labelled pairs scored, {min_labelled} needed")
-    if not result.spearman >= min_agreement:
-        return Verdict(False, JUDGE_UNCALIBRATED, f"rank agreement {result.spearman:.2f} < {min_agreement:.2f}")
-    return Verdict(True, None, f"rank agreement {result.spearman:.2f} ≥ {min_agreement:.2f} on {result.n}")
+        return verdict(None, None, min_agreement, min_labelled)
+    return verdict(result.n, result.spearman, min_agreement, min_labelled)

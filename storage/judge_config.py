@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -82,3 +83,23 @@ def parse_judge_settings(raw: Mapping[str, Any] | None) -> JudgeSettings | None:
         err = exc.errors()[0]
         param = "judge." + ".".join(str(p) for p in err["loc"]) if err["loc"] else "judge"
         raise JudgeSettingsError(f"{param}: {str(err['msg']).removeprefix('Value error, ')}", param) from None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a judge's grades may count, and why not (the gate both the judge and the reward rule apply)."""
+
+    accepted: bool
+    reason: str | None  # JUDGE_UNCALIBRATED when refused
+    detail: str
+
+
+def verdict(n: int | None, spearman: float | None, min_agreement: float, min_labelled: int) -> Verdict:
+    """Grades count only with at least ``min_labelled`` scored pairs and rank agreement ρ ≥ ``min_agreement``."""
+    if n is None or spearman is None:
+        return Verdict(False, JUDGE_UNCALIBRATED, "never calibrated: run `onthejob judge --calibrate`")
+    if n < min_labelled:
+        return Verdict(False, JUDGE_UNCALIBRATED, f"{n} labelled pairs scored, {min_labelled} needed")
+    if not spearman >= min_agreement:
+        return Verdict(False, JUDGE_UNCALIBRATED, f"rank agreement {spearman:.2f} < {min_agreement:.2f}")
+    return Verdict(True, None, f"rank agreement {spearman:.2f} >= {min_agreement:.2f} on {n} labelled sessions")

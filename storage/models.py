@@ -243,3 +243,22 @@ class UsedTrajectory(Base):
     alias: Mapped[str] = mapped_column(String(200))
     trajectory_id: Mapped[str] = mapped_column(String(300))
     step_id: Mapped[int] = mapped_column(ForeignKey("training_steps.id"))
+
+
+class JudgeCalibration(Base):
+    """How one judge configuration agreed with a project's existing grades; the newest per fingerprint counts."""
+
+    __tablename__ = "judge_calibrations"
+    __table_args__ = (Index("ix_judge_calibrations_lookup", "project_id", "fingerprint", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    fingerprint: Mapped[str] = mapped_column(String(64))  # JudgeSettings.fingerprint(): what changes a score
+    config: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the settings it was measured under
+    n: Mapped[int]  # labelled pairs with a readable judge score
+    unreadable: Mapped[int] = mapped_column(default=0)
+    spearman: Mapped[float] = mapped_column(Float)
+    accuracy: Mapped[float] = mapped_column(Float)
+    threshold: Mapped[float] = mapped_column(Float)
+    baseline: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the keyword scorer on the same set
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,302 @@
+"""The OpenAI Responses API (``POST /v1/responses``) as a dialect of chat completions.
+
+A Responses request becomes one engine chat call: ``instructions`` the system message,
+``input`` (a string, or items: messages with text parts, ``function_call``,
+``function_call_output``) the rest of the messages, function tools and ``tool_choice``
+their chat forms, ``max_output_tokens`` ``max_tokens``, ``text.format`` a
+``response_format``. ``previous_response_id`` prepends the stored conversation: the
+previous call's engine-facing messages (its system message dropped: instructions do not
+carry over, as in OpenAI's API and vLLM's) and its output items, converted exactly as if
+the client had resent them, so both ways of continuing give the same chat messages, the
+same link keys and one trajectory.
+
+What would change the answer and cannot be honoured (hosted tools, images, files,
+``background``, ``conversation``, stored prompts, item references) is a 400 naming the
+field; the rest of what SDKs send (``store``, ``include``, ``reasoning``, ``truncation``,
+``prompt_cache_key``, ``service_tier``, ``user``, ...) is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored
+from proxy.dialects.responses_out import envelope, finish, logprobs_out, output_items
+from proxy.dialects.responses_stream import ResponsesStream
+from proxy.errors import ApiError, InvalidRequest
+
+# Sampling fields with the same name and meaning in both APIs (vLLM's extras included).
+PASSTHROUGH = ("temperature", "top_p", "parallel_tool_calls", "top_k", "min_p", "seed", "stop",
+               "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")  # fmt: skip
+# Accepted, answer-changing, and impossible here: refused with the field named.
+REFUSED = {
+    "background": "background responses are not supported; send the request and wait for it (or stream)",
+    "conversation": "the Conversations API is not supported; continue with previous_response_id or resend the input",
+    "prompt": "stored prompt templates are not supported; send instructions and input",
+}
+TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+class ResponsesDialect(Dialect):
+    name = "responses"
+    paths: ClassVar[tuple[str, ...]] = ("/v1/responses",)
+    id_prefix = "resp_"
+
+    def previous_id(self, body: dict[str, Any]) -> str | None:
+        value = body.get("previous_response_id")
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value or len(value) > 200 or "\x00" in value:
+            raise InvalidRequest("'previous_response_id' must be a response id", param="previous_response_id")
+        return value
+
+    def to_chat(self, body: dict[str, Any], previous: Stored | None) -> dict[str, Any]:
+        """The engine-facing chat body for a Responses request (see the module docstring)."""
+        for field, why in REFUSED.items():
+            if body.get(field) not in (None, False):
+                raise InvalidRequest(f"'{field}': {why}", param=field, code="unsupported_parameter")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise InvalidRequest("'model' is required: an alias from GET /v1/models", param="model")
+        messages: list[dict[str, Any]] = []
+        instructions = body.get("instructions")
+        if instructions is not None:
+            if not isinstance(instructions, str):
+                raise InvalidRequest("'instructions' must be a string", param="instructions")
+            messages.append({"role": "system", "content": instructions})
+        if previous is not None:
+            messages.extend(history(previous))
+        messages.extend(input_messages(body.get("input")))
+        chat: dict[str, Any] = {"model": model, "messages": messages}
+        for key in PASSTHROUGH:
+            if body.get(key) is not None:
+                chat[key] = body[key]
+        if body.get("max_output_tokens") is not None:
+            limit = body["max_output_tokens"]
+            if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+                raise InvalidRequest("'max_output_tokens' must be a positive integer", param="max_output_tokens")
+            chat["max_tokens"] = limit
+        tools = chat_tools(body.get("tools"))
+        if tools:
+            chat["tools"] = tools
+        if body.get("tool_choice") is not None:
+            chat["tool_choice"] = tool_choice(body["tool_choice"], tools)
+        response_format = text_format(body.get("text"))
+        if response_format is not None:
+            chat["response_format"] = response_format
+        if wants_logprobs(body):
+            chat["top_logprobs"] = int(body.get("top_logprobs") or 0)
+        chat["stream"] = self.stream_requested(body)
+        return chat
+
+    def reply(self, chat: dict[str, Any], ex: Exchange) -> dict[str, Any]:
+        choice = (chat.get("choices") or [{}])[0]
+        finish_reason = choice.get("finish_reason")
+        top = int(ex.request.get("top_logprobs") or 0)
+        logprobs = logprobs_out(choice.get("logprobs"), top) if wants_logprobs(ex.request) else None
+        response = envelope(ex, "completed", output_items(choice.get("message") or {}, finish_reason, logprobs))
+        finish(response, "length" if finish_reason == "length" else "stop", chat.get("usage"), None)
+        return response
+
+    def stream(self, ex: Exchange) -> DialectStream:
+        return ResponsesStream(ex, wants_logprobs(ex.request))
+
+    def error(self, exc: ApiError) -> tuple[int, dict[str, Any]]:
+        """The Responses API answers errors in OpenAI's envelope, as every other route here does."""
+        return exc.status, exc.body()
+
+
+def wants_logprobs(body: dict[str, Any]) -> bool:
+    include = body.get("include")
+    return isinstance(include, list) and LOGPROBS_INCLUDE in include
+
+
+def history(previous: Stored) -> list[dict[str, Any]]:
+    """The messages a ``previous_response_id`` stands for: its chat messages (no system) and its output."""
+    if previous.client_request is not None and previous.client_request.get("store") is False:
+        raise InvalidRequest(
+            f"response {previous.id!r} was created with store: false; resend the whole input instead",
+            param="previous_response_id",
+        )
+    if previous.status_code != 200 or previous.client_response is None:
+        raise InvalidRequest(
+            f"response {previous.id!r} did not complete (status {previous.status_code}); it cannot be continued",
+            param="previous_response_id",
+        )
+    earlier = [m for m in previous.request.get("messages") or () if m.get("role") != "system"]
+    return earlier + input_messages(previous.client_response.get("output") or [], field="previous_response_id")
+
+
+def input_messages(value: Any, field: str = "input") -> list[dict[str, Any]]:
+    """``input`` (a string or a list of items) as chat messages; adjacent assistant items merge into one."""
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise InvalidRequest(f"'{field}' must be a non-empty string or a non-empty list of items", param=field)
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        where = f"{field}[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"'{where}' must be an object (an input item)", param=where)
+        kind = item.get("type", "message" if "role" in item else None)
+        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+        if kind == "message":
+            message = _message(item, where)
+            if message is None:
+                continue
+            if last is not None and message["role"] == "assistant" and last.get("content") is None:
+                last["content"] = message["content"]  # text after reasoning (or calls) of one turn
+                continue
+            messages.append(message)
+        elif kind == "function_call":
+            call = _function_call(item, where)
+            if last is not None:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str) or not call_id:
+                raise InvalidRequest(
+                    f"'{where}.call_id' must name the function_call it answers", param=f"{where}.call_id"
+                )
+            messages.append(
+                {"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), f"{where}.output")}
+            )
+        elif kind == "reasoning":
+            if item.get("encrypted_content"):
+                raise InvalidRequest(
+                    f"'{where}.encrypted_content': encrypted reasoning is not supported",
+                    param=f"{where}.encrypted_content",
+                )
+            text = "".join(_part_text(p) for p in (item.get("content") or item.get("summary") or ()))
+            if last is not None and last.get("reasoning") is None:
+                last["reasoning"] = text
+            else:
+                messages.append({"role": "assistant", "content": None, "reasoning": text})
+        else:
+            raise InvalidRequest(
+                f"'{where}.type': unsupported input item type {kind!r}; this proxy takes message, function_call, "
+                "function_call_output and reasoning items",
+                param=f"{where}.type",
+            )  # fmt: skip
+    return messages
+
+
+def _message(item: dict[str, Any], where: str) -> dict[str, Any] | None:
+    role = item.get("role")
+    if role not in ("user", "assistant", "system", "developer"):
+        raise InvalidRequest(f"'{where}.role' must be user, assistant, system or developer", param=f"{where}.role")
+    content = item.get("content")
+    if content is None:
+        raise InvalidRequest(f"'{where}.content' is required", param=f"{where}.content")
+    return {"role": role, "content": _text(content, f"{where}.content")}
+
+
+def _text(content: Any, where: str) -> str:
+    """Text content (a string or a list of text parts) as one string; other parts are refused."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"'{where}' must be a string or a list of content parts", param=where)
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS:
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise InvalidRequest(
+                f"'{where}[{j}]': content part {kind!r} is not supported (the model takes text only)",
+                param=f"{where}[{j}]",
+            )
+        texts.append(_part_text(part))
+    return "".join(texts)
+
+
+def _part_text(part: Any) -> str:
+    if not isinstance(part, dict):
+        return ""
+    text = part.get("text", part.get("refusal", ""))
+    return text if isinstance(text, str) else ""
+
+
+def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str):
+            raise InvalidRequest(f"'{where}.{key}' must be a string", param=f"{where}.{key}")
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"]},
+    }
+
+
+def chat_tools(tools: Any) -> list[dict[str, Any]]:
+    """Responses function tools (flat) → chat tools (nested under ``function``); others refused."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise InvalidRequest("'tools' must be a list of function tools", param="tools")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise InvalidRequest(f"'{where}' must be an object", param=where)
+        if tool.get("type") != "function":
+            raise InvalidRequest(
+                f"'{where}.type': only function tools are supported here, not {tool.get('type')!r}",
+                param=f"{where}.type",
+            )
+        name = tool.get("name")
+        if not isinstance(name, str) or not name or len(name) > 64:
+            raise InvalidRequest(
+                f"'{where}.name' must be a non-empty string (at most 64 characters)", param=f"{where}.name"
+            )
+        params = tool.get("parameters")
+        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+            raise InvalidRequest(
+                f"'{where}.parameters' must be a JSON schema of type object", param=f"{where}.parameters"
+            )
+        function: dict[str, Any] = {"name": name, "parameters": params or {"type": "object", "properties": {}}}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        if tool.get("strict") is not None:
+            function["strict"] = bool(tool["strict"])
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
+    """``auto``/``none``/``required`` as they are; a named function in chat's nested form."""
+    if choice in ("auto", "none", "required"):
+        if choice == "required" and not tools:
+            raise InvalidRequest("'tool_choice' is 'required' but no tools were given", param="tool_choice")
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if name not in {t["function"]["name"] for t in tools}:
+            raise InvalidRequest(f"'tool_choice.name' {name!r} is not one of the tools given", param="tool_choice.name")
+        return {"type": "function", "function": {"name": name}}
+    raise InvalidRequest(
+        '\'tool_choice\' must be auto, none, required or {"type": "function", "name": ...}', param="tool_choice"
+    )
+
+
+def text_format(text: Any) -> dict[str, Any] | None:
+    """``text.format`` → chat ``response_format`` (JSON schema or JSON object; plain text is the default)."""
+    if text is None:
+        return None
+    fmt = text.get("format") if isinstance(text, dict) else None
+    if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return None
+    if not isinstance(fmt, dict):
+        raise InvalidRequest("'text.format' must be an object", param="text.format")
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise InvalidRequest("'text.format.schema' must be a JSON schema object", param="text.format.schema")
+        schema = {"name": fmt.get("name") or "response", "schema": fmt["schema"]}
+        if fmt.get("strict") is not None:
+            schema["strict"] = bool(fmt["strict"])
+        return {"type": "json_schema", "json_schema": schema}
+    raise InvalidRequest(f"'text.format.type' {fmt.get('type')!r} is not supported", param="text.format.type")

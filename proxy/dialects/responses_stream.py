@@ -1,0 +1,171 @@
+"""A Responses stream, translated event by event from the engine's chat chunks.
+
+The state machine has at most one open output item (reasoning, a message, or one
+function call). A chunk whose delta belongs to another item closes the open one (its
+``.done`` events and ``response.output_item.done``) and opens the next
+(``response.output_item.added``, and ``response.content_part.added`` for a message).
+The engine's finish reason closes the last item at once; the terminal event
+(``response.completed``, ``response.incomplete`` or ``response.failed``, carrying the
+whole response with usage) waits for :meth:`ResponsesStream.close`, which the serving
+path calls after the record is on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.dialects.base import DialectStream, Exchange, StreamEnd, sse
+from proxy.dialects.responses_out import (
+    envelope,
+    finish,
+    function_call_item,
+    item_id,
+    logprobs_out,
+    message_item,
+    reasoning_item,
+    text_part,
+)
+
+TERMINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
+
+
+@dataclass
+class _Item:
+    kind: str  # message | function_call | reasoning
+    id: str
+    index: int  # output_index
+    tool_index: int | None = None
+    call_id: str = ""
+    name: str = ""
+    text: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ResponsesStream(DialectStream):
+    """One call's Responses events; ``feed`` never waits and never holds an event back."""
+
+    def __init__(self, ex: Exchange, logprobs: bool) -> None:
+        self.ex = ex
+        self.logprobs = logprobs
+        self.top = int(ex.request.get("top_logprobs") or 0)
+        self.seq = 0
+        self.items: list[dict[str, Any]] = []
+        self.current: _Item | None = None
+        self.finish_reason: str | None = None
+        self._result: dict[str, Any] | None = None
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        return self._result
+
+    def _event(self, kind: str, **data: Any) -> bytes:
+        data["type"] = kind
+        data["sequence_number"] = self.seq
+        self.seq += 1
+        return sse(kind, data)
+
+    def open(self) -> bytes:
+        start = envelope(self.ex, "in_progress", [])
+        return self._event("response.created", response=start) + self._event("response.in_progress", response=start)
+
+    def feed(self, chunk: dict[str, Any]) -> bytes:
+        out: list[bytes] = []
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue  # Responses has no n > 1
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+            if reasoning:
+                out += self._switch("reasoning")
+                out.append(self._text_delta("response.reasoning_text.delta", reasoning))
+            if delta.get("content"):
+                out += self._switch("message")
+                lps = logprobs_out(choice.get("logprobs"), self.top) if self.logprobs else []
+                assert self.current is not None
+                self.current.logprobs += lps
+                out.append(self._text_delta("response.output_text.delta", delta["content"], logprobs=lps))
+            for call in delta.get("tool_calls") or ():
+                out += self._call_delta(call)
+            if choice.get("finish_reason") is not None:
+                self.finish_reason = choice["finish_reason"]
+                out += self._close_item("incomplete" if self.finish_reason == "length" else "completed")
+        return b"".join(out)
+
+    def close(self, end: StreamEnd) -> bytes:
+        out = self._close_item("incomplete")  # still open: the stream broke off
+        response = envelope(self.ex, "in_progress", self.items)
+        finish(response, end.termination, end.usage, end.error)
+        self._result = response
+        out.append(self._event(TERMINAL_EVENT[response["status"]], response=response))
+        return b"".join(out)
+
+    # ------------------------------------------------------------------ items
+
+    def _switch(self, kind: str, tool_index: int | None = None) -> list[bytes]:
+        """Close the open item unless it is the one this delta belongs to, and open that one."""
+        cur = self.current
+        if cur is not None and cur.kind == kind and cur.tool_index == tool_index:
+            return []
+        out = self._close_item("completed")
+        prefix = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}[kind]
+        cur = self.current = _Item(kind, item_id(prefix), len(self.items), tool_index)
+        if kind == "message":
+            out.append(self._event("response.output_item.added", output_index=cur.index,
+                                   item=message_item(cur.id, "in_progress", [])))  # fmt: skip
+            out.append(self._event("response.content_part.added", output_index=cur.index, item_id=cur.id,
+                                   content_index=0, part=text_part("")))  # fmt: skip
+        elif kind == "reasoning":
+            out.append(self._event("response.output_item.added", output_index=cur.index,
+                                   item=reasoning_item(cur.id, "in_progress", "")))  # fmt: skip
+        return out
+
+    def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
+        fn = call.get("function") or {}
+        index = call.get("index", 0)
+        cur = self.current
+        out: list[bytes] = []
+        if cur is None or cur.kind != "function_call" or cur.tool_index != index:
+            out += self._switch("function_call", index)
+            cur = self.current
+            assert cur is not None
+            cur.call_id = call.get("id") or item_id("call_")
+            cur.name = fn.get("name") or ""
+            item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, "")
+            out.append(self._event("response.output_item.added", output_index=cur.index, item=item))
+        if fn.get("arguments"):
+            cur.text.append(fn["arguments"])
+            out.append(self._event("response.function_call_arguments.delta", output_index=cur.index,
+                                   item_id=cur.id, delta=fn["arguments"]))  # fmt: skip
+        return out
+
+    def _text_delta(self, kind: str, text: str, **extra: Any) -> bytes:
+        cur = self.current
+        assert cur is not None
+        cur.text.append(text)
+        return self._event(kind, output_index=cur.index, item_id=cur.id, content_index=0, delta=text, **extra)
+
+    def _close_item(self, status: str) -> list[bytes]:
+        cur, self.current = self.current, None
+        if cur is None:
+            return []
+        text = "".join(cur.text)
+        out: list[bytes] = []
+        if cur.kind == "message":
+            part = text_part(text, cur.logprobs)
+            out.append(self._event("response.output_text.done", output_index=cur.index, item_id=cur.id,
+                                   content_index=0, text=text, logprobs=cur.logprobs))  # fmt: skip
+            out.append(self._event("response.content_part.done", output_index=cur.index, item_id=cur.id,
+                                   content_index=0, part=part))  # fmt: skip
+            item = message_item(cur.id, status, [part])
+        elif cur.kind == "reasoning":
+            out.append(self._event("response.reasoning_text.done", output_index=cur.index, item_id=cur.id,
+                                   content_index=0, text=text))  # fmt: skip
+            item = reasoning_item(cur.id, status, text)
+        else:
+            out.append(self._event("response.function_call_arguments.done", output_index=cur.index,
+                                   item_id=cur.id, name=cur.name, arguments=text))  # fmt: skip
+            item = function_call_item(cur.id, status, cur.call_id, cur.name, text)
+        self.items.append(item)
+        out.append(self._event("response.output_item.done", output_index=cur.index, item=item))
+        return out

@@ -17,7 +17,7 @@ MASK = "[redacted]"
 # Structural strings that carry no user text; kept so records stay readable.
 KEEP_KEYS = frozenset({"role", "model", "id", "object", "finish_reason", "type", "system_fingerprint",
                        "tool_choice", "service_tier", "tool_call_id", "stop_reason"})  # fmt: skip
-TEXT_FIELDS = ("request", "response", "choices", "error")
+TEXT_FIELDS = ("request", "response", "choices", "error", "client_request", "client_response")
 
 
 @dataclass(frozen=True)

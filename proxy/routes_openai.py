@@ -138,6 +138,7 @@ def completion_view(row: Completion) -> dict[str, Any]:
         "adapter": row.served_model,
         "adapter_version": row.adapter_version,
         "endpoint": row.endpoint,
+        "dialect": row.dialect,
         "prompt_token_ids": row.prompt_token_ids,
         "completion_token_ids": [c.get("token_ids") for c in row.choices],
         "logprobs": [c.get("logprobs") for c in row.choices],
@@ -151,6 +152,9 @@ def completion_view(row: Completion) -> dict[str, Any]:
         "timings": {"latency_ms": row.latency_ms, "ttft_ms": row.ttft_ms},
         "request": row.request,
     }
+    if row.client_request is not None or row.client_response is not None:
+        base["onthejob"]["client_request"] = row.client_request  # what a dialect's client sent and got
+        base["onthejob"]["client_response"] = row.client_response
     return base
 
 
@@ -174,6 +178,9 @@ async def list_completions(
     session_id: QueryId = None,
     alias: QueryId = None,
     task_id: QueryId = None,
+    dialect: Annotated[
+        str | None, Query(max_length=16, pattern=NO_NUL, description="the API the client spoke: chat, responses, ...")
+    ] = None,
     after: Annotated[
         str | None, Query(max_length=200, pattern=NO_NUL, description="the previous page's last_id")
     ] = None,
@@ -181,7 +188,7 @@ async def list_completions(
     until: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> dict[str, Any]:
-    """Stored completions, oldest first, filtered by session, alias, task and time; paginated by cursor."""
+    """Stored completions, oldest first, filtered by session, alias, task, dialect and time; paginated by cursor."""
     query = select(Completion).where(Completion.project_id == principal.project_id)
     if session_id:
         query = query.where(Completion.session_id == session_id)
@@ -189,6 +196,8 @@ async def list_completions(
         query = query.where(Completion.alias == alias)
     if task_id:
         query = query.where(Completion.task_id == task_id)
+    if dialect:
+        query = query.where(Completion.dialect == dialect)
     if since:
         query = query.where(Completion.created_at >= since)
     if until:

@@ -118,7 +118,14 @@ class Completion(Base):
     task_id: Mapped[str | None] = mapped_column(String(200), default=None)
     client_request_id: Mapped[str | None] = mapped_column(String(200), default=None)
     upstream_id: Mapped[str | None] = mapped_column(String(200), default=None)  # informational only
-    endpoint: Mapped[str] = mapped_column(String(32))  # "chat" | "completions"
+    endpoint: Mapped[str] = mapped_column(String(32))  # "chat" | "completions": the engine route called
+    # The API the client spoke: "chat" and "completions" natively, or a dialect ("responses", ...)
+    # translated at the edge. For a dialect, request/response/choices are the engine-facing chat call
+    # (what linking, trajectories and exports read) and client_request/client_response what the
+    # harness sent and received; for the native APIs those two are NULL (request/response are the client's).
+    dialect: Mapped[str] = mapped_column(String(16), default="chat", server_default="chat")
+    client_request: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+    client_response: Mapped[dict[str, Any] | None] = mapped_column(default=None)
     alias: Mapped[str] = mapped_column(String(200))
     served_model: Mapped[str] = mapped_column(String(200))  # e.g. "support@v3" or the base name
     adapter_version: Mapped[int | None] = mapped_column(default=None)

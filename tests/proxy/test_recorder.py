@@ -46,7 +46,9 @@ def record(i: int, *, session: str | None = None, **over: Any) -> dict[str, Any]
         "sampling": {"temperature": 0.7, "top_p": 1.0, "n": 1}, "usage": None if i % 2 else {"total_tokens": 5},
         "status_code": 200, "termination": "stop", "error": None if i % 2 else "partial: ¿?", "stream": bool(i % 2),
         "link_key": "ab" * 32, "parent_id": None, "created_at": datetime(2026, 11, 30, 12, 0, i, 1234, UTC).isoformat(),
-        "latency_ms": 12.5 + i, "ttft_ms": None if i % 2 else 3.25,
+        "latency_ms": 12.5 + i, "ttft_ms": None if i % 2 else 3.25, "dialect": "responses" if i % 2 else "chat",
+        "client_request": {"input": f"héllo {i}"} if i % 2 else None,
+        "client_response": {"output": [{"type": "message"}]} if i % 2 else None,
     }  # fmt: skip
     completion.update(over)
     session_row = {"project_id": "p", "id": sid, "task_id": completion["task_id"], "source": "header", "tags": ["a"]}

@@ -1,0 +1,106 @@
+"""Forward/backward passes for text-feedback examples: SDPO (teacher without gradient) and corrections.
+
+Called inside a training step next to the scored (TIS) part: it accumulates
+gradients as *sums* over tokens, and the step divides by the count of every
+trained token (TIS, SDPO and correction together) before the optimiser step,
+as :mod:`trainer.loop` does for TIS alone. The weights of the parts are flags
+with defaults (``sdpo_weight``, ``correction_weight``).
+
+The teacher is the very policy being trained, shown the feedback: one no-grad
+forward pass over its longer context, its log-probs of the logged tokens moved
+onto the student's positions (:func:`trainer.sdpo.align`). Both are scored under
+the call's recorded sampling parameters, the distribution μ came from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from trainer.batch import Batch, Example, collate, recorded_behaviour
+from trainer.logprobs import sequence_logprobs
+from trainer.sdpo import align, correction_loss, sdpo_token_loss
+from trainer.textual import TextualExample
+
+
+@dataclass
+class TextualSums:
+    """Per-part loss sums and token counts of one step (mergeable across ranks as a vector)."""
+
+    sdpo_loss: float = 0.0
+    sdpo_tokens: float = 0.0
+    sdpo_signal: float = 0.0  # Σ (log π_T − log π_S) over SDPO tokens
+    correction_loss: float = 0.0
+    correction_tokens: float = 0.0
+
+    @property
+    def tokens(self) -> float:
+        return self.sdpo_tokens + self.correction_tokens
+
+    def as_vector(self) -> list[float]:
+        return list(asdict(self).values())
+
+    def metrics(self) -> dict[str, Any]:
+        """Step metrics: each part's mean loss and token count, and the teacher's mean preference."""
+        return {
+            "sdpo_loss": self.sdpo_loss / self.sdpo_tokens if self.sdpo_tokens else None,
+            "sdpo_tokens": int(self.sdpo_tokens),
+            "sdpo_signal_mean": self.sdpo_signal / self.sdpo_tokens if self.sdpo_tokens else None,
+            "correction_loss": self.correction_loss / self.correction_tokens if self.correction_tokens else None,
+            "correction_tokens": int(self.correction_tokens),
+        }
+
+
+def _score(model: Any, b: Batch) -> torch.Tensor:
+    return sequence_logprobs(
+        model, b.input_ids, b.attention_mask, b.mask > 0, b.temperature, b.top_k, b.top_p, b.min_p
+    ).logprobs
+
+
+def _chunks(examples: Sequence[TextualExample], max_tokens: int) -> list[list[TextualExample]]:
+    """Longest first, at most ``max_tokens`` padded tokens of the longer sequence (the teacher's) per chunk."""
+
+    def size(e: TextualExample) -> int:
+        return max(len(e.student.token_ids), len(e.teacher.token_ids) if e.teacher else 0)
+
+    out: list[list[TextualExample]] = []
+    for e in sorted(examples, key=lambda e: -size(e)):
+        if out and (len(out[-1]) + 1) * size(out[-1][0]) <= max_tokens:
+            out[-1].append(e)
+        else:
+            out.append([e])
+    return out
+
+
+def textual_backward(
+    model: Any, pad_id: int, device: torch.device | str, examples: Sequence[TextualExample], *,
+    micro_tokens: int = 4096, clip: float = 2.0, sdpo_weight: float = 1.0, correction_weight: float = 1.0,
+) -> TextualSums:  # fmt: skip
+    """Accumulate the summed SDPO and correction gradients of ``examples`` into ``model``'s parameters."""
+    sums = TextualSums()
+    sdpo = [e for e in examples if e.objective == "sdpo" and e.teacher is not None]
+    sft = [e for e in examples if e.objective == "correction"]
+    for chunk in _chunks(sdpo, micro_tokens):
+        teachers = collate([Example(e.teacher, 0.0, [math.nan] * len(e.teacher.token_ids)) for e in chunk if e.teacher],
+                           pad_id, device)  # fmt: skip
+        with torch.no_grad():
+            teacher_logp = _score(model, teachers)
+        b = collate([Example(e.student, 0.0, recorded_behaviour(e.student)) for e in chunk], pad_id, device)
+        logp = _score(model, b)
+        aligned = align(teacher_logp, teachers.mask, b.mask)
+        loss = sdpo_token_loss(logp, aligned, logp.detach(), b.behav, b.mask, n_tokens=1, clip=clip)
+        (sdpo_weight * loss).backward()
+        sums.sdpo_loss += float(loss.detach())
+        sums.sdpo_tokens += float(b.mask.sum())
+        sums.sdpo_signal += float(((aligned - logp.detach()) * b.mask).sum())
+    for chunk in _chunks(sft, micro_tokens):
+        b = collate([Example(e.student, 1.0, [math.nan] * len(e.student.token_ids)) for e in chunk], pad_id, device)
+        loss = correction_loss(_score(model, b), b.mask, n_tokens=1)
+        (correction_weight * loss).backward()
+        sums.correction_loss += float(loss.detach())
+        sums.correction_tokens += float(b.mask.sum())
+    return sums

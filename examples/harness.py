@@ -33,9 +33,13 @@ import httpx
 from openai import OpenAI
 from tqdm import tqdm
 
-from examples.task import NUDGE, CalcError, Problem, calculate, first_messages, grade, parse_action
+from examples.feedback import comment, correction
+from examples.task import NUDGE, CalcError, Problem, calculate, first_messages, grade, parse_action, parse_number
 
 Outcome = Literal["answered", "timeout", "error"]
+# What training traffic is graded with: today's numeric mix, only comments, only corrections, or
+# nothing (the judge's self-evaluation). Held-out episodes always get their numeric grade.
+FeedbackArm = Literal["numeric", "comments", "corrections", "none"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class HarnessConfig:
     tool_timeout_s: float = 2.0
     request_timeout_s: float = 120.0
     source: str = "demo-harness"
+    feedback: FeedbackArm = "numeric"
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,9 @@ class Harness:
             return
         session = {"session_id": result.session_id}
         items: list[dict[str, Any]] = []
-        if result.outcome == "timeout":
+        if not result.eval and self.cfg.feedback != "numeric":
+            items = _text_feedback(self.cfg.feedback, problem, result)
+        elif result.outcome == "timeout":
             items.append({"target": session, "name": "outcome", "value": "timeout",
                           "comment": f"no answer within {self.cfg.max_turns} turns or the tool timed out"})  # fmt: skip
         elif result.eval:
@@ -246,6 +253,18 @@ class Harness:
                 return False  # our request is wrong; retrying will not fix it
             time.sleep(0.2 * 2**attempt)
         return False
+
+
+def _text_feedback(arm: FeedbackArm, problem: Problem, result: EpisodeResult) -> list[dict[str, Any]]:
+    """The comments arm: every episode a comment and no score; corrections: the right answer line; none: nothing."""
+    if arm == "comments":
+        answer = parse_number(result.answer) if result.answer is not None else None
+        text = comment(problem, answer, result.correct, result.brevity, seed=result.session_id)
+        return [{"target": {"session_id": result.session_id}, "name": "review", "comment": text}]
+    if arm == "corrections" and result.completion_ids:
+        target = {"completion_id": result.completion_ids[-1]}
+        return [{"target": target, "name": "correction", "comment": correction(problem)}]
+    return []
 
 
 def _review(problem: Problem, result: EpisodeResult) -> str:

@@ -6,16 +6,20 @@ import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from proxy import routes_admin, routes_feedback, routes_openai, routes_ops
+from proxy.deps import operator_gate
 from proxy.errors import ApiError
 from proxy.responses import ERROR_RESPONSES, ORJSONResponse, error_response
 from proxy.settings import Settings
 from proxy.state import AppState
+from proxy.trainer_metrics import TrainerMetrics
 
 
 class ProxyApp(FastAPI):
@@ -44,6 +48,8 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = AppState.build(settings)
         app.state.onthejob = state
+        app.state.trainer_metrics = TrainerMetrics(state.sessionmaker)
+        state.metrics.registry.register(app.state.trainer_metrics)
         await state.start()
         # Everything alive now (modules, FastAPI, SQLAlchemy, pydantic: ~10^5 objects) lives as long as
         # the process; frozen, the cyclic GC stops rescanning it on every full collection (measured:
@@ -55,9 +61,20 @@ def create_app(settings: Settings) -> FastAPI:
         finally:
             await state.stop()
 
-    app = ProxyApp(title="onthejob proxy", version="0.1.0", lifespan=lifespan, default_response_class=ORJSONResponse)
+    open_docs = settings.docs_access == "open"
+    app = ProxyApp(
+        title="onthejob proxy",
+        version="0.1.0",
+        lifespan=lifespan,
+        default_response_class=ORJSONResponse,
+        openapi_url="/openapi.json" if open_docs else None,
+        docs_url="/docs" if open_docs else None,
+        redoc_url="/redoc" if open_docs else None,
+    )
     for module in (routes_openai, routes_feedback, routes_admin, routes_ops):
         app.include_router(module.router, responses=ERROR_RESPONSES)
+    if settings.docs_access == "admin":
+        app.include_router(_gated_docs(app))
 
     @app.exception_handler(ApiError)
     async def api_error(_: Request, exc: ApiError) -> ORJSONResponse:
@@ -85,3 +102,26 @@ def create_app(settings: Settings) -> FastAPI:
         return ORJSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     return app
+
+
+def _gated_docs(app: FastAPI) -> APIRouter:
+    """/openapi.json, /docs and /redoc behind the operator's admin key (``ONTHEJOB_DOCS_ACCESS=admin``).
+
+    A browser does not send the key when Swagger UI fetches the spec: read the spec with
+    ``curl -H "Authorization: Bearer $ADMIN_KEY" .../openapi.json``, or serve docs ``open``.
+    """
+    router = APIRouter(include_in_schema=False, dependencies=[Depends(operator_gate("docs_access"))])
+
+    @router.get("/openapi.json")
+    async def openapi() -> ORJSONResponse:
+        return ORJSONResponse(app.openapi())
+
+    @router.get("/docs")
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @router.get("/redoc")
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
+
+    return router

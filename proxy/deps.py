@@ -6,14 +6,14 @@ into ``request.app.state``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from proxy.errors import Forbidden
+from proxy.errors import Forbidden, NotFound
 
 if TYPE_CHECKING:
     from proxy.state import AppState
@@ -43,6 +43,26 @@ async def require_admin(principal: Annotated[Principal, Depends(current_principa
     if principal.role != "admin":
         raise Forbidden("this route needs an admin key: create one with `onthejob keys create --role admin`")
     return principal
+
+
+def operator_gate(setting: str) -> Callable[[Request], Awaitable[None]]:
+    """A dependency enforcing ``settings.<setting>``: "open", "admin" (the operator's key) or "off" (404)."""
+
+    async def gate(request: Request) -> None:
+        st = app_state(request)
+        access = getattr(st.settings, setting)
+        if access == "open":
+            return
+        if access == "off":
+            raise NotFound(f"not served here (ONTHEJOB_{setting.upper()}=off)")
+        principal = await current_principal(request)
+        if principal.role != "admin" or principal.project_id != st.settings.default_project:
+            raise Forbidden(
+                f"this route needs an admin key of project {st.settings.default_project!r} "
+                f"(ONTHEJOB_{setting.upper()}=admin; 'open' serves it to anyone)"
+            )
+
+    return gate
 
 
 async def db_session(request: Request) -> AsyncIterator[AsyncSession]:

@@ -1,16 +1,22 @@
-"""Liveness, honest readiness, and Prometheus metrics."""
+"""Liveness, honest readiness, and Prometheus metrics.
+
+``/readyz`` only looks: it asks each engine for its models, the database for ``SELECT 1``
+and the spool whether it can write. It never reloads adapters or changes what the
+proxy believes (housekeeping does that); a probe that acts would run repairs at the
+rate a load balancer polls.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
-from proxy.deps import StateDep
+from proxy.deps import StateDep, operator_gate
 from proxy.responses import ORJSONResponse
 
 router = APIRouter(tags=["ops"])
@@ -25,7 +31,8 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz")
 async def readyz(st: StateDep) -> Response:
     """Ready when an engine answers and calls can be recorded (database, or the spool while it is down)."""
-    await st.probe_upstreams()
+    answers = await asyncio.gather(*(_engine_answers(st, base) for base in st.upstream.urls))
+    upstream = dict(zip(st.upstream.urls, answers, strict=True))
     db_ok = True
     try:
         async with asyncio.timeout(2.0), st.engine.connect() as conn:
@@ -33,9 +40,9 @@ async def readyz(st: StateDep) -> Response:
     except Exception:  # noqa: BLE001 - any failure means not reachable
         db_ok = False
     spool_ok = st.spool.writable()
-    upstream_ok = any(st.upstream_up.values())
+    upstream_ok = any(answers)
     body: dict[str, Any] = {
-        "upstream": {u: ("up" if ok else "down") for u, ok in st.upstream_up.items()},
+        "upstream": {u: ("up" if ok else "down") for u, ok in upstream.items()},
         "database": "up" if db_ok else "down",
         "spool": {
             "writable": spool_ok,
@@ -51,12 +58,23 @@ async def readyz(st: StateDep) -> Response:
     return ORJSONResponse(body, status_code=200 if ready else 503)
 
 
+async def _engine_answers(st: Any, base: str) -> bool:
+    try:
+        status, _ = await st.upstream.get_json(base, "/v1/models", timeout=2.0)
+    except Exception:  # noqa: BLE001 - unreachable engine
+        return False
+    return bool(status == 200)
+
+
 @router.get(
     "/metrics",
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}, "description": "Prometheus"}},
+    dependencies=[Depends(operator_gate("metrics_access"))],
 )
-async def metrics(st: StateDep) -> Response:
+async def metrics(request: Request, st: StateDep) -> Response:
+    """Prometheus: the proxy's own counters, and the trainer's newest step per alias (from storage)."""
+    await request.app.state.trainer_metrics.refresh()
     st.metrics.spool_depth.set(st.spool.depth)
     st.metrics.spool_age.set(st.spool.oldest_age())
     st.metrics.spool_bytes.set(st.spool.bytes)

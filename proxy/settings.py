@@ -8,6 +8,8 @@ from pathlib import Path
 
 from storage.keys import check_chosen_secret
 
+ACCESS = ("open", "admin", "off")
+
 
 def _env(name: str, default: str) -> str:
     return os.environ.get(f"ONTHEJOB_{name}", default)
@@ -38,6 +40,10 @@ class Settings:
     record: bool = field(default_factory=lambda: _env("RECORD", "1") not in ("0", "false", "no"))
     # An operator-chosen admin key of the default project, ensured at start (docker compose's .env).
     admin_key: str = field(default_factory=lambda: _env("ADMIN_KEY", ""))
+    # Who may read /metrics and the API docs (/docs, /redoc, /openapi.json): "open" (anyone),
+    # "admin" (an admin key of the default project: the operator's; any caller under --no-auth), "off".
+    metrics_access: str = field(default_factory=lambda: _env("METRICS_ACCESS", "admin"))
+    docs_access: str = field(default_factory=lambda: _env("DOCS_ACCESS", "admin"))
 
     def __post_init__(self) -> None:
         self.upstreams = [u.rstrip("/").removesuffix("/v1") for u in self.upstreams if u]
@@ -45,6 +51,9 @@ class Settings:
             raise ValueError("at least one --upstream URL is needed, e.g. http://127.0.0.1:8001")
         if self.spool_full_policy not in ("refuse", "serve"):
             raise ValueError("ONTHEJOB_SPOOL_FULL_POLICY must be 'refuse' or 'serve'")
+        for name in ("metrics_access", "docs_access"):
+            if getattr(self, name) not in ACCESS:
+                raise ValueError(f"ONTHEJOB_{name.upper()} must be one of {', '.join(ACCESS)}")
         self.spool_dir = Path(self.spool_dir)
         if self.admin_key and self.auth:
             check_chosen_secret(self.admin_key)

@@ -34,7 +34,9 @@ def app_state(request: Request) -> AppState:
 
 async def current_principal(request: Request) -> Principal:
     st = app_state(request)
-    principal = await st.auth.authenticate(request.headers.get("authorization"), request.headers.get("x-api-key"))
+    client = request.client.host if request.client else None
+    headers = request.headers
+    principal = await st.auth.authenticate(headers.get("authorization"), headers.get("x-api-key"), client=client)
     st.ratelimiter.check(principal.key_id)
     return principal
 

@@ -34,12 +34,17 @@ def worker_env(settings: Settings, workers: int) -> dict[str, str]:
 
     Each worker has its own spool folder (see proxy.spool.claim), so the quota is split
     between them: ``ONTHEJOB_SPOOL_MAX_BYTES`` bounds the proxy's disk use, not one worker's.
+    Rate limits likewise: each worker keeps its own token buckets (sharing them would put a
+    lock or a round trip on every call), so each gets an even share of the rate and the
+    burst, and the configured limit holds for the host, not 4x it under ``--workers 4``.
     """
     env = {
         "ONTHEJOB_UPSTREAM": ",".join(settings.upstreams),
         "ONTHEJOB_SPOOL": str(settings.spool_dir),
         "ONTHEJOB_AUTH": "1" if settings.auth else "0",
         "ONTHEJOB_SPOOL_MAX_BYTES": str(settings.spool_max_bytes // workers),
+        "ONTHEJOB_RATE_LIMIT_RPS": repr(settings.rate_limit_rps / workers),
+        "ONTHEJOB_RATE_LIMIT_BURST": str(max(1, settings.rate_limit_burst // workers)),
     }
     if settings.database_url:
         env["DATABASE_URL"] = settings.database_url

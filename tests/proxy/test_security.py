@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,6 +32,18 @@ def test_token_bucket_refuses_with_openai_headers() -> None:
     time.sleep(0.01)
     limiter.check("k")  # refilled
     RateLimiter(rate=0, burst=1).check("k")  # off
+
+
+def test_workers_share_the_hosts_rate_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each worker keeps its own buckets: under --workers 4 each enforces a quarter, so the host allows 1x."""
+    from proxy.main import worker_env
+    from proxy.settings import Settings
+
+    settings = Settings(upstreams=["http://a:1"], spool_dir=tmp_path, rate_limit_rps=50.0, rate_limit_burst=100)
+    for name, value in worker_env(settings, 4).items():
+        monkeypatch.setenv(name, value)
+    worker = Settings()  # what each worker process builds
+    assert (worker.rate_limit_rps * 4, worker.rate_limit_burst * 4) == (50.0, 100)
 
 
 def test_redaction_reaches_every_text_field_and_keeps_token_ids() -> None:

@@ -5,13 +5,24 @@ Two policies, set per project (``PUT /v1/admin/project``):
 request, reply and captured choices becomes ``[redacted]``; token ids, logprobs,
 usage and timings stay, so the record still trains); ``{"redact": {"patterns":
 ["sk-[A-Za-z0-9]+"]}}`` replaces matches of each regex everywhere they appear.
+
+Feedback goes through the same policy (:func:`redact_feedback`): a customer's comment
+or correction quotes the conversation it grades as readily as the conversation does.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from storage.feedback_input import FeedbackIn
+from storage.loaders import rule_for
+from storage.models import Project
 
 MASK = "[redacted]"
 # Structural strings that carry no user text; kept so records stay readable.
@@ -56,15 +67,49 @@ def redact_text(text: str | None, policy: Policy) -> str | None:
     return _walk(text, policy, key=None)  # type: ignore[no-any-return]
 
 
+async def project_settings(db: AsyncSession, project: str) -> dict[str, Any]:
+    """The project's settings as stored now (no project yet: none, so nothing asked for redaction)."""
+    return dict(await db.scalar(select(Project.settings).where(Project.id == project)) or {})
+
+
+def redact_feedback(items: Sequence[FeedbackIn], settings: dict[str, Any]) -> list[FeedbackIn]:
+    """Feedback items with their free text redacted under the project's policy.
+
+    Comment, correction and metadata like any text. A string value is a label: one the
+    project's reward rule maps (``outcome: "success"``) is structural, like a role, and
+    survives ``store_text: false``; any other label is text. Patterns apply to all of it.
+    """
+    policy = Policy.from_settings(settings)
+    if not policy.active:
+        return list(items)
+    labels = rule_for(settings).labels
+    out = []
+    for item in items:
+        update: dict[str, Any] = {"comment": redact_text(item.comment, policy),
+                                  "metadata": _walk(item.metadata, policy, key=None)}  # fmt: skip
+        if isinstance(item.value, str):
+            known = item.value in labels.get(item.name, {})
+            update["value"] = _patterns(item.value, policy) if known else redact_text(item.value, policy)
+        correction = getattr(item, "correction", None)
+        if isinstance(correction, str):
+            update["correction"] = redact_text(correction, policy)
+        out.append(item.model_copy(update=update))
+    return out
+
+
+def _patterns(text: str, policy: Policy) -> str:
+    for pattern in policy.patterns:
+        text = pattern.sub(MASK, text)
+    return text
+
+
 def _walk(value: Any, policy: Policy, key: str | None) -> Any:
     if isinstance(value, str):
         if key in KEEP_KEYS:
             return value
         if not policy.store_text:
             return MASK
-        for pattern in policy.patterns:
-            value = pattern.sub(MASK, value)
-        return value
+        return _patterns(value, policy)
     if isinstance(value, dict):
         return {k: _walk(v, policy, k) for k, v in value.items()}
     if isinstance(value, list):

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 
 from proxy.deps import DbDep, PathId, PrincipalDep, QueryId
 from proxy.errors import Conflict, InvalidRequest, NotFound
+from proxy.redact import project_settings, redact_feedback
 from storage.feedback import feedback_to_dict, list_feedback, submit_feedback
 from storage.feedback_input import FeedbackConflict, FeedbackInputError, parse_feedback
 from storage.loaders import load_trajectories_async, session_view
@@ -71,10 +72,11 @@ FEEDBACK_DOC: dict[str, Any] = {
     responses={201: {"description": "stored and attached"}, 202: {"description": "stored, pending its target"}},
 )
 async def post_feedback(request: Request, principal: PrincipalDep, db: DbDep) -> JSONResponse:
-    """Store one item or a batch: 201 when every target is known here, else 202 (pending)."""
+    """Store one item or a batch (text redacted by the project's policy): 201 when every target is known, else 202."""
     body = await _json_body(request)
     try:
         items, batch = parse_feedback(body)
+        items = redact_feedback(items, await project_settings(db, principal.project_id))
         rows = await submit_feedback(db, principal.project_id, items)
     except FeedbackConflict as exc:
         raise Conflict(str(exc), param=exc.param, code="idempotency_key_reused") from None

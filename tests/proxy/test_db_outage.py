@@ -31,8 +31,10 @@ def cluster() -> Iterator[PgCluster]:
 
 def test_calls_survive_a_database_outage(start_proxy: ProxyFactory, tiny_engine: Engine, cluster: PgCluster) -> None:
     upgrade(cluster.url)
-    key = make_key(cluster.url)
+    key, admin = make_key(cluster.url), make_key(cluster.url, role="admin")
     proxy = start_proxy(tiny_engine.url, cluster.url, auth=True)
+    as_admin = {"authorization": f"Bearer {admin}"}  # /metrics is the operator's (ONTHEJOB_METRICS_ACCESS)
+    assert httpx.get(f"{proxy.url}/metrics", headers=as_admin, timeout=10).status_code == 200
     client = openai.OpenAI(base_url=proxy.v1, api_key=key, max_retries=0)
     model = tiny_engine.model.name
     ids: list[str] = []
@@ -56,7 +58,7 @@ def test_calls_survive_a_database_outage(start_proxy: ProxyFactory, tiny_engine:
         call(i, stream=i % 2 == 1)  # the key was verified before: it keeps working from the cache
     ready = httpx.get(f"{proxy.url}/readyz", timeout=10).json()
     assert ready["database"] == "down" and ready["spool"]["depth"] > 0 and ready["status"] == "degraded"
-    metrics = httpx.get(f"{proxy.url}/metrics", timeout=10).text
+    metrics = httpx.get(f"{proxy.url}/metrics", headers=as_admin, timeout=10).text  # verified before: cached
     assert "onthejob_db_up 0.0" in metrics
     # An unknown key cannot be verified now: 503, never a false 401.
     other = httpx.post(f"{proxy.v1}/chat/completions", headers={"authorization": "Bearer otj-unknown"},

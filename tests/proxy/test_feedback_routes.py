@@ -225,3 +225,33 @@ async def test_session_ids_may_contain_slashes(client: httpx.AsyncClient, world:
     assert (await client.get("/v1/sessions/team/a", headers=as_(world.a))).json()["id"] == "team/a"
     [t] = (await client.get("/v1/sessions/team/a/trajectories", headers=as_(world.a))).json()["data"]
     assert t["session_id"] == "team/a" and t["reward"] is None and t["reward_detail"]["excluded"] == "ungraded"
+
+
+async def test_feedback_text_goes_through_the_projects_redaction_policy(
+    client: httpx.AsyncClient, pg_url: str
+) -> None:
+    secret = "sk-PLANTEDfeedback0123456789"
+    eng = sync_engine(pg_url)
+    with Session(eng) as db:
+        patterns = new_project(db, {"redact": {"patterns": ["sk-[A-Za-z0-9]+"]}})
+        no_text = new_project(db, {"redact": {"store_text": False}})
+        db.commit()
+    for project in (patterns, no_text):
+        item = fb({"session_id": "s-redact"}, "outcome", "success", comment=f"leaked {secret} in the answer",
+                  metadata={"note": f"customer pasted {secret}"}, id="r1")  # fmt: skip
+        r = await client.post("/v1/feedback", json=item, headers=as_(project))
+        assert r.status_code == 202, r.text
+        assert secret not in r.text
+        label = await client.post("/v1/feedback", json=fb({"session_id": "s-redact"}, "label", secret, id="r2"),
+                                  headers=as_(project))  # fmt: skip
+        assert label.status_code == 202 and secret not in label.text
+        again = await client.post("/v1/feedback", json=item, headers=as_(project))  # an idempotent retry
+        assert again.status_code == 202 and again.json()["id"] == r.json()["id"]
+    with Session(eng) as db:
+        rows = db.scalars(select(Feedback).where(Feedback.project_id.in_([patterns, no_text]))).all()
+    eng.dispose()
+    stored = repr([(f.comment, f.value, f.meta) for f in rows])
+    assert len(rows) == 4 and secret not in stored, stored
+    by_project = {f.project_id: f for f in rows if f.name == "outcome"}
+    assert by_project[patterns].comment == "leaked [redacted] in the answer"
+    assert by_project[no_text].comment == "[redacted]" and by_project[no_text].value == "success"

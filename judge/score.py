@@ -54,9 +54,12 @@ def reasoning_of(reply: str) -> str:
 
 
 async def judge_items(
-    client: Completer, cfg: JudgeSettings, items: Sequence[Item], concurrency: int = 4
+    client: Completer, cfg: JudgeSettings, items: Sequence[Item], concurrency: int = 4, *, implicit: bool = False
 ) -> list[Judged]:
-    """Score every item under ``cfg`` (mode, rubric, scale); order preserved."""
+    """Score every item under ``cfg`` (mode, rubric, scale); order preserved.
+
+    ``implicit``: the project reads the next user turn as feedback, and the rubric says so.
+    """
     limit = asyncio.Semaphore(concurrency)
     if cfg.mode == "absolute":
 
@@ -64,7 +67,7 @@ async def judge_items(
             async with limit:
                 messages = absolute_messages(
                     cfg.rubric, item.conversation, item.comment,
-                    implicit=cfg.implicit, max_chars=cfg.max_transcript_chars,
+                    implicit=implicit, max_chars=cfg.max_transcript_chars,
                 )  # fmt: skip
                 reply = await client.complete(messages)
             fraction = parse_score(reply)

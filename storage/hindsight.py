@@ -5,7 +5,7 @@ grader's comment would. Pure over stored completion rows: a call's request
 messages are its parent's messages, the parent's reply, then what came next;
 when the first message after that reply is the user's, it is hindsight on the
 parent's answer. Tool results in between are not (the model asked for them).
-Off by default per project (``judge.implicit``); it feeds the judge and
+Off by default per project (``settings["implicit_feedback"]``); it feeds the judge and
 self-distillation, and never stands in for explicit feedback.
 """
 

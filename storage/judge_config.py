@@ -20,6 +20,14 @@ JUDGE_SOURCE = "judge"  # the feedback source of every judge grade
 JUDGE_TAG = "judge"  # the tag of the judge's own model calls: never trained on
 JUDGE_UNCALIBRATED = "judge_uncalibrated"  # exclusion reason of a judge grade below the agreement gate
 DEFAULT_MIN_AGREEMENT = 0.6
+# Project setting (settings["implicit_feedback"], off by default): the next user turn of a multi-turn
+# session counts as a comment on the assistant turn before it, for the judge and self-distillation.
+IMPLICIT_FEEDBACK = "implicit_feedback"
+
+
+def implicit_feedback(settings: Mapping[str, Any] | None) -> bool:
+    """Whether the project reads the next user turn as feedback (never instead of explicit feedback)."""
+    return bool((settings or {}).get(IMPLICIT_FEEDBACK, False))
 
 
 class JudgeSettingsError(ValueError):
@@ -48,7 +56,6 @@ class JudgeSettings(BaseModel):
     min_labelled: int = Field(default=8, ge=2, le=100_000)
     comments: bool = True  # judge sessions whose only feedback is a comment (reading the comment)
     self_evaluation: bool = False  # judge sessions nobody graded, from the conversation alone
-    implicit: bool = False  # the next user turn counts as a comment on the previous assistant turn
     calibration_tags: tuple[str, ...] = ("calibration", "eval")  # graded sessions with these tags calibrate
     max_transcript_chars: int = Field(default=6000, ge=200, le=200_000)
 

@@ -269,3 +269,22 @@ class JudgeCalibration(Base):
     threshold: Mapped[float] = mapped_column(Float)
     baseline: Mapped[dict[str, Any]] = mapped_column(default=dict)  # the keyword scorer on the same set
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UsedFeedback(Base):
+    """Which (trajectory, text feedback item, objective) a step trained on: SDPO and corrections, once each.
+
+    Kept apart from ``used_trajectories`` (scalar rewards, once per trajectory): a comment that
+    arrives after a session was trained on numerically still yields its self-distillation example.
+    """
+
+    __tablename__ = "used_feedback"
+    __table_args__ = (UniqueConstraint("project_id", "alias", "trajectory_id", "feedback_id", "objective"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    alias: Mapped[str] = mapped_column(String(200))
+    trajectory_id: Mapped[str] = mapped_column(String(300))
+    feedback_id: Mapped[str] = mapped_column(String(200))  # a feedback row's id, or "implicit:<completion id>"
+    objective: Mapped[str] = mapped_column(String(16))  # "sdpo" | "correction"
+    step_id: Mapped[int] = mapped_column(ForeignKey("training_steps.id"))

@@ -1,0 +1,63 @@
+"""Reading what text-feedback training needs: the alias's calls, comments and corrections, hindsight, what is used.
+
+The trainer turns these into SDPO and correction examples (``trainer.textual``).
+"Used" is per (trajectory, feedback item, objective) in ``used_feedback``, apart
+from the scalar path's ``used_trajectories``: a comment that arrives after its
+session was trained on numerically still teaches once, and only once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session as DbSession
+
+from storage.hindsight import Hindsight, next_turn_feedback
+from storage.judge_config import JUDGE_SOURCE, implicit_feedback
+from storage.loaders import completions_stmt, feedback_stmt, resolve_grades, sessions_subquery, settings_stmt
+from storage.models import Completion, UsedFeedback
+from storage.rewards import Grade, current
+
+Key = tuple[str, str, str]  # (trajectory id, feedback id, objective)
+
+
+@dataclass
+class TextFeedback:
+    """The raw material of one step's text-feedback examples."""
+
+    calls: list[Completion] = field(default_factory=list)  # every call of the alias's sessions, in time order
+    grades: list[Grade] = field(default_factory=list)  # current items with a comment, the judge's left out
+    hindsight: list[Hindsight] = field(default_factory=list)  # empty unless the project turned it on
+    used: set[Key] = field(default_factory=set)
+
+
+def used_feedback_stmt(project_id: str, alias: str) -> Select[Any]:
+    return select(UsedFeedback.trajectory_id, UsedFeedback.feedback_id, UsedFeedback.objective).where(
+        UsedFeedback.project_id == project_id, UsedFeedback.alias == alias
+    )
+
+
+def load_text_feedback(db: DbSession, project_id: str, alias: str, *, since: datetime | None = None) -> TextFeedback:
+    """Calls, text feedback and hindsight of ``alias``'s sessions, and the keys already trained on."""
+    settings = db.scalar(settings_stmt(project_id)) or {}
+    sessions = sessions_subquery(project_id, alias=alias, since=since)
+    calls = [c for c in db.scalars(completions_stmt(project_id, sessions)) if c.alias == alias]
+    feedback = [f for f in db.scalars(feedback_stmt(project_id, sessions)) if f.source != JUDGE_SOURCE]
+    grades = [g for g in current(resolve_grades(feedback, calls)) if g.comment and g.comment.strip()]
+    hindsight = next_turn_feedback(calls) if implicit_feedback(settings) else []
+    used = {(t, f, o) for t, f, o in db.execute(used_feedback_stmt(project_id, alias))}
+    return TextFeedback(calls, grades, hindsight, used)
+
+
+def mark_feedback_used(db: DbSession, project_id: str, alias: str, keys: Iterable[Key], step_id: int) -> int:
+    """Record the keys a step trained on (the caller commits with the step); returns how many."""
+    rows = [
+        UsedFeedback(project_id=project_id, alias=alias, trajectory_id=t, feedback_id=f, objective=o, step_id=step_id)
+        for t, f, o in dict.fromkeys(keys)
+    ]
+    db.add_all(rows)
+    return len(rows)

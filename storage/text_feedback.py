@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session as DbSession
@@ -35,7 +34,7 @@ class TextFeedback:
     used: set[Key] = field(default_factory=set)
 
 
-def used_feedback_stmt(project_id: str, alias: str) -> Select[Any]:
+def used_feedback_stmt(project_id: str, alias: str) -> Select[str, str, str]:
     return select(UsedFeedback.trajectory_id, UsedFeedback.feedback_id, UsedFeedback.objective).where(
         UsedFeedback.project_id == project_id, UsedFeedback.alias == alias
     )

@@ -21,7 +21,7 @@ from judge.errors import JudgeError
 from judge.post import feedback_items
 from judge.score import Completer, calibrate, judge_items
 from judge.select import select_items
-from storage.judge_config import JudgeSettings, Verdict, parse_judge_settings
+from storage.judge_config import JudgeSettings, Verdict, implicit_feedback, parse_judge_settings
 from storage.judge_store import record_calibration
 from storage.loaders import settings_stmt
 
@@ -94,7 +94,7 @@ async def judge_once(
         )  # fmt: skip
         db.commit()
     report.verdict = gate(report.agreement, cfg.min_agreement, cfg.min_labelled) if report.agreement else None
-    judged = await judge_items(client, cfg, selection.to_judge)
+    judged = await judge_items(client, cfg, selection.to_judge, implicit=implicit_feedback(settings))
     report.judged = len(judged)
     report.unreadable = sum(1 for j in judged if j.score is None)
     items = feedback_items(judged, cfg.fingerprint(), cfg.mode)

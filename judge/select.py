@@ -13,12 +13,15 @@ grades. A session is
 * otherwise skipped, counted by reason. The judge's own calls (tagged ``judge``)
   are never judged, and a session already judged under this configuration and
   comment is not judged again.
+
+With the project's ``implicit_feedback`` on, the user's next message after an
+answer stands in for a comment where there is none.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -27,7 +30,8 @@ from sqlalchemy.orm import Session as DbSession
 
 from judge.post import judge_key
 from judge.score import Item
-from storage.judge_config import JUDGE_SOURCE, JUDGE_TAG, JudgeSettings
+from storage.hindsight import next_turn_feedback
+from storage.judge_config import JUDGE_SOURCE, JUDGE_TAG, JudgeSettings, implicit_feedback
 from storage.loaders import (
     build,
     completions_stmt,
@@ -93,14 +97,22 @@ def select_items(
     judged_keys = {f.idempotency_key for f in feedback if f.source == JUDGE_SOURCE}
     trajectories = build(completions, others, rule=rule_for(settings))
     grades = resolve_grades(others, completions)
-    return sort_sessions(completions, trajectories, grades, cfg, judged_keys)
+    hindsight: dict[str, list[str]] = {}
+    if implicit_feedback(settings):
+        for h in next_turn_feedback(completions):
+            hindsight.setdefault(h.session_id, []).append(h.text)
+    return sort_sessions(completions, trajectories, grades, cfg, judged_keys, hindsight)
 
 
 def sort_sessions(
     completions: Sequence[Any], trajectories: Sequence[Trajectory], grades: Sequence[Any], cfg: JudgeSettings,
-    judged_keys: Collection[str] = (),
+    judged_keys: Collection[str] = (), hindsight: Mapping[str, Sequence[str]] | None = None,
 ) -> Selection:  # fmt: skip
-    """The pure part of :func:`select_items`: completions in session and time order, graded trajectories."""
+    """The pure part of :func:`select_items`: completions in session and time order, graded trajectories.
+
+    ``hindsight``: per session, the user's next messages after answers (implicit feedback, when the
+    project turns it on), read as the comment of a session that has no explicit one.
+    """
     last: dict[str, Any] = {}
     tags: dict[str, set[str]] = {}
     for c in completions:
@@ -124,6 +136,8 @@ def sort_sessions(
             out.skipped[NO_TEXT] += 1
             continue
         comment = _comment(by_session.get(session_id, []))
+        if comment is None and hindsight and hindsight.get(session_id):
+            comment = "\n".join(hindsight[session_id])
         reward = traj.reward if traj is not None else None
         item = Item(session_id, conversation, comment, call.task_id, reward, call.id)
         if reward is not None or (traj is not None and traj.reward_detail.get("excluded") == "infra_error"):

@@ -89,3 +89,33 @@ async def test_a_pass_calibrates_judges_and_posts_through_the_proxy(
     assert db.scalar(select(JudgeCalibration.spearman).where(JudgeCalibration.project_id == p)) == 1.0
     state = judge_state(db, p)
     assert state.verdict.accepted and state.to_dict()["calibration"]["n"] == 6
+
+
+async def test_the_command_reads_its_endpoint_from_settings_and_hindsight_stands_in_for_a_comment(
+    db: Session, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from judge.main import JudgeCommand, client_for, judge_model, one_pass
+    from storage.judge_config import JudgeSettings
+
+    async with scripted_judge() as judge:
+        settings = {"judge": {**JUDGE, "base_url": judge.url, "api_key_env": "TEST_JUDGE_KEY", "model": "big-judge",
+                              "self_evaluation": False}, "implicit_feedback": True}  # fmt: skip
+        p = new_project(db, settings)
+        first = _session(db, p, "chat", "ANSWER: 7")
+        insert(db, row(f"cmpl-{uuid.uuid4().hex[:12]}", P1, [choice([50, 2], content=RIGHT)], project=p, session="chat",
+                       parent=first, at=1, messages=[*QUESTION, {"role": "assistant", "content": "ANSWER: 7"},
+                                                     {"role": "user", "content": "No, count again."}]))  # fmt: skip
+        _session(db, p, "silent", "ANSWER: 7")
+        db.commit()
+        monkeypatch.setenv("TEST_JUDGE_KEY", "secret-judge-key")
+        report = await one_pass(JudgeCommand(db_url=pg_url, project=p, dry_run=True), db)
+
+    assert (report.judged, report.posted, report.skipped["self_evaluation_off"]) == (1, 0, 1)  # dry run: nothing posted
+    headers, body = judge.requests[-1]
+    assert headers["Authorization"] == "Bearer secret-judge-key" and body["model"] == "big-judge"
+    assert "No, count again." in body["messages"][1]["content"]  # the next user turn, read as the comment
+    assert "reaction" in body["messages"][0]["content"]  # the rubric clause for implicit feedback
+    cfg = JudgeSettings.model_validate({"rubric": "r"})
+    assert judge_model(db, p, cfg, "agent") == "agent"
+    default = client_for(JudgeCommand(db_url=pg_url, proxy="http://proxy:8000", api_key="k"), cfg, "agent")
+    assert (default.base_url, default.api_key) == ("http://proxy:8000/v1", "k")  # through the proxy, tagged judge

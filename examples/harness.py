@@ -222,6 +222,8 @@ class Harness:
                           "comment": f"no answer within {self.cfg.max_turns} turns or the tool timed out"})  # fmt: skip
         elif result.eval:
             items.append({"target": session, "name": "reward", "value": result.reward})
+            if self.cfg.feedback == "comments":  # the labelled set a judge (or keyword rule) is calibrated on
+                items[-1]["comment"] = _text_feedback("comments", problem, result)[0]["comment"]
         else:
             u, m = _fraction(result.session_id), self.mix
             last = {"completion_id": result.completion_ids[-1]} if result.completion_ids else session

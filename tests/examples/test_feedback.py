@@ -51,7 +51,9 @@ def test_comments_arm_grades_every_episode_with_a_comment_and_no_score() -> None
                        strict=True):  # fmt: skip
         assert "value" not in item and item["target"] == {"session_id": r.session_id}
         assert not re.search(r"\d", item["comment"])
-    assert [i["name"] for i in sink.items[len(results) :]] == ["reward"] * len(heldout)  # held-out: still numeric
+    graded = sink.items[len(results) :]
+    assert [i["name"] for i in graded] == ["reward"] * len(heldout)  # held-out: still numeric, and a comment
+    assert all(isinstance(i["value"], float) and i["comment"] and not re.search(r"\d", i["comment"]) for i in graded)
 
 
 def test_corrections_arm_posts_the_right_answer_line_on_the_last_call() -> None:

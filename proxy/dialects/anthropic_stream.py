@@ -6,11 +6,11 @@ events it completes come out at once (never buffered to the end):
 ``message_start`` (first chunk; ``input_tokens`` from the engine's prompt ids) →
 per block ``content_block_start``, ``content_block_delta`` (``text_delta`` or
 ``input_json_delta``), ``content_block_stop`` → ``message_delta`` (stop reason and the
-engine's usage, when its usage chunk arrives) → ``message_stop`` (from :meth:`end`, which
-the call path sends only after the record is on disk). :meth:`ping` fills long silences.
-
-The event sequence, accumulated by the anthropic SDK, equals the non-streamed
-Message that :func:`proxy.dialects.anthropic.from_chat` builds for the same reply.
+engine's usage, when its usage chunk arrives) → ``message_stop`` (from :meth:`close`,
+which the call path sends only after the record is on disk). :meth:`ping` fills long
+silences. :attr:`result` is the Message the events add up to (stored as the client's
+reply); the anthropic SDK's accumulator builds the same from the events, and it equals
+what :func:`proxy.dialects.anthropic.from_chat` makes of the non-streamed reply.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects.anthropic import message_shell, stop_reason, usage
+from proxy.dialects.anthropic_out import message_shell, stop_reason, tool_input, usage
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
@@ -30,40 +30,46 @@ def sse(event: dict[str, Any]) -> bytes:
 
 
 class MessageStream:
-    """The per-stream state machine: open block, tool-call ids, stop reason, usage."""
+    """The per-stream state machine: the open block, tool-call slots, stop reason, usage."""
 
     def __init__(self, message_id: str, model: str) -> None:
-        self.message_id = message_id
-        self.model = model
+        self.message = message_shell(message_id, model)  # filled in as events go out
         self.started = False
         self.finished = False  # message_delta sent
-        self.index = -1  # the content block now open (-1: none yet)
-        self.open: str | None = None  # "text" | "tool_use" | None
-        self.blocks = 0
+        self.open_kind: str | None = None  # "text" | "tool_use": the block now open
+        self.parts: list[list[str]] = []  # per block: its text or its argument pieces
         self.tool_blocks: dict[int, int] = {}  # chat tool-call index -> block index
         self.finish_reason: str | None = None
         self.matched: Any = None
         self.output_ids = 0
+        self._result: dict[str, Any] | None = None
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The whole Message once :meth:`close` ran (None before)."""
+        return self._result
+
+    def open(self) -> bytes:
+        """Nothing before the first chunk: ``message_start`` carries the prompt's token count, known then."""
+        return b""
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
         """The events one engine chunk completes (b"" when it completes none)."""
         events: list[dict[str, Any]] = []
         if not self.started:
-            self.started = True
-            start = message_shell(self.message_id, self.model)
             ids = chunk.get("prompt_token_ids")
             if ids is None and chunk.get("choices"):
                 ids = chunk["choices"][0].get("prompt_token_ids")
-            start["usage"]["input_tokens"] = len(ids) if ids else 0
-            events.append({"type": "message_start", "message": start})
+            self._start_message(events, len(ids) if ids else 0)
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue  # Messages has one reply; n > 1 is not part of the API
             self.output_ids += len(choice.get("token_ids") or ())
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                if self.open != "text":
-                    self._start(events, {"type": "text", "text": "", "citations": None}, "text")
+                if self.open_kind != "text":
+                    self._start(events, {"type": "text", "text": "", "citations": None})
+                self.parts[-1].append(delta["content"])
                 events.append(self._delta({"type": "text_delta", "text": delta["content"]}))
             for call in delta.get("tool_calls") or ():
                 self._tool_call(events, call)
@@ -74,59 +80,78 @@ class MessageStream:
             self._finish(events, chunk["usage"])
         return b"".join(sse(e) for e in events)
 
-    def end(self) -> bytes:
-        """The closing events: whatever is still open, then ``message_stop``."""
+    def close(self, end: Any = None) -> bytes:
+        """The closing events: whatever is still open, then ``message_stop``.
+
+        ``end`` (the serving path's StreamEnd) may carry the chat usage when the engine's
+        usage chunk never came; otherwise the token ids seen so far are the output count.
+        """
         events: list[dict[str, Any]] = []
         if not self.started:
-            events += [{"type": "message_start", "message": message_shell(self.message_id, self.model)}]
-            self.started = True
+            self._start_message(events, 0)
         if not self.finished:
-            self._finish(events, {"completion_tokens": self.output_ids})
+            chat_usage = getattr(end, "usage", None) or {"completion_tokens": self.output_ids}
+            self._finish(events, chat_usage)
         events.append({"type": "message_stop"})
+        self._result = self.message
         return b"".join(sse(e) for e in events)
 
     def ping(self) -> bytes:
+        """A keep-alive event for a long silence (clients and SDKs skip it)."""
         return PING
+
+    def _start_message(self, events: list[dict[str, Any]], input_tokens: int) -> None:
+        self.started = True
+        self.message["usage"]["input_tokens"] = input_tokens
+        events.append(
+            {"type": "message_start", "message": {**self.message, "content": [], "usage": dict(self.message["usage"])}}
+        )
 
     def _tool_call(self, events: list[dict[str, Any]], call: dict[str, Any]) -> None:
         slot = call.get("index", 0)
         fn = call.get("function") or {}
         if slot not in self.tool_blocks:
-            block: dict[str, Any] = {"type": "tool_use", "id": call.get("id") or f"toolu_{self.message_id}_{slot}",
-                     "name": fn.get("name") or "", "input": {}}  # fmt: skip
-            self._start(events, block, "tool_use")
-            self.tool_blocks[slot] = self.index
-        if fn.get("arguments"):
-            index = self.tool_blocks[slot]
-            if index != self.index:  # the engine went back to an earlier call: not in the Messages API
-                return
+            tool_id = call.get("id") or f"toolu_{self.message['id']}_{slot}"
+            self._start(events, {"type": "tool_use", "id": tool_id, "name": fn.get("name") or "", "input": {}})
+            self.tool_blocks[slot] = len(self.parts) - 1
+        index = self.tool_blocks[slot]
+        # A delta for an earlier, closed call cannot be expressed in the Messages API; vLLM never sends one.
+        if fn.get("arguments") and index == len(self.parts) - 1:
+            self.parts[index].append(fn["arguments"])
             events.append(self._delta({"type": "input_json_delta", "partial_json": fn["arguments"]}))
 
-    def _start(self, events: list[dict[str, Any]], block: dict[str, Any], kind: str) -> None:
+    def _start(self, events: list[dict[str, Any]], block: dict[str, Any]) -> None:
         self._stop(events)
-        self.index = self.blocks
-        self.blocks += 1
-        self.open = kind
-        events.append({"type": "content_block_start", "index": self.index, "content_block": block})
+        self.open_kind = block["type"]
+        self.parts.append([])
+        self.message["content"].append(dict(block))
+        events.append({"type": "content_block_start", "index": len(self.parts) - 1, "content_block": block})
 
     def _stop(self, events: list[dict[str, Any]]) -> None:
-        if self.open is not None:
-            events.append({"type": "content_block_stop", "index": self.index})
-            self.open = None
+        if self.open_kind is None:
+            return
+        index = len(self.parts) - 1
+        block = self.message["content"][index]
+        if self.open_kind == "text":
+            block["text"] = "".join(self.parts[index])
+        else:
+            block["input"] = tool_input("".join(self.parts[index]))
+        events.append({"type": "content_block_stop", "index": index})
+        self.open_kind = None
 
     def _delta(self, delta: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "content_block_delta", "index": self.index, "delta": delta}
+        return {"type": "content_block_delta", "index": len(self.parts) - 1, "delta": delta}
 
     def _finish(self, events: list[dict[str, Any]], chat_usage: dict[str, Any]) -> None:
-        if self.blocks == 0:  # an empty reply is one empty text block, as the non-streamed Message has
-            self._start(events, {"type": "text", "text": "", "citations": None}, "text")
+        if not self.parts:  # an empty reply is one empty text block, as the non-streamed Message has
+            self._start(events, {"type": "text", "text": "", "citations": None})
         self._stop(events)
         reason, sequence = stop_reason(self.finish_reason, self.matched, bool(self.tool_blocks))
         out_usage = usage(chat_usage)
-        delta_usage = {k: out_usage[k] for k in ("input_tokens", "output_tokens", "cache_creation_input_tokens",
-                                                  "cache_read_input_tokens", "server_tool_use")}  # fmt: skip
         if not chat_usage.get("prompt_tokens"):
-            delta_usage.pop("input_tokens")  # unknown here: message_start's count stands
-        events.append({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence,
-                                                          "stop_details": None}, "usage": delta_usage})  # fmt: skip
+            out_usage["input_tokens"] = self.message["usage"]["input_tokens"]  # message_start's count stands
+        keys = ("input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+        delta = {"stop_reason": reason, "stop_sequence": sequence, "stop_details": None}
+        events.append({"type": "message_delta", "delta": delta, "usage": {k: out_usage[k] for k in keys}})
+        self.message.update(stop_reason=reason, stop_sequence=sequence, usage=out_usage)
         self.finished = True

@@ -9,14 +9,15 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import anthropic
 import orjson
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
+from anthropic.types.shared.error_response import ErrorResponse
 from pydantic import TypeAdapter
 
 from proxy.dialects import anthropic as dialect
+from proxy.dialects import anthropic_out as out
 from proxy.dialects.anthropic_stream import MessageStream
 from proxy.errors import InvalidRequest, Unavailable, UpstreamError
 
@@ -223,18 +224,18 @@ def test_server_tools_are_dropped_not_refused() -> None:
 def test_bad_input_names_the_field(request_: dict[str, Any], param: str) -> None:
     exc = bad(request_)
     assert exc.param == param and exc.message.startswith(param + ":"), exc.message
-    out = dialect.error_body(exc, "msg_1")
-    assert out["type"] == "error" and out["error"]["type"] == "invalid_request_error"
-    assert dialect.error_status(exc) == 400
+    envelope = out.error_body(exc, "msg_1")
+    assert envelope["type"] == "error" and envelope["error"]["type"] == "invalid_request_error"
+    assert out.error_status(exc) == 400
 
 
 def test_error_envelope_uses_anthropic_statuses() -> None:
-    assert dialect.error_status(Unavailable("full")) == 529
-    assert dialect.error_body(Unavailable("full"))["error"]["type"] == "overloaded_error"
-    assert dialect.error_status(UpstreamError("x")) == 500
-    exc = bad(body(max_tokens=None))
-    anthropic_exc = anthropic.BadRequestError  # the SDK reads our envelope like its own
-    assert anthropic_exc.__name__ and dialect.error_body(exc)["error"]["message"].startswith("max_tokens")
+    assert out.error_status(Unavailable("full")) == 529
+    assert out.error_status(UpstreamError("x")) == 500
+    for exc in (Unavailable("full"), UpstreamError("x"), bad(body(max_tokens=None))):
+        typed = ErrorResponse.model_validate(out.error_body(exc, "msg_1"))  # the SDK's own error type
+        assert typed.type == "error" and typed.request_id == "msg_1"
+    assert out.error_body(Unavailable("full"))["error"]["type"] == "overloaded_error"
 
 
 def test_count_tokens_body_renders_as_a_call_would() -> None:
@@ -353,9 +354,9 @@ def parse_sse(raw: bytes) -> list[dict[str, Any]]:
     return events
 
 
-def streamed(reply: dict[str, Any]) -> tuple[list[dict[str, Any]], Message]:
+def streamed(reply: dict[str, Any]) -> tuple[list[dict[str, Any]], Message, dict[str, Any] | None]:
     state = MessageStream("msg_1", "alias")
-    raw = b"".join(state.feed(c) for c in chunks_for(reply)) + state.end()
+    raw = b"".join(state.feed(c) for c in chunks_for(reply)) + state.close()
     events = parse_sse(raw)
     adapter: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
     snapshot, bufs = None, {}  # type: ignore[var-annotated]
@@ -364,7 +365,7 @@ def streamed(reply: dict[str, Any]) -> tuple[list[dict[str, Any]], Message]:
         for event in events:
             snapshot = accumulate_event(event=adapter.validate_python(event), current_snapshot=snapshot, json_bufs=bufs)
     assert snapshot is not None
-    return events, Message.model_validate(snapshot.model_dump())
+    return events, Message.model_validate(snapshot.model_dump()), state.result
 
 
 @pytest.mark.parametrize(
@@ -379,20 +380,21 @@ def streamed(reply: dict[str, Any]) -> tuple[list[dict[str, Any]], Message]:
     ],
 )
 def test_reply_and_stream_agree_and_parse_in_the_sdk(reply: dict[str, Any], reason: str, sequence: str | None) -> None:
-    message = dialect.from_chat(reply, "msg_1", "alias")
+    message = out.from_chat(reply, "msg_1", "alias")
     typed = Message.model_validate(message)
     assert (typed.stop_reason, typed.stop_sequence) == (reason, sequence)
     assert (typed.usage.input_tokens, typed.usage.output_tokens) == (12, 3)
     assert set(message) >= {"id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"}
-    events, assembled = streamed(reply)
+    events, assembled, result = streamed(reply)
     assert assembled.model_dump() == typed.model_dump()
+    assert result == message  # what the record keeps as the client's reply
     kinds = [e["type"] for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
     assert events[0]["message"]["usage"]["input_tokens"] == 12  # known at the first chunk from the prompt ids
 
 
 def test_tool_stream_events_in_order() -> None:
-    events, assembled = streamed(tool_reply())
+    events, assembled, _ = streamed(tool_reply())
     assert [e["type"] for e in events] == [
         "message_start",
         "content_block_start",
@@ -420,13 +422,13 @@ def test_each_chunk_is_translated_as_it_arrives() -> None:
     assert [e["type"] for e in parse_sse(state.feed(chunks[2]))] == ["content_block_delta"]
     assert state.feed(chunks[3]) == b""  # the finish chunk: stop reason waits for usage
     assert [e["type"] for e in parse_sse(state.feed(chunks[4]))] == ["content_block_stop", "message_delta"]
-    assert [e["type"] for e in parse_sse(state.end())] == ["message_stop"]
+    assert [e["type"] for e in parse_sse(state.close())] == ["message_stop"]
     assert parse_sse(state.ping()) == [{"type": "ping"}]
 
 
 def test_stream_cut_short_still_closes_with_counted_tokens() -> None:
     state = MessageStream("msg_1", "alias")
-    raw = b"".join(state.feed(c) for c in chunks_for(text_reply("Hello there"))[:3]) + state.end()
+    raw = b"".join(state.feed(c) for c in chunks_for(text_reply("Hello there"))[:3]) + state.close()
     events = parse_sse(raw)
     assert [e["type"] for e in events][-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert events[-2]["usage"]["output_tokens"] == 2  # token ids seen so far

@@ -1,0 +1,60 @@
+"""Anthropic routes that are not calls: ``POST /v1/messages/count_tokens``.
+
+``/v1/messages`` itself is a dialect served by the one call path (:mod:`proxy.dialects`).
+Counting renders the request exactly as a call would (the same translation to chat
+messages and tools) through the engine's tokenizer, so the count is the
+``input_tokens`` the call will report. Nothing is recorded: no tokens were sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from proxy.calls import read_json
+from proxy.deps import PathId
+from proxy.dialects.anthropic import count_tokens_body
+from proxy.dialects.anthropic_out import error_body, error_status
+from proxy.errors import ApiError, InvalidRequest, UpstreamError
+from proxy.responses import ORJSONResponse
+
+router = APIRouter()
+COUNT_DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "additionalProperties": True, "required": ["model", "messages"],
+    "properties": {"model": {"type": "string"}, "messages": {"type": "array", "minItems": 1}}}}}}}  # fmt: skip
+
+
+@router.post("/v1/messages/count_tokens", openapi_extra=COUNT_DOC, tags=["anthropic"])
+async def count_tokens(request: Request) -> Response:
+    """The prompt's token count for a Messages request, in Anthropic's shape (``{"input_tokens": N}``)."""
+    try:
+        return ORJSONResponse({"input_tokens": await _count(request)})
+    except ApiError as exc:
+        return ORJSONResponse(error_body(exc), status_code=error_status(exc), headers=exc.headers)
+
+
+@router.post("/s/{session_id}/v1/messages/count_tokens", include_in_schema=False)
+async def session_count_tokens(request: Request, session_id: PathId) -> Response:
+    return await count_tokens(request)
+
+
+async def _count(request: Request) -> int:
+    st: Any = request.app.state.onthejob
+    headers = request.headers
+    principal = await st.auth.authenticate(headers.get("authorization"), headers.get("x-api-key"))
+    st.ratelimiter.check(principal.key_id)
+    payload = count_tokens_body(await read_json(request, st.settings.max_body_bytes))
+    payload["model"] = st.router.resolve(principal.project_id, payload["model"]).served_model
+    try:
+        status, reply = await st.upstream.post_json(st.upstream.pick(), "/tokenize", payload, timeout=30)
+    except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
+        raise UpstreamError(f"cannot reach the engine to count tokens: {type(exc).__name__}") from exc
+    if status >= 500 or not isinstance(reply, dict):
+        raise UpstreamError(f"the engine failed to count tokens (HTTP {status})")
+    if status >= 400:
+        detail = reply.get("error", reply)
+        message = detail.get("message") if isinstance(detail, dict) else None
+        raise InvalidRequest(f"the engine refused the request: {message or reply}")
+    return int(reply["count"])

@@ -184,7 +184,10 @@ def _tool_use(block: dict[str, Any], at: str) -> dict[str, Any]:
     args = block.get("input", {})
     if not isinstance(args, dict):
         raise _fail(f"{at}.input", "must be an object")
-    return {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": json.dumps(args)}}
+    # As vLLM's tool parsers write arguments, so a resent tool_use matches the call's captured reply
+    # (message-prefix linking compares them) and renders as the engine's own /v1/messages would.
+    arguments = json.dumps(args, ensure_ascii=False)
+    return {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
 
 
 def _result_text(content: Any, at: str) -> str:

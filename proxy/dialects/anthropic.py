@@ -63,6 +63,10 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     for i, message in enumerate(messages):
         previous_tool_ids = _message(message, f"messages.{i}", previous_tool_ids, chat_messages)
     out: dict[str, Any] = {"model": model, "messages": chat_messages, "max_tokens": max_tokens}
+    if chat_messages[-1]["role"] == "assistant" and isinstance(chat_messages[-1].get("content"), str):
+        # A final assistant turn is a prefill: Anthropic continues it rather than starting a new turn.
+        out["continue_final_message"] = True
+        out["add_generation_prompt"] = False
     if "stream" in body:
         if not isinstance(body["stream"], bool):
             raise _fail("stream", "must be true or false")
@@ -75,9 +79,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             out[name] = value
     top_k = body.get("top_k")
     if top_k is not None:
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-            raise _fail("top_k", "must be an integer of at least 1")
-        out["top_k"] = top_k
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+            raise _fail("top_k", "must be a non-negative integer")
+        out["top_k"] = top_k or -1  # 0: no top-k cut, vLLM's -1
     stops = body.get("stop_sequences")
     if stops is not None:
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):

@@ -432,3 +432,10 @@ def test_stream_cut_short_still_closes_with_counted_tokens() -> None:
     events = parse_sse(raw)
     assert [e["type"] for e in events][-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert events[-2]["usage"]["output_tokens"] == 2  # token ids seen so far
+
+
+def test_a_final_assistant_turn_is_continued() -> None:
+    prefill = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+    chat = dialect.to_chat(body(messages=prefill))
+    assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False
+    assert "continue_final_message" not in dialect.to_chat(body())

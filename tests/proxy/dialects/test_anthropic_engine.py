@@ -16,7 +16,7 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
-from anthropic.types import Message, MessageParam
+from anthropic.types import Message
 from transformers import AutoTokenizer
 
 from onthejob.engine import Engine
@@ -82,7 +82,7 @@ def test_sdk_create_stream_count_tokens_and_curl_match_the_engine(served: tuple[
     client = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)  # ANTHROPIC_BASE_URL=proxy.url
     model = engine.model.name
     system = [{"type": "text", "text": "You are a terse assistant.", "cache_control": {"type": "ephemeral"}}]
-    messages: list[MessageParam] = [{"role": "user", "content": "Name three colours."}]
+    messages: list[Any] = [{"role": "user", "content": "Name three colours."}]
     request = {"model": model, "max_tokens": 24, "temperature": 0, "system": system, "messages": messages,
                "stop_sequences": ["\n\n\n"]}  # fmt: skip
 
@@ -129,7 +129,7 @@ def test_forced_tool_use_round_trip_is_one_token_exact_trajectory(served: tuple[
     proxy, key, engine = served
     client = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0)
     model = engine.model.name
-    messages: list[MessageParam] = [{"role": "user", "content": "What is 17 times 3? Use the calculator."}]
+    messages: list[Any] = [{"role": "user", "content": "What is 17 times 3? Use the calculator."}]
     choices: list[dict[str, Any]] = [{"type": "tool", "name": "calculator"}, {"type": "any"}, {"type": "none"}]
     ids, sessions, results = [], set(), []
     for turn, choice in enumerate(choices):

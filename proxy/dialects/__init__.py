@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.base import Dialect
 from proxy.dialects.responses import ResponsesDialect
 
 # Stateless translators, one per client API; the serving path matches their paths.
-DIALECTS: tuple[Dialect, ...] = (ResponsesDialect(),)
+DIALECTS: tuple[Dialect, ...] = (ResponsesDialect(), AnthropicDialect())
 ROUTES: dict[str, Dialect] = {path: d for d in DIALECTS for path in d.paths}

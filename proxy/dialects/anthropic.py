@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 from proxy.dialects.anthropic_out import error_body, error_status, from_chat
 from proxy.dialects.anthropic_stream import MessageStream
+from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored
 from proxy.errors import ApiError, InvalidRequest
 
 ROLES = ("user", "assistant")
@@ -274,11 +275,11 @@ def count_tokens_body(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class AnthropicDialect:
-    """``POST /v1/messages`` served through the one chat call path (see :mod:`proxy.dialects`)."""
+class AnthropicDialect(Dialect):
+    """``POST /v1/messages`` served through the one chat call path (see :mod:`proxy.dialects.base`)."""
 
     name = "anthropic"
-    paths = ("/v1/messages",)
+    paths: ClassVar[tuple[str, ...]] = ("/v1/messages",)
     id_prefix = "msg_"  # our completion id is the Message id, and x-request-id
 
     def credentials(self, headers: dict[str, str]) -> str | None:
@@ -288,13 +289,13 @@ class AnthropicDialect:
         key = headers.get("x-api-key")
         return f"Bearer {key}" if key else None
 
-    def to_chat(self, body: dict[str, Any], previous: Any = None) -> dict[str, Any]:
+    def to_chat(self, body: dict[str, Any], previous: Stored | None) -> dict[str, Any]:
         return to_chat(body)
 
-    def reply(self, chat: dict[str, Any], ex: Any) -> dict[str, Any]:
+    def reply(self, chat: dict[str, Any], ex: Exchange) -> dict[str, Any]:
         return from_chat(chat, ex.id, ex.model)
 
-    def stream(self, ex: Any) -> MessageStream:
+    def stream(self, ex: Exchange) -> DialectStream:
         return MessageStream(ex.id, ex.model)
 
     def error(self, exc: ApiError) -> tuple[int, dict[str, Any]]:

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.anthropic_out import message_shell, stop_reason, tool_input, usage
+from proxy.dialects.base import DialectStream, StreamEnd
 
 PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
@@ -29,7 +30,7 @@ def sse(event: dict[str, Any]) -> bytes:
     return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
-class MessageStream:
+class MessageStream(DialectStream):
     """The per-stream state machine: the open block, tool-call slots, stop reason, usage."""
 
     def __init__(self, message_id: str, model: str) -> None:
@@ -80,7 +81,7 @@ class MessageStream:
             self._finish(events, chunk["usage"])
         return b"".join(sse(e) for e in events)
 
-    def close(self, end: Any = None) -> bytes:
+    def close(self, end: StreamEnd | None = None) -> bytes:
         """The closing events: whatever is still open, then ``message_stop``.
 
         ``end`` (the serving path's StreamEnd) may carry the chat usage when the engine's
@@ -90,7 +91,7 @@ class MessageStream:
         if not self.started:
             self._start_message(events, 0)
         if not self.finished:
-            chat_usage = getattr(end, "usage", None) or {"completion_tokens": self.output_ids}
+            chat_usage = (end.usage if end else None) or {"completion_tokens": self.output_ids}
             self._finish(events, chat_usage)
         events.append({"type": "message_stop"})
         self._result = self.message

@@ -15,15 +15,13 @@ from fastapi.responses import Response
 
 from proxy.calls import read_json
 from proxy.deps import PathId
-from proxy.dialects.anthropic import count_tokens_body
+from proxy.dialects.anthropic import COUNT_SCHEMA, count_tokens_body
 from proxy.dialects.anthropic_out import error_body, error_status
-from proxy.errors import ApiError, InvalidRequest, UpstreamError
+from proxy.errors import ApiError, InvalidRequest, NotFound, UpstreamError
 from proxy.responses import ORJSONResponse
 
 router = APIRouter()
-COUNT_DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
-    "type": "object", "additionalProperties": True, "required": ["model", "messages"],
-    "properties": {"model": {"type": "string"}, "messages": {"type": "array", "minItems": 1}}}}}}}  # fmt: skip
+COUNT_DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": COUNT_SCHEMA}}}}
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=COUNT_DOC, tags=["anthropic"])
@@ -53,6 +51,8 @@ async def _count(request: Request) -> int:
         raise UpstreamError(f"cannot reach the engine to count tokens: {type(exc).__name__}") from exc
     if status >= 500 or not isinstance(reply, dict):
         raise UpstreamError(f"the engine failed to count tokens (HTTP {status})")
+    if status == 404:
+        raise NotFound(f"the engine has no tokenizer route or no model {payload['model']!r}", param="model")
     if status >= 400:
         detail = reply.get("error", reply)
         message = detail.get("message") if isinstance(detail, dict) else None

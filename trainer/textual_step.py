@@ -17,14 +17,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from trainer.batch import Batch, Example, collate, recorded_behaviour
-from trainer.logprobs import sequence_logprobs
-from trainer.sdpo import align, correction_loss, sdpo_token_loss
+from trainer.logprobs import processed_logits, sequence_logprobs
+from trainer.sdpo import align, correction_loss, sdpo_token_loss, sdpo_topk_loss
 from trainer.textual import TextualExample
+
+Form = Literal["token", "topk"]
+FLOOR = -1e4  # log-probs of tokens outside a filtered support: finite, so 0 · (−∞) never makes a NaN
 
 
 @dataclass
@@ -61,6 +64,25 @@ def _score(model: Any, b: Batch) -> torch.Tensor:
     ).logprobs
 
 
+def _rows(model: Any, b: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Processed log-softmax rows ``[N, V]`` predicting each masked token, and where they are (row, t).
+
+    Rows come in row-major order of the masked positions, so a teacher and a student with the
+    same number of masked tokens per row line up one to one. The top-k form needs them whole.
+    """
+    positions = (b.mask > 0).clone()
+    positions[:, 0] = False
+    columns = torch.nonzero(positions.any(dim=0)).squeeze(1)
+    logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask, logits_to_keep=columns - 1).logits
+    rows, cols = torch.nonzero(positions[:, columns], as_tuple=True)
+    t = columns[cols]
+    processed = processed_logits(
+        logits[rows, cols], b.temperature[rows, t], b.top_k[rows, t], b.top_p[rows, t], b.min_p[rows, t],
+        keep=b.input_ids[rows, t],
+    )  # fmt: skip
+    return torch.log_softmax(processed, dim=-1).clamp(min=FLOOR), (rows, t)
+
+
 def _chunks(examples: Sequence[TextualExample], max_tokens: int) -> list[list[TextualExample]]:
     """Longest first, at most ``max_tokens`` padded tokens of the longer sequence (the teacher's) per chunk."""
 
@@ -79,20 +101,28 @@ def _chunks(examples: Sequence[TextualExample], max_tokens: int) -> list[list[Te
 def textual_backward(
     model: Any, pad_id: int, device: torch.device | str, examples: Sequence[TextualExample], *,
     micro_tokens: int = 4096, clip: float = 2.0, sdpo_weight: float = 1.0, correction_weight: float = 1.0,
+    form: Form = "token", k: int = 20,
 ) -> TextualSums:  # fmt: skip
-    """Accumulate the summed SDPO and correction gradients of ``examples`` into ``model``'s parameters."""
+    """Accumulate the summed SDPO and correction gradients of ``examples`` into ``model``'s parameters.
+
+    ``form``: ``token`` (the sampled-token signal, one log-prob per position) or ``topk`` (reverse
+    KL over the student's top ``k`` tokens plus a tail bucket, whole rows kept for both passes).
+    """
     sums = TextualSums()
     sdpo = [e for e in examples if e.objective == "sdpo" and e.teacher is not None]
     sft = [e for e in examples if e.objective == "correction"]
     for chunk in _chunks(sdpo, micro_tokens):
         teachers = collate([Example(e.teacher, 0.0, [math.nan] * len(e.teacher.token_ids)) for e in chunk if e.teacher],
                            pad_id, device)  # fmt: skip
-        with torch.no_grad():
-            teacher_logp = _score(model, teachers)
         b = collate([Example(e.student, 0.0, recorded_behaviour(e.student)) for e in chunk], pad_id, device)
-        logp = _score(model, b)
-        aligned = align(teacher_logp, teachers.mask, b.mask)
-        loss = sdpo_token_loss(logp, aligned, logp.detach(), b.behav, b.mask, n_tokens=1, clip=clip)
+        if form == "topk":
+            loss, logp, aligned = _topk(model, teachers, b, k, clip)
+        else:
+            with torch.no_grad():
+                teacher_logp = _score(model, teachers)
+            logp = _score(model, b)
+            aligned = align(teacher_logp, teachers.mask, b.mask)
+            loss = sdpo_token_loss(logp, aligned, logp.detach(), b.behav, b.mask, n_tokens=1, clip=clip)
         (sdpo_weight * loss).backward()
         sums.sdpo_loss += float(loss.detach())
         sums.sdpo_tokens += float(b.mask.sum())
@@ -104,3 +134,22 @@ def textual_backward(
         sums.correction_loss += float(loss.detach())
         sums.correction_tokens += float(b.mask.sum())
     return sums
+
+
+def _topk(
+    model: Any, teachers: Batch, b: Batch, k: int, clip: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The top-k + tail reverse KL of one chunk; also the student's and teacher's logged-token log-probs."""
+    with torch.no_grad():
+        teacher_rows, _ = _rows(model, teachers)
+    student_rows, (rows, t) = _rows(model, b)
+    ids = b.input_ids[rows, t].unsqueeze(1)
+    picked = student_rows.gather(1, ids).squeeze(1)
+    mu = b.behav[rows, t]
+    loss = sdpo_topk_loss(
+        student_rows.unsqueeze(0), teacher_rows.unsqueeze(0), picked.detach().unsqueeze(0), mu.unsqueeze(0),
+        torch.ones_like(mu).unsqueeze(0), n_tokens=1, k=k, clip=clip,
+    )  # fmt: skip
+    logp = torch.zeros_like(b.mask).index_put((rows, t), picked.detach())
+    aligned = torch.zeros_like(b.mask).index_put((rows, t), teacher_rows.gather(1, ids).squeeze(1))
+    return loss, logp, aligned

@@ -21,6 +21,7 @@ WORKDIR /app
 # Sources first (the editable install needs them), then the same bootstrap as ./run.
 COPY pyproject.toml README.md run ./
 COPY onthejob ./onthejob
+COPY engine ./engine
 COPY proxy ./proxy
 COPY storage ./storage
 COPY trainer ./trainer

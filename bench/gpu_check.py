@@ -46,8 +46,8 @@ def record(out: Path) -> None:
     import httpx
 
     from bench.harness import free_port
-    from onthejob.engine import Engine, EngineConfig
-    from onthejob.models import resolve_model
+    from engine.launcher import Engine, EngineConfig
+    from engine.weights import resolve_model
 
     info = resolve_model("tiny")
     samples = []

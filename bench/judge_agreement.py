@@ -100,8 +100,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    from onthejob.engine import Engine, EngineConfig
-    from onthejob.models import resolve_model
+    from engine.launcher import Engine, EngineConfig
+    from engine.weights import resolve_model
 
     info = resolve_model(args.model)
     engine: Any = None

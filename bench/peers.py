@@ -18,7 +18,7 @@ MODEL = "stub-model"
 
 def stub(logdir: Path, cores: set[int] | None) -> Server:
     port = free_port()
-    cmd = [PY, "-m", "onthejob.stub_upstream", "--port", str(port)]
+    cmd = [PY, "-m", "bench.stub_upstream", "--port", str(port)]
     return start_server("stub", cmd, port, logdir, ready_path="/v1/models", cores=cores)
 
 

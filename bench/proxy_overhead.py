@@ -1,6 +1,6 @@
 """What the recording proxy costs, in one run: direct vs bare pass-through vs onthejob (recording on and off).
 
-Against the fast stub upstream (onthejob/stub_upstream.py, which returns token ids
+Against the fast stub upstream (bench/stub_upstream.py, which returns token ids
 and logprobs when asked), at concurrency 1 and 64, streaming and not. Prints p50/p99
 added latency over direct, requests/s, the recording-on/off throughput ratio, and
 records lost: every ``x-request-id`` a client got from the recording proxy, compared

@@ -89,7 +89,7 @@ def start_proc(
 
 def start_stub(logdir: Path) -> Server:
     port = free_port()
-    return start_proc("stub", [PY, "-m", "onthejob.stub_upstream", "--port", str(port)], port, logdir,
+    return start_proc("stub", [PY, "-m", "bench.stub_upstream", "--port", str(port)], port, logdir,
                       ready_path="/v1/models")  # fmt: skip
 
 

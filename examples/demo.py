@@ -171,8 +171,8 @@ class Stack:
         self.close()
 
     def start(self) -> None:
-        from onthejob.engine import Engine, EngineConfig
-        from onthejob.models import resolve_model
+        from engine.launcher import Engine, EngineConfig
+        from engine.weights import resolve_model
 
         self.out.mkdir(parents=True, exist_ok=True)
         self.adapters.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -12,8 +14,8 @@ class UserError(Exception):
 
 
 def engine(args: argparse.Namespace) -> int:
-    from onthejob.engine import Engine, EngineConfig, EngineError
-    from onthejob.models import ModelError, resolve_model
+    from engine.launcher import Engine, EngineConfig, EngineError
+    from engine.weights import ModelError, resolve_model
 
     try:
         model = resolve_model(args.model)
@@ -107,6 +109,26 @@ def keys_create(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    from storage.export import run
+    """``onthejob export --format sft|dpo|rl [--alias A] [--min-reward X] [--since T] -o FILE``."""
+    from sqlalchemy.orm import Session
 
-    return run(args)
+    from storage.db import sync_engine
+    from storage.export import export_rows, parse_since, write_jsonl
+
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        raise UserError(f"--since {args.since!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+    eng = sync_engine(args.db)
+    try:
+        with Session(eng) as db:
+            rows, read, excluded = export_rows(
+                db, args.project, args.format, alias=args.alias, since=since, min_reward=args.min_reward
+            )
+    finally:
+        eng.dispose()
+    write_jsonl(rows, Path(args.output))
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(excluded.items())) or "none"
+    print(f"wrote {len(rows)} {args.format} rows from {read} trajectories to {args.output}; excluded: {reasons}",
+          file=sys.stderr)  # fmt: skip
+    return 0

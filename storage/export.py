@@ -15,17 +15,18 @@ every exclusion is counted and printed.
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from storage.loaders import training_exclusion
 from storage.trajectories import Trajectory, column, trajectory_to_dict
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
 
 Conversation = list[dict[str, Any]]
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "seed", "n")
@@ -185,27 +186,18 @@ def write_jsonl(rows: Sequence[Mapping[str, Any]], path: Path) -> None:
     tmp.replace(path)
 
 
-def run(args: argparse.Namespace) -> int:
-    """``onthejob export --format sft|dpo|rl [--alias A] [--min-reward X] [--since T] -o FILE``."""
-    from sqlalchemy.orm import Session
-
-    from storage.db import sync_engine
+def export_rows(
+    db: Session,
+    project_id: str,
+    fmt: str,
+    *,
+    alias: str | None = None,
+    since: datetime | None = None,
+    min_reward: float | None = None,
+) -> tuple[list[dict[str, Any]], int, Counter[str]]:
+    """The rows of one format for a project's trajectories, how many trajectories were read, exclusions."""
     from storage.loaders import load_with_calls
 
-    try:
-        since = parse_since(args.since)
-    except ValueError:
-        print(f"onthejob export: --since {args.since!r} is not an ISO time, e.g. 2026-11-30T12:00", file=sys.stderr)
-        return 2
-    engine = sync_engine(args.db)
-    try:
-        with Session(engine) as db:
-            calls, trajectories = load_with_calls(db, args.project, alias=args.alias, since=since)
-    finally:
-        engine.dispose()
-    rows, excluded = FORMATS[args.format](trajectories, {c.id: c for c in calls}, args.min_reward)
-    write_jsonl(rows, Path(args.output))
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(excluded.items())) or "none"
-    print(f"wrote {len(rows)} {args.format} rows from {len(trajectories)} trajectories to {args.output}; "
-          f"excluded: {reasons}", file=sys.stderr)  # fmt: skip
-    return 0
+    calls, trajectories = load_with_calls(db, project_id, alias=alias, since=since)
+    rows, excluded = FORMATS[fmt](trajectories, {c.id: c for c in calls}, min_reward)
+    return rows, len(trajectories), excluded

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from onthejob.engine import Engine, EngineConfig
-from onthejob.models import ModelInfo, resolve_model
+from engine.launcher import Engine, EngineConfig
+from engine.weights import ModelInfo, resolve_model
 from storage.migrate import upgrade
 
 PG_ADMIN_URL = os.environ.get("DATABASE_TEST_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

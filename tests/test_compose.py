@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,9 @@ def test_dockerfile_installs_the_way_run_does() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "./run bootstrap" in text
     assert "ARG ONTHEJOB_GPU=1" in text
-    for folder in ("onthejob", "proxy", "storage", "trainer", "migrations", "examples"):
+    # Every package pyproject installs (read from it, so a new package cannot be forgotten) and migrations.
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    for folder in [p.removesuffix("*") for p in include] + ["migrations"]:
         assert f"COPY {folder} " in text, folder
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import torch
 
-from onthejob.engine import Engine
+from engine.launcher import Engine
 from storage.migrate import upgrade
 from tests.proxy.conftest import Proxy, ProxyFactory, make_key, start_proxy  # noqa: F401 (fixture)
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import torch
 
-from onthejob.engine import MAX_LORA_RANK, model_dtype
-from onthejob.models import ModelInfo, resolve_model, weights_sha256
+from engine.launcher import MAX_LORA_RANK, model_dtype
+from engine.weights import ModelInfo, resolve_model, weights_sha256
 from storage.trajectories import Trajectory
 from trainer import dist
 from trainer.advantages import TaskBaseline, compute_advantages

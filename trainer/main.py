@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -346,15 +346,3 @@ def summary_line(step: int, version: int | None, result: StepResult) -> str:
         f"ess {num('ess', '.3f')} kl {num('kl_mu_pi', '.2e')} tokens {m.get('tokens', 0)} "
         f"trajectories {m.get('trajectories', 0)}{_excluded_text(result.excluded)}"
     )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m trainer.main ...`` (what ``torchrun -m trainer.main`` runs): the CLI's train flags."""
-    from onthejob.cli import build_parser
-
-    args = build_parser().parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -25,7 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from onthejob.models import ModelInfo
+from engine.weights import ModelInfo
 from storage.models import Adapter
 from trainer.errors import DeployError, PublishError
 

@@ -96,11 +96,13 @@ def make_key(db_url: str, project: str = "default", role: str = "harness") -> st
 
 @pytest.fixture
 def stub_upstream(tmp_path: Path) -> Iterator[str]:
-    """The fault-injecting fake engine (onthejob.stub_upstream) on a free port."""
+    """The fault-injecting fake engine (bench.stub_upstream) on a free port."""
     port = free_port()
     log = tmp_path / "stub.log"
-    proc = subprocess.Popen([sys.executable, "-m", "onthejob.stub_upstream", "--port", str(port)],
-                            stdout=log.open("ab"), stderr=subprocess.STDOUT)  # fmt: skip
+    # bench/ is test and bench equipment, not an installed package: run it from the checkout.
+    proc = subprocess.Popen([sys.executable, "-m", "bench.stub_upstream", "--port", str(port)],
+                            cwd=Path(__file__).resolve().parents[2], stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

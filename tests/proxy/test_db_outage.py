@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from onthejob.engine import Engine
+from engine.launcher import Engine
 from storage.db import sync_engine
 from storage.migrate import upgrade
 from storage.models import Completion

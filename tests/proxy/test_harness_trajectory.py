@@ -14,7 +14,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from onthejob.engine import Engine
+from engine.launcher import Engine
 from tests.proxy.conftest import ProxyFactory
 
 pytestmark = [pytest.mark.engine, pytest.mark.default_model]

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session
 
-from onthejob.engine import Engine
+from engine.launcher import Engine
 from storage.db import sync_engine
 from storage.loaders import load_training_batch
 from storage.trajectories import assemble_session, chat_template_render

@@ -137,7 +137,7 @@ def test_trl_trainers_take_a_step_on_the_exports(data: Data, tmp_path: Path) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
-    from onthejob.models import resolve_model
+    from engine.weights import resolve_model
 
     path = resolve_model("tiny").path
     tokenizer = AutoTokenizer.from_pretrained(path)

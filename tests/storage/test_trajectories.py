@@ -161,7 +161,7 @@ def test_assemble_splits_by_session_and_serialises() -> None:
 def test_chat_template_render_on_the_tiny_tokenizer() -> None:
     from transformers import AutoTokenizer
 
-    from onthejob.models import resolve_model
+    from engine.weights import resolve_model
 
     tok = AutoTokenizer.from_pretrained(resolve_model("tiny").path)
     render = chat_template_render(tok)

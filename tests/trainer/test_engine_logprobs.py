@@ -15,7 +15,7 @@ import httpx
 import pytest
 import torch
 
-from onthejob.engine import Engine
+from engine.launcher import Engine
 from storage.trajectories import Trajectory
 from tests.trainer.helpers import make_trajectory
 from trainer.advantages import TaskBaseline

@@ -184,7 +184,7 @@ def test_baseline_is_used_for_lone_attempts(policy: Policy) -> None:
 
 
 def test_modified_base_weights_are_refused(tmp_path: Path) -> None:
-    from onthejob.models import resolve_model
+    from engine.weights import resolve_model
 
     info = resolve_model("tiny")
     fake = type(info)(path=info.path, name=info.name, sha256="0" * 64)

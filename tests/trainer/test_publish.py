@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from onthejob.models import ModelInfo
+from engine.weights import ModelInfo
 from storage.db import sync_engine
 from storage.keys import ensure_project
 from storage.models import Adapter

@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from onthejob.models import ModelInfo
+from engine.weights import ModelInfo
 
 MAX_LORA_RANK = 16
 

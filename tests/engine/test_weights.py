@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from onthejob import models
-from onthejob.models import ModelError, resolve_model, weights_sha256
+from engine import weights
+from engine.weights import ModelError, resolve_model, weights_sha256
 
 
 def test_tiny_is_deterministic_and_fast(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,7 +23,7 @@ def test_tiny_is_deterministic_and_fast(tmp_path: Path, monkeypatch: pytest.Monk
     print(f"tiny model built in {built_in:.2f}s")  # informational; no timing assertion
 
 
-def test_tiny_tokenizer_has_chatml_and_byte_vocab(tiny_model: models.ModelInfo) -> None:
+def test_tiny_tokenizer_has_chatml_and_byte_vocab(tiny_model: weights.ModelInfo) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model.path)
@@ -36,13 +36,13 @@ def test_tiny_tokenizer_has_chatml_and_byte_vocab(tiny_model: models.ModelInfo) 
     assert max(ids) < cfg.vocab_size
 
 
-def test_default_is_converted_from_the_installed_gguf(default_model: models.ModelInfo) -> None:
-    assert models.smollm2_gguf().suffix == ".gguf"
+def test_default_is_converted_from_the_installed_gguf(default_model: weights.ModelInfo) -> None:
+    assert weights.smollm2_gguf().suffix == ".gguf"
     assert (default_model.path / "model.safetensors").is_file()
     assert weights_sha256(default_model.path) == default_model.sha256
 
 
-def test_path_models_and_errors(tiny_model: models.ModelInfo, tmp_path: Path) -> None:
+def test_path_models_and_errors(tiny_model: weights.ModelInfo, tmp_path: Path) -> None:
     again = resolve_model(str(tiny_model.path))
     assert again.sha256 == tiny_model.sha256 and again.name == tiny_model.name
     with pytest.raises(ModelError, match="no such folder"):

@@ -8,7 +8,7 @@ the proxy passes through untouched::
     "stub_fault": "500" | "reset" | "stall" | "malformed" | "reset_midstream" | "stall_midstream"
     "stub_gap_ms": 20        # gap between streamed chunks
 
-Run: ``python -m onthejob.stub_upstream --port 9000``.
+Run: ``python -m bench.stub_upstream --port 9000``.
 """
 
 from __future__ import annotations

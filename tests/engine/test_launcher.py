@@ -8,8 +8,8 @@ import httpx
 import pytest
 import torch
 
-from onthejob.engine import Engine
-from onthejob.models import ModelInfo
+from engine.launcher import Engine
+from engine.weights import ModelInfo
 
 pytestmark = pytest.mark.engine
 

@@ -7,6 +7,11 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from proxy.settings import Settings as ProxySettings
+    from trainer.settings import TrainSettings
 
 
 class UserError(Exception):
@@ -43,22 +48,62 @@ def engine(args: argparse.Namespace) -> int:
         eng.stop()
 
 
+def admin_key(flag: str | None) -> str | None:
+    """``--admin-key``, else ``ONTHEJOB_ADMIN_KEY``: the one place the CLI's commands read it."""
+    return flag or os.environ.get("ONTHEJOB_ADMIN_KEY") or None
+
+
+def proxy_settings(args: argparse.Namespace) -> ProxySettings:
+    """``onthejob serve``'s flags over the proxy's own environment defaults (see proxy.settings)."""
+    from proxy.settings import Settings
+
+    kwargs: dict[str, Any] = {"database_url": args.db, "auth": not args.no_auth}
+    if args.upstream:
+        kwargs["upstreams"] = [u for item in args.upstream for u in item.split(",")]
+    if args.spool:
+        kwargs["spool_dir"] = Path(args.spool)
+    try:
+        return Settings(**kwargs)
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+
+
 def serve(args: argparse.Namespace) -> int:
     from proxy.main import run
 
-    return run(args)
+    if args.workers < 1:
+        raise UserError(f"--workers {args.workers}: must be at least 1")
+    return run(proxy_settings(args), host=args.host, port=args.port, workers=args.workers)
+
+
+def train_settings(args: argparse.Namespace) -> TrainSettings:
+    """``onthejob train``'s flags and environment as the trainer's one validated settings object."""
+    from storage.db import database_url
+    from trainer.settings import SettingsError, TrainSettings
+
+    try:
+        return TrainSettings(
+            alias=args.alias, database_url=database_url(args.db), model=args.model, project=args.project,
+            objective=args.objective, lr=args.lr, batch_size=args.batch_size, min_batch=args.min_batch,
+            max_len=args.max_len, threads=args.threads, fresh_optimizer=args.fresh_optimizer, parent=str(args.parent),
+            steps=args.steps if args.steps is not None else (None if args.watch else 1), watch=args.watch,
+            poll_s=args.poll, adapters=Path(args.adapters), proxy=args.proxy, admin_key=admin_key(args.admin_key),
+            deploy=not args.no_deploy,
+        )  # fmt: skip
+    except SettingsError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def train(args: argparse.Namespace) -> int:
-    from trainer.main import run
+    from trainer.runner import run
 
-    return run(args)
+    return run(train_settings(args))
 
 
 def deploy(args: argparse.Namespace) -> int:
     import httpx
 
-    key = args.admin_key or os.environ.get("ONTHEJOB_ADMIN_KEY", "")
+    key = admin_key(args.admin_key) or ""
     version = None if args.version == "base" else int(args.version)
     resp = httpx.post(
         f"{args.proxy}/v1/admin/deployments",

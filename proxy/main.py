@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
-from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -13,15 +11,6 @@ from fastapi import FastAPI
 from proxy.app import create_app
 from proxy.settings import Settings
 from storage.migrate import upgrade
-
-
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    kwargs: dict[str, object] = {"database_url": args.db, "auth": not args.no_auth}
-    if args.upstream:
-        kwargs["upstreams"] = [u for item in args.upstream for u in item.split(",")]
-    if args.spool:
-        kwargs["spool_dir"] = Path(args.spool)
-    return Settings(**kwargs)  # type: ignore[arg-type]
 
 
 def app_from_env() -> FastAPI:
@@ -51,18 +40,18 @@ def worker_env(settings: Settings, workers: int) -> dict[str, str]:
     return env
 
 
-def run(args: argparse.Namespace) -> int:
+def run(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> int:
+    """Migrate if the database answers, then serve until stopped; ``workers`` > 1 runs that many processes."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    settings = settings_from_args(args)
     try:
         upgrade(settings.database_url)  # a fresh install answers at once; a no-op when already at head
     except Exception as exc:  # noqa: BLE001 - database down: serve and spool; it drains when it returns
         logging.getLogger("onthejob.proxy").warning("could not migrate the database now (%s); serving anyway", exc)
-    server = {"host": args.host, "port": args.port, "loop": "uvloop", "http": "httptools", "log_level": "warning",
+    server = {"host": host, "port": port, "loop": "uvloop", "http": "httptools", "log_level": "warning",
               "timeout_graceful_shutdown": 30}  # fmt: skip
-    if args.workers > 1:
-        os.environ.update(worker_env(settings, args.workers))
-        uvicorn.run("proxy.main:app_from_env", factory=True, workers=args.workers, **server)  # type: ignore[arg-type]
+    if workers > 1:
+        os.environ.update(worker_env(settings, workers))
+        uvicorn.run("proxy.main:app_from_env", factory=True, workers=workers, **server)  # type: ignore[arg-type]
     else:
         uvicorn.run(create_app(settings), **server)  # type: ignore[arg-type]
     return 0

@@ -1,12 +1,12 @@
-"""``trainer.main.run`` under torchrun: rank 0 owns the database, both ranks train. Used by test_dist.py."""
+"""``trainer.runner.run`` under torchrun: rank 0 owns the database, both ranks train. Used by test_dist.py."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from tests.trainer.test_main import Pool, _args, _pool
-from trainer.main import run
+from tests.trainer.test_runner import Pool, _args, _pool
+from trainer.runner import run
 
 if __name__ == "__main__":
     url, project, tmp = sys.argv[1], sys.argv[2], Path(sys.argv[3])

@@ -1,7 +1,7 @@
 """``onthejob train``: graded traffic in, LoRA adapter versions out, deployed through the proxy.
 
 Each step: load graded, unused, non-eval trajectories of the alias from
-storage, train one step on up to ``--batch-size`` of them, record the step and
+storage, train one step on up to ``batch_size`` of them, record the step and
 which trajectories it used, save ``<adapters>/<alias>/v<N>``, record the
 adapter row, and ask the proxy to deploy it. ``--watch`` keeps polling for new
 graded traffic. Under ``torchrun`` rank 0 owns the database and the proxy; every
@@ -10,13 +10,10 @@ rank trains on its shard (see :mod:`trainer.dist`).
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +26,10 @@ from trainer import dist
 from trainer.advantages import TaskBaseline
 from trainer.errors import BaseModelError, DataError, TrainerError
 from trainer.loop import Policy, StepResult, TrainConfig, load_policy, train_step
-from trainer.objective import ObjectiveConfig
 from trainer.publish import deploy, jsonable, publish
+from trainer.settings import TrainSettings
 
 Loader = Callable[[Session, str, str], tuple[list[Trajectory], Counter[str]]]
-PPO_EPOCHS = 4
 
 
 def default_loader() -> Loader:
@@ -45,42 +41,28 @@ def default_loader() -> Loader:
     return load_training_batch
 
 
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """The flat training config from command-line flags."""
-    objective = ObjectiveConfig(name=args.objective, epochs=PPO_EPOCHS if args.objective == "ppo" else 1)
-    cfg = TrainConfig(
-        model=args.model, objective=objective, lr=args.lr, threads=getattr(args, "threads", None),
-        resume_optimizer=not getattr(args, "fresh_optimizer", False),
-    )  # fmt: skip
-    if getattr(args, "max_len", None):
-        cfg = replace(cfg, max_len=args.max_len)
-    return cfg
-
-
-def run(args: argparse.Namespace, loader: Loader | None = None) -> int:
+def run(settings: TrainSettings, loader: Loader | None = None) -> int:
     """Entry point of ``onthejob train``; returns the process exit code."""
     try:
-        return _run(args, loader)
+        return _run(settings, loader)
     except TrainerError as exc:
         print(f"onthejob train: {exc}", file=sys.stderr)
         return 2
 
 
-def _run(args: argparse.Namespace, loader: Loader | None) -> int:
+def _run(settings: TrainSettings, loader: Loader | None) -> int:
     from storage.db import sync_engine
 
     dist.init()
     lead = dist.rank() == 0
-    cfg = config_from_args(args)
-    admin_key = args.admin_key or os.environ.get("ONTHEJOB_ADMIN_KEY")
-    steps = args.steps if args.steps is not None else (None if args.watch else 1)
-    engine = sync_engine(args.db) if lead else None
+    cfg = settings.train_config()
+    engine = sync_engine(settings.database_url) if lead else None
     load = loader or (default_loader() if lead else None)
     db = Session(engine) if engine is not None else None
     run_row: TrainingRun | None = None
     try:
         parent_version, parent_path, baseline_state = dist.broadcast(
-            _resume_point(db, args) if db is not None else (None, None, None)
+            _resume_point(db, settings) if db is not None else (None, None, None)
         )
         started = time.perf_counter()
         policy = load_policy(cfg, Path(parent_path) if parent_path else None, parent_version)
@@ -89,10 +71,10 @@ def _run(args: argparse.Namespace, loader: Loader | None) -> int:
             print(f"loaded {policy.info.name} + {parent} on {policy.device} in {time.perf_counter() - started:.1f}s",
                   file=sys.stderr)  # fmt: skip
         if db is not None:
-            _check_lineage(db, args, policy, parent_version)
-            run_row = _start_run(db, args, cfg, policy, parent_version, baseline_state)
+            _check_lineage(db, settings, policy, parent_version)
+            run_row = _start_run(db, settings, cfg, policy, parent_version, baseline_state)
         baseline = TaskBaseline.from_dict(baseline_state)
-        _loop(args, cfg, policy, baseline, db, run_row, load, admin_key, steps)
+        _loop(settings, cfg, policy, baseline, db, run_row, load)
         _finish(db, run_row, "finished")
         return 0
     except KeyboardInterrupt:
@@ -110,40 +92,40 @@ def _run(args: argparse.Namespace, loader: Loader | None) -> int:
 
 
 def _loop(
-    args: argparse.Namespace,
+    settings: TrainSettings,
     cfg: TrainConfig,
     policy: Policy,
     baseline: TaskBaseline,
     db: Session | None,
     run_row: TrainingRun | None,
     load: Loader | None,
-    admin_key: str | None,
-    steps: int | None,
 ) -> None:
     from tqdm import tqdm
 
     lead = db is not None
+    steps = settings.steps
     # The bar and one line per step both go to stderr, where training logs are expected.
-    bar = tqdm(total=steps, desc=f"train {args.alias}", unit="step", disable=not lead, file=sys.stderr)
+    bar = tqdm(total=steps, desc=f"train {settings.alias}", unit="step", disable=not lead, file=sys.stderr)
     done = 0
     waiting = False
     try:
         while steps is None or done < steps:
             started = time.perf_counter()
-            batch, pending = dist.broadcast(_next_batch(db, args, load) if lead else (None, None))
+            batch, pending = dist.broadcast(_next_batch(db, settings, load) if lead else (None, None))
             timings = {"load_s": time.perf_counter() - started}
             if not batch:
                 if lead and not waiting:
                     bar.write(
-                        f"no graded trajectories to train on for {args.alias!r}{_excluded_text(pending)}", sys.stderr
+                        f"no graded trajectories to train on for {settings.alias!r}{_excluded_text(pending)}",
+                        sys.stderr,
                     )
-                if not args.watch:
+                if not settings.watch:
                     return
                 waiting = True
-                time.sleep(args.poll)
+                time.sleep(settings.poll_s)
                 continue
             waiting = False
-            adapters = dist.broadcast(_adapter_paths(db, args) if lead else None)
+            adapters = dist.broadcast(_adapter_paths(db, settings) if lead else None)
             parent = policy.version
             started = time.perf_counter()
             result = train_step(policy, batch, cfg, baseline, adapters)
@@ -156,18 +138,18 @@ def _loop(
                 started = time.perf_counter()
                 if result.trained:
                     version = publish(
-                        db, policy.model, root=args.adapters, project_id=args.project, alias=args.alias,
+                        db, policy.model, root=settings.adapters, project_id=settings.project, alias=settings.alias,
                         parent_version=parent, base=policy.info, run_id=run_row.id, metrics=result.metrics,
                         optimizer=policy.optimizer,
                     ).version  # fmt: skip
                 # The step and the trajectories it used are recorded before the deployment,
                 # so a refused deployment never makes the next run train on them twice.
-                _record_step(db, args, run_row, done + 1, version, result, baseline)
+                _record_step(db, settings, run_row, done + 1, version, result, baseline)
                 timings["publish_s"] = time.perf_counter() - started
-                deployed = version is not None and not args.no_deploy
+                deployed = version is not None and settings.deploy
                 if deployed:
                     started = time.perf_counter()
-                    deploy(args.proxy, args.alias, version, admin_key)
+                    deploy(settings.proxy, settings.alias, version, settings.admin_key)
                     timings["deploy_s"] = time.perf_counter() - started
                 took = " ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in timings.items())
                 line = summary_line(done + 1, version, result) + (" · deployed" if deployed else "")
@@ -177,99 +159,98 @@ def _loop(
                 policy.version, policy.dirty = version, version is None
             done += 1
             bar.update(1)
-            if not result.trained and not args.watch:
+            if not result.trained and not settings.watch:
                 return
     finally:
         bar.close()
 
 
 def _next_batch(
-    db: Session | None, args: argparse.Namespace, load: Loader | None
+    db: Session | None, settings: TrainSettings, load: Loader | None
 ) -> tuple[list[Trajectory], Counter[str]]:
-    """Up to ``--batch-size`` trajectories, once at least ``--min-batch`` are waiting."""
+    """Up to ``batch_size`` trajectories, once at least ``min_batch`` are waiting."""
     assert db is not None and load is not None
-    trajectories, excluded = load(db, args.project, args.alias)
+    trajectories, excluded = load(db, settings.project, settings.alias)
     db.rollback()  # end the read transaction: the next poll must see new rows
-    if len(trajectories) < max(args.min_batch, 1):
+    if len(trajectories) < settings.min_batch:
         return [], Counter(excluded)
-    return list(trajectories[: args.batch_size]), Counter(excluded)
+    return list(trajectories[: settings.batch_size]), Counter(excluded)
 
 
-def _resume_point(db: Session, args: argparse.Namespace) -> tuple[int | None, str | None, dict[str, Any] | None]:
-    """Which adapter to continue from (``--parent``) and the per-task baseline of the last run."""
+def _resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str | None, dict[str, Any] | None]:
+    """Which adapter to continue from (``parent``) and the per-task baseline of the last run."""
     parent_version: int | None
-    choice = str(args.parent)
+    choice = settings.parent
     if choice == "base":
         parent_version = None
     elif choice == "latest":
         latest = db.scalar(
-            select(Adapter.version).where(Adapter.project_id == args.project, Adapter.alias == args.alias)
+            select(Adapter.version).where(Adapter.project_id == settings.project, Adapter.alias == settings.alias)
             .order_by(Adapter.version.desc()).limit(1)
         )  # fmt: skip
         parent_version = latest
     elif choice == "deployed":
-        alias = db.scalar(select(Alias).where(Alias.project_id == args.project, Alias.name == args.alias))
+        alias = db.scalar(select(Alias).where(Alias.project_id == settings.project, Alias.name == settings.alias))
         parent_version = alias.deployed_version if alias else None
     else:
-        try:
-            parent_version = int(choice)
-        except ValueError as exc:
-            raise DataError(f"--parent {choice!r}: use latest, deployed, base or a version number") from exc
+        parent_version = settings.parent_version  # a number: TrainSettings refused anything else
     path = None
     if parent_version is not None:
-        row = _adapter_row(db, args, parent_version)
+        row = _adapter_row(db, settings, parent_version)
         if row is None:
-            raise DataError(f"--parent: {args.alias}@v{parent_version} is not recorded in project {args.project!r}")
+            raise DataError(
+                f"--parent: {settings.alias}@v{parent_version} is not recorded in project {settings.project!r}"
+            )
         if not Path(row.path).is_dir():
-            raise DataError(f"{args.alias}@v{parent_version} is recorded at {row.path}, which does not exist here")
+            raise DataError(f"{settings.alias}@v{parent_version} is recorded at {row.path}, which does not exist here")
         path = row.path
     last = db.scalar(
-        select(TrainingRun).where(TrainingRun.project_id == args.project, TrainingRun.alias == args.alias)
+        select(TrainingRun).where(TrainingRun.project_id == settings.project, TrainingRun.alias == settings.alias)
         .order_by(TrainingRun.id.desc()).limit(1)
     )  # fmt: skip
     baseline = (last.config or {}).get("baseline") if last is not None else None
     return parent_version, path, baseline
 
 
-def _adapter_row(db: Session, args: argparse.Namespace, version: int) -> Adapter | None:
+def _adapter_row(db: Session, settings: TrainSettings, version: int) -> Adapter | None:
     return db.scalar(
         select(Adapter).where(
-            Adapter.project_id == args.project, Adapter.alias == args.alias, Adapter.version == version
+            Adapter.project_id == settings.project, Adapter.alias == settings.alias, Adapter.version == version
         )
     )
 
 
-def _check_lineage(db: Session, args: argparse.Namespace, policy: Policy, parent_version: int | None) -> None:
+def _check_lineage(db: Session, settings: TrainSettings, policy: Policy, parent_version: int | None) -> None:
     """The alias's base model and the parent adapter's base hash must be the weights we loaded."""
-    alias = db.scalar(select(Alias).where(Alias.project_id == args.project, Alias.name == args.alias))
+    alias = db.scalar(select(Alias).where(Alias.project_id == settings.project, Alias.name == settings.alias))
     if alias is not None and alias.base_model != policy.info.name:
         raise BaseModelError(
-            f"alias {args.alias!r} serves base model {alias.base_model!r}, but --model {args.model!r} "
+            f"alias {settings.alias!r} serves base model {alias.base_model!r}, but --model {settings.model!r} "
             f"is {policy.info.name!r}; pass the engine's --model"
         )
     if parent_version is not None:
-        row = _adapter_row(db, args, parent_version)
+        row = _adapter_row(db, settings, parent_version)
         if row is not None and row.base_sha256 and row.base_sha256 != policy.info.sha256:
             raise BaseModelError(
-                f"{args.alias}@v{parent_version} was trained on base weights {row.base_sha256[:12]}, "
+                f"{settings.alias}@v{parent_version} was trained on base weights {row.base_sha256[:12]}, "
                 f"these are {policy.info.sha256[:12]}"
             )
 
 
 def _start_run(
     db: Session,
-    args: argparse.Namespace,
+    settings: TrainSettings,
     cfg: TrainConfig,
     policy: Policy,
     parent_version: int | None,
     baseline: dict[str, Any] | None,
 ) -> TrainingRun:
     config = {
-        **cfg.to_dict(), "parent_version": parent_version, "batch_size": args.batch_size,
+        **cfg.to_dict(), "parent_version": parent_version, "batch_size": settings.batch_size,
         "world_size": dist.world(), "baseline": baseline or TaskBaseline().to_dict(),
     }  # fmt: skip
     row = TrainingRun(
-        project_id=args.project, alias=args.alias, objective=cfg.objective.name,
+        project_id=settings.project, alias=settings.alias, objective=cfg.objective.name,
         base_model=policy.info.name, base_sha256=policy.info.sha256, config=config,
     )  # fmt: skip
     db.add(row)
@@ -277,18 +258,20 @@ def _start_run(
     return row
 
 
-def _adapter_paths(db: Session | None, args: argparse.Namespace) -> dict[int, Path]:
+def _adapter_paths(db: Session | None, settings: TrainSettings) -> dict[int, Path]:
     """Every recorded version of the alias whose directory exists (for recomputing a missing μ)."""
     assert db is not None
     rows = db.execute(
-        select(Adapter.version, Adapter.path).where(Adapter.project_id == args.project, Adapter.alias == args.alias)
+        select(Adapter.version, Adapter.path).where(
+            Adapter.project_id == settings.project, Adapter.alias == settings.alias
+        )
     ).all()
     return {int(v): Path(p) for v, p in rows if Path(p).is_dir()}
 
 
 def _record_step(
     db: Session,
-    args: argparse.Namespace,
+    settings: TrainSettings,
     run_row: TrainingRun,
     step: int,
     version: int | None,
@@ -299,7 +282,7 @@ def _record_step(
     db.add(row)
     db.flush()
     db.add_all(
-        UsedTrajectory(project_id=args.project, alias=args.alias, trajectory_id=tid, step_id=row.id)
+        UsedTrajectory(project_id=settings.project, alias=settings.alias, trajectory_id=tid, step_id=row.id)
         for tid in dict.fromkeys(result.consumed)
     )
     run_row.config = {**run_row.config, "baseline": baseline.to_dict()}

@@ -1,4 +1,4 @@
-"""``onthejob train`` end to end against real Postgres and a stub proxy admin API.
+"""``onthejob train`` (trainer.runner) end to end against real Postgres and a stub proxy admin API.
 
 The loader stands in for storage's ``load_training_batch`` (same signature); it
 honours ``used_trajectories`` the way the real one must.
@@ -21,13 +21,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from onthejob.cli import build_parser
+from onthejob.commands import train_settings
 from storage.db import sync_engine
 from storage.keys import ensure_project
 from storage.models import Adapter, TrainingRun, TrainingStep, UsedTrajectory
 from storage.trajectories import Trajectory
 from tests.conftest import free_port
 from tests.trainer.helpers import make_trajectory, random_tokens
-from trainer.main import run, summary_line
+from trainer.runner import run, summary_line
+from trainer.settings import TrainSettings
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 
@@ -104,12 +106,13 @@ def project(pg_url: str) -> Iterator[str]:
     yield name
 
 
-def _args(pg_url: str, project: str, tmp_path: Path, proxy: str, *extra: str) -> Any:
-    return build_parser().parse_args([
+def _args(pg_url: str, project: str, tmp_path: Path, proxy: str, *extra: str) -> TrainSettings:
+    """The settings ``onthejob train`` builds from these flags (the CLI's own parser and builder)."""
+    return train_settings(build_parser().parse_args([
         "train", "--alias", "helper", "--model", "tiny", "--db", pg_url, "--project", project,
         "--adapters", str(tmp_path / "adapters"), "--proxy", proxy, "--admin-key", "otj-k",
         "--threads", "1", "--lr", "1e-2", *extra,
-    ])  # fmt: skip
+    ]))  # fmt: skip
 
 
 def _rows(pg_url: str, project: str) -> tuple[list[TrainingRun], list[TrainingStep], list[Adapter], list[str]]:

@@ -1,0 +1,84 @@
+"""One settings object per ``onthejob train`` process, validated once when it is built.
+
+The CLI builds it from flags and the environment (the one place the trainer's
+process reads ``ONTHEJOB_ADMIN_KEY`` and ``DATABASE_URL``); everything below
+:func:`trainer.runner.run` reads fields of this object, never flags. The
+per-step knobs live in :class:`trainer.loop.TrainConfig`, derived from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import cast, get_args
+
+from trainer.errors import TrainerError
+from trainer.loop import TrainConfig
+from trainer.objective import Objective, ObjectiveConfig
+
+PPO_EPOCHS = 4
+PARENT_WORDS = ("latest", "deployed", "base")
+
+
+class SettingsError(TrainerError):
+    """A setting that cannot work; the message names the flag and what it accepts."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What one training run does: which alias, from which data, how, and where its adapters go."""
+
+    alias: str
+    database_url: str
+    model: str = "default"  # default | tiny | PATH: the engine's base model
+    project: str = "default"
+    objective: str = "tis"
+    lr: float = 2e-4
+    batch_size: int = 32  # trajectories per step, at most
+    min_batch: int = 1  # wait until at least this many are graded
+    max_len: int = 2048  # longer trajectories are dropped and counted
+    threads: int | None = None  # None: the cores divided among the ranks
+    fresh_optimizer: bool = False  # start AdamW afresh instead of the parent's saved moments
+    parent: str = "latest"  # latest | deployed | base | a version number
+    steps: int | None = 1  # None: no limit (with watch)
+    watch: bool = False  # keep polling for newly graded traffic
+    poll_s: float = 10.0
+    adapters: Path = Path("adapters")  # a folder the engines can read
+    proxy: str = "http://127.0.0.1:8000"  # whose admin API deploys what we publish
+    admin_key: str | None = None
+    deploy: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.alias:
+            raise SettingsError("--alias is empty: name the alias whose traffic to train on")
+        if self.objective not in get_args(Objective):
+            raise SettingsError(f"--objective {self.objective!r}: use one of {', '.join(get_args(Objective))}")
+        if not self.lr > 0:
+            raise SettingsError(f"--lr {self.lr}: the learning rate must be positive")
+        for flag, value in (("--batch-size", self.batch_size), ("--min-batch", self.min_batch),
+                            ("--max-len", self.max_len)):  # fmt: skip
+            if value < 1:
+                raise SettingsError(f"{flag} {value}: must be at least 1")
+        if self.threads is not None and self.threads < 1:
+            raise SettingsError(f"--threads {self.threads}: must be at least 1 (or left out)")
+        if self.steps is not None and self.steps < 0:
+            raise SettingsError(f"--steps {self.steps}: must be 0 or more")
+        if self.poll_s < 0:
+            raise SettingsError(f"--poll {self.poll_s}: must be 0 or more seconds")
+        if self.parent not in PARENT_WORDS and not self.parent.isdigit():
+            raise SettingsError(f"--parent {self.parent!r}: use latest, deployed, base or a version number")
+        object.__setattr__(self, "adapters", Path(self.adapters))
+
+    @property
+    def parent_version(self) -> int | None:
+        """The version ``--parent N`` names; None for latest, deployed and base."""
+        return int(self.parent) if self.parent.isdigit() else None
+
+    def train_config(self) -> TrainConfig:
+        """The per-step config: the objective (PPO takes several epochs), lr, threads, length limit."""
+        objective = ObjectiveConfig(
+            name=cast(Objective, self.objective), epochs=PPO_EPOCHS if self.objective == "ppo" else 1
+        )
+        cfg = TrainConfig(model=self.model, objective=objective, lr=self.lr, threads=self.threads,
+                          resume_optimizer=not self.fresh_optimizer)  # fmt: skip
+        return replace(cfg, max_len=self.max_len)

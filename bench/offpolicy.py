@@ -19,7 +19,7 @@ Logged traffic: every update trains on 64 attempts (4 per task) sampled by the
 policy as it was ``lag`` updates earlier, recording μ per token; 30% of the
 rewards never arrive (excluded, never treated as 0). Timeouts are either
 counted as failures (reward 0, the rule onthejob applies) or dropped (the
-trajectory silently vanishes, the failure mode DESIGN.md warns about).
+trajectory silently vanishes, the failure mode docs/architecture.md's reward rule guards against).
 
 Methods: ``tis`` (the default objective: truncated weights, C = 2, sequence
 rejection outside [0.5, 2]), ``naive`` (REINFORCE, no correction), ``bc``

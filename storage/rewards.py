@@ -1,6 +1,6 @@
 """Feedback → one scalar reward per trajectory, by a configurable rule (pure functions).
 
-Default rule (DESIGN.md, "Feedback and rewards"):
+Default rule (docs/architecture.md, "The reward rule"):
 
 * ``reward`` (a number) as is; ``thumbs`` (a bool) → +1 / −1; ``outcome`` labels
   ``success`` 1, ``failure`` 0, ``timeout`` and ``abort`` 0 (a policy-caused

@@ -68,7 +68,7 @@ class Turn:
 
 @dataclass
 class Trajectory:
-    """Token-exact training data for one branch of one session (see DESIGN.md)."""
+    """Token-exact training data for one branch of one session (docs/architecture.md, "The objectives")."""
 
     id: str
     project_id: str

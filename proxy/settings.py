@@ -1,4 +1,7 @@
-"""One settings object per proxy process: CLI flags over ``ONTHEJOB_*`` env over laptop defaults."""
+"""One settings object per proxy process: CLI flags over ``ONTHEJOB_*`` env over laptop defaults.
+
+The proxy process reads its environment here and nowhere else (``DATABASE_URL`` included).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from storage.db import database_url as resolve_database_url
 from storage.keys import check_chosen_secret
 
 ACCESS = ("open", "admin", "off")
@@ -18,7 +22,7 @@ def _env(name: str, default: str) -> str:
 @dataclass
 class Settings:
     upstreams: list[str] = field(default_factory=lambda: _env("UPSTREAM", "http://127.0.0.1:8001").split(","))
-    database_url: str | None = None  # None: $DATABASE_URL or sqlite:///onthejob.db
+    database_url: str | None = None  # None: $DATABASE_URL or sqlite:///onthejob.db, resolved at construction
     spool_dir: Path = field(default_factory=lambda: Path(_env("SPOOL", "spool")))
     auth: bool = field(default_factory=lambda: _env("AUTH", "1") not in ("0", "false", "no"))
     default_project: str = "default"
@@ -55,5 +59,6 @@ class Settings:
             if getattr(self, name) not in ACCESS:
                 raise ValueError(f"ONTHEJOB_{name.upper()} must be one of {', '.join(ACCESS)}")
         self.spool_dir = Path(self.spool_dir)
+        self.database_url = resolve_database_url(self.database_url)
         if self.admin_key and self.auth:
             check_chosen_secret(self.admin_key)

@@ -84,16 +84,22 @@ class MessageStream(DialectStream):
     def close(self, end: StreamEnd | None = None) -> bytes:
         """The closing events: whatever is still open, then ``message_stop``.
 
-        ``end`` (the serving path's StreamEnd) may carry the chat usage when the engine's
-        usage chunk never came; otherwise the token ids seen so far are the output count.
+        ``end`` (the serving path's StreamEnd) carries the chat usage when the engine's usage
+        chunk never came (else the token ids seen so far are the output count). A stream that
+        failed (engine error, timeout) ends as Anthropic's do: an ``error`` event, no
+        ``message_stop``; the SDK raises it.
         """
         events: list[dict[str, Any]] = []
         if not self.started:
             self._start_message(events, 0)
-        if not self.finished:
-            chat_usage = (end.usage if end else None) or {"completion_tokens": self.output_ids}
-            self._finish(events, chat_usage)
-        events.append({"type": "message_stop"})
+        if end is not None and end.error is not None:
+            self._stop([])  # fold what was streamed into the result; the client gets the error next
+            kind = "timeout_error" if end.termination == "timeout" else "api_error"
+            events.append({"type": "error", "error": {"type": kind, "message": end.error}})
+        else:
+            if not self.finished:
+                self._finish(events, (end.usage if end else None) or {"completion_tokens": self.output_ids})
+            events.append({"type": "message_stop"})
         self._result = self.message
         return b"".join(sse(e) for e in events)
 

@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 from proxy.dialects import anthropic as dialect
 from proxy.dialects import anthropic_out as out
 from proxy.dialects.anthropic_stream import MessageStream
+from proxy.dialects.base import StreamEnd
 from proxy.errors import InvalidRequest, Unavailable, UpstreamError
 
 CALC = {
@@ -439,3 +440,16 @@ def test_a_final_assistant_turn_is_continued() -> None:
     chat = dialect.to_chat(body(messages=prefill))
     assert chat["continue_final_message"] is True and chat["add_generation_prompt"] is False
     assert "continue_final_message" not in dialect.to_chat(body())
+
+
+def test_a_failed_stream_ends_in_an_error_event() -> None:
+    state = MessageStream("msg_1", "alias")
+    raw = b"".join(state.feed(c) for c in chunks_for(text_reply("Hello there"))[:3])
+    raw += state.close(StreamEnd("timeout", None, "the engine went silent past the idle timeout"))
+    events = parse_sse(raw)
+    assert events[-1] == {
+        "type": "error",
+        "error": {"type": "timeout_error", "message": "the engine went silent past the idle timeout"},
+    }
+    assert "message_stop" not in [e["type"] for e in events]
+    assert state.result is not None and state.result["content"][0]["text"] == "Hello there"

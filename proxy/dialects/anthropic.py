@@ -109,6 +109,12 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         raise _fail("metadata", "must be an object")
     if metadata and metadata.get("user_id") is not None:
         out["user"] = str(metadata["user_id"])  # the end user, recorded; the engine ignores it
+    output = body.get("output_config")
+    fmt = output.get("format") if isinstance(output, dict) else None
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise _fail("output_config.format.schema", "must be a JSON Schema object")
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
     tools = _tools(body.get("tools"))
     choice = _tool_choice(body.get("tool_choice"), tools)
     if tools:

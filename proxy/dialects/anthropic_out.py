@@ -56,8 +56,11 @@ def usage(chat_usage: dict[str, Any] | None) -> dict[str, Any]:
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
         "cache_creation": None,
+        "inference_geo": None,
+        "output_tokens_details": None,
         "server_tool_use": None,
         "service_tier": None,
+        "speed": None,
     }
 
 
@@ -82,6 +85,7 @@ def message_shell(message_id: str, model: str) -> dict[str, Any]:
         "stop_sequence": None,
         "stop_details": None,
         "container": None,
+        "diagnostics": None,
         "usage": usage(None),
     }
 

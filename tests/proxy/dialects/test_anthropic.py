@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
-from anthropic.types import Message, RawMessageStreamEvent
+from anthropic.types import Message, RawMessageStreamEvent, Usage
 from anthropic.types.shared.error_response import ErrorResponse
 from pydantic import TypeAdapter
 
@@ -385,7 +385,7 @@ def test_reply_and_stream_agree_and_parse_in_the_sdk(reply: dict[str, Any], reas
     typed = Message.model_validate(message)
     assert (typed.stop_reason, typed.stop_sequence) == (reason, sequence)
     assert (typed.usage.input_tokens, typed.usage.output_tokens) == (12, 3)
-    assert set(message) >= {"id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"}
+    assert set(Message.model_fields) <= set(message) and set(Usage.model_fields) <= set(message["usage"])
     events, assembled, result = streamed(reply)
     assert assembled.model_dump() == typed.model_dump()
     assert result == message  # what the record keeps as the client's reply
@@ -453,3 +453,10 @@ def test_a_failed_stream_ends_in_an_error_event() -> None:
     }
     assert "message_stop" not in [e["type"] for e in events]
     assert state.result is not None and state.result["content"][0]["text"] == "Hello there"
+
+
+def test_output_config_format_asks_the_engine_for_json() -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}}
+    chat = dialect.to_chat(body(output_config={"effort": "low", "format": {"type": "json_schema", "schema": schema}}))
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    assert "response_format" not in dialect.to_chat(body(output_config={"effort": "high"}))  # effort: ignored

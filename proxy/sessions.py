@@ -11,6 +11,7 @@ sampled ids.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -63,10 +64,28 @@ def _content_text(content: Any) -> str:
     return str(content)
 
 
+def _arguments(raw: Any) -> Any:
+    """Tool-call arguments as one JSON text whatever their whitespace.
+
+    vLLM streams a call's arguments as sampled (``{\n    "x": 1\n}`` under guided decoding)
+    but returns them re-serialised (``{"x": 1}``) when not streaming, and a client that
+    resends a parsed call (the Anthropic and Responses dialects, any SDK that keeps
+    ``input`` as an object) re-serialises them again: all of these are one turn. The
+    form is ``json.dumps``' default, which vLLM's own non-streamed arguments already have,
+    so their keys are unchanged.
+    """
+    if not isinstance(raw, str) or not raw:
+        return raw
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False)
+    except ValueError:  # not JSON (a model's malformed call): compared as written
+        return raw
+
+
 def normalise(message: dict[str, Any]) -> bytes:
     """A canonical byte form of one chat message."""
     calls = [
-        [(c.get("function") or {}).get("name", ""), (c.get("function") or {}).get("arguments", "")]
+        [(c.get("function") or {}).get("name", ""), _arguments((c.get("function") or {}).get("arguments", ""))]
         for c in (message.get("tool_calls") or [])
         if isinstance(c, dict)
     ]

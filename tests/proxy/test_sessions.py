@@ -42,3 +42,14 @@ def test_naming_sources() -> None:
     assert (n.session_id, n.task_id, n.tags, n.source) == ("m", "t2", ("eval",), "metadata")
     n = naming({}, {}, "p")
     assert (n.session_id, n.source) == ("p", "path")
+
+
+def test_tool_call_arguments_link_whatever_their_whitespace() -> None:
+    def turn(arguments: str) -> dict[str, object]:
+        return {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": arguments}}]}
+
+    # As vLLM streams a guided call, as it returns one unstreamed, as a client resends a parsed one.
+    streamed, returned, resent = turn('{\n    "x": "é"\n}'), turn('{"x": "é"}'), turn('{"x":"é"}')
+    assert prefix_keys([streamed]) == prefix_keys([returned]) == prefix_keys([resent])
+    assert prefix_keys([turn('{"x": 1}')]) != prefix_keys([turn('{"x": 2}')])
+    assert prefix_keys([turn("not json {")]) == prefix_keys([turn("not json {")])

@@ -50,7 +50,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="default", help="default | tiny | PATH (the engine's base model)")
     p.add_argument("--watch", action="store_true", help="keep training as new graded traffic arrives")
     p.add_argument("--steps", type=int, default=None, help="steps to take (default: 1; with --watch: no limit)")
-    p.add_argument("--objective", choices=["tis", "ppo", "bc"], default="tis")
+    p.add_argument(
+        "--objective",
+        choices=["tis", "ppo", "bc", "sdpo"],
+        default="tis",
+        help="sdpo: tis on scored traffic plus self-distillation and corrections from text feedback",
+    )
+    p.add_argument("--sdpo-weight", type=float, default=1.0, help="sdpo: weight of the self-distillation part")
+    p.add_argument("--correction-weight", type=float, default=1.0, help="sdpo: weight of SFT on corrections")
+    p.add_argument(
+        "--sdpo-form",
+        choices=["token", "topk"],
+        default="token",
+        help="sdpo: sampled-token signal, or reverse KL over the top-k tokens plus a tail bucket",
+    )
     p.add_argument("--db", default=None)
     p.add_argument("--proxy", default="http://127.0.0.1:8000", help="proxy URL for deployments")
     p.add_argument("--admin-key", default=None, help="admin API key (default: $ONTHEJOB_ADMIN_KEY)")
@@ -70,6 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=2048, help="longer trajectories are dropped and counted")
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores / ranks)")
     p.set_defaults(handler=commands.train)
+
+    p = sub.add_parser("judge", help="grade comment-only and ungraded sessions with the project's judge")
+    p.add_argument("--project", default="default")
+    p.add_argument("--db", default=None)
+    p.add_argument("--proxy", default="http://127.0.0.1:8000", help="where grades are posted (and the judge called)")
+    p.add_argument("--key", default=None, help="a key of the project (default: $ONTHEJOB_JUDGE_KEY)")
+    p.add_argument("--alias", default=None, help="judge only this alias's sessions")
+    p.add_argument("--watch", action="store_true", help="keep judging as sessions arrive")
+    p.add_argument("--poll", type=float, default=30.0, help="seconds between passes with --watch")
+    p.add_argument("--no-calibrate", action="store_true", help="judge without re-measuring agreement first")
+    p.add_argument("--dry-run", action="store_true", help="score and report, post nothing")
+    p.set_defaults(handler=commands.judge)
 
     p = sub.add_parser("deploy", help="roll an alias forward or back to an adapter version")
     p.add_argument("--alias", required=True)

@@ -88,7 +88,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
             max_len=args.max_len, threads=args.threads, fresh_optimizer=args.fresh_optimizer, parent=str(args.parent),
             steps=args.steps if args.steps is not None else (None if args.watch else 1), watch=args.watch,
             poll_s=args.poll, adapters=Path(args.adapters), proxy=args.proxy, admin_key=admin_key(args.admin_key),
-            deploy=not args.no_deploy,
+            deploy=not args.no_deploy, sdpo_weight=args.sdpo_weight, correction_weight=args.correction_weight,
+            sdpo_form=args.sdpo_form,
         )  # fmt: skip
     except SettingsError as exc:
         raise UserError(str(exc)) from exc
@@ -177,3 +178,24 @@ def export(args: argparse.Namespace) -> int:
     print(f"wrote {len(rows)} {args.format} rows from {read} trajectories to {args.output}; excluded: {reasons}",
           file=sys.stderr)  # fmt: skip
     return 0
+
+
+def judge(args: argparse.Namespace) -> int:
+    from judge.main import JudgeCommand, run
+    from storage.db import database_url
+
+    if args.poll < 0:
+        raise UserError(f"--poll {args.poll}: must be 0 or more seconds")
+    return run(
+        JudgeCommand(
+            db_url=database_url(args.db),
+            project=args.project,
+            proxy=args.proxy,
+            api_key=args.key or os.environ.get("ONTHEJOB_JUDGE_KEY"),
+            alias=args.alias,
+            watch=args.watch,
+            poll_s=args.poll,
+            calibrate=not args.no_calibrate,
+            dry_run=args.dry_run,
+        )  # fmt: skip
+    )

@@ -57,6 +57,8 @@ from trainer.objective import (
     sequence_ratio,
     tis_loss,
 )
+from trainer.textual import TextualExample
+from trainer.textual_step import TextualSums, textual_backward
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 BELOW_THRESHOLD = "below_threshold"
@@ -168,8 +170,13 @@ def train_step(
     cfg: TrainConfig,
     baseline: TaskBaseline,
     adapters: Mapping[int, Path] | None = None,
+    textual: Sequence[TextualExample] = (),
 ) -> StepResult:
-    """Screen, weigh and train on ``trajectories``; every rank must call it with the same list."""
+    """Screen, weigh and train on ``trajectories``; every rank must call it with the same list.
+
+    ``textual`` ("sdpo" only): self-distillation and correction examples trained in the same
+    optimiser step, their tokens in the same denominator (:mod:`trainer.textual_step`).
+    """
     obj = cfg.objective
     adapters = adapters or {}
 
@@ -230,20 +237,25 @@ def train_step(
     _fill_behaviour(policy, [e for e in needs_mu if id(e) in mine], adapters, cfg)
 
     # 4. Forward/backward and one optimiser step (ppo: one per epoch).
+    text = TextualSums()
     if obj.name == "ppo":
         sums, rstats = _ppo_epochs(policy, shard, cfg, idle_tokens)
     else:
-        sums, rstats = _single_pass(policy, shard, cfg, idle_tokens)
+        text_shard = list(textual)[dist.rank() :: dist.world()] if obj.name == "sdpo" else []
+        sums, rstats, text = _single_pass(policy, shard, cfg, idle_tokens, text_shard)
+    text = TextualSums(*dist.sum_floats(text.as_vector()))
     loss_sum, tokens, rejected, trajs = dist.sum_floats(sums)
     totals = dist.sum_floats(rstats.as_vector())
     rstats.tokens, rstats.ratio_sum, rstats.ratio_sq_sum, rstats.clipped, rstats.kl_sum = totals
     rstats.ratio_max = dist.max_float(rstats.ratio_max)
     if rejected:
         excluded[OUT_OF_BAND] += int(rejected)
-    trained = tokens > 0
+    trained = tokens > 0 or text.tokens > 0
     policy.dirty = policy.dirty or trained
+    if obj.name == "sdpo":
+        metrics.update(text.metrics())
     metrics.update(
-        loss=loss_sum / (tokens + idle_tokens) if trained else None,
+        loss=loss_sum / (tokens + idle_tokens) if tokens > 0 else None,
         tokens=int(tokens),
         trajectories=int(trajs) + idle if trained else int(trajs),  # in the step, zero-advantage ones too
         excluded=dict(excluded),
@@ -253,9 +265,13 @@ def train_step(
 
 
 def _single_pass(
-    policy: Policy, shard: Sequence[Example], cfg: TrainConfig, idle_tokens: float = 0.0
-) -> tuple[list[float], RatioStats]:
-    """tis / reinforce / bc: one forward-backward over the shard, then the optimiser step."""
+    policy: Policy,
+    shard: Sequence[Example],
+    cfg: TrainConfig,
+    idle_tokens: float = 0.0,
+    textual: Sequence[TextualExample] = (),
+) -> tuple[list[float], RatioStats, TextualSums]:
+    """tis / sdpo / reinforce / bc: one forward-backward over the shard (and text examples), one optimiser step."""
     obj = cfg.objective
     stats = RatioStats()
     loss_sum = tokens = rejected = trajs = 0.0
@@ -266,7 +282,7 @@ def _single_pass(
         logp = _score(policy, b)
         prox = logp.detach()
         mask = b.mask
-        if obj.name == "tis":
+        if obj.name in ("tis", "sdpo"):
             stats.add(prox, b.behav, mask, obj.clip)
             keep = in_band(sequence_ratio(prox, b.behav, mask), obj.band)
             rejected += float((~keep).sum())
@@ -281,8 +297,12 @@ def _single_pass(
         loss_sum += float(loss.detach())
         tokens += float(mask.sum())
         trajs += float((mask.sum(dim=1) > 0).sum())
-    _optimiser_step(policy, cfg, tokens, idle_tokens)
-    return [loss_sum, tokens, rejected, trajs], stats
+    text = textual_backward(
+        policy.model, policy.pad_id, policy.device, textual, micro_tokens=cfg.micro_tokens, clip=obj.clip,
+        sdpo_weight=obj.sdpo_weight, correction_weight=obj.correction_weight, form=obj.sdpo_form, k=obj.sdpo_k,
+    )  # fmt: skip
+    _optimiser_step(policy, cfg, tokens + text.tokens, idle_tokens)
+    return [loss_sum, tokens, rejected, trajs], stats, text
 
 
 def _ppo_epochs(

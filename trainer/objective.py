@@ -26,7 +26,8 @@ from typing import Literal
 
 import torch
 
-Objective = Literal["tis", "ppo", "bc", "reinforce"]
+# "sdpo": the scored part is "tis"; text feedback adds self-distillation and correction parts (trainer.sdpo).
+Objective = Literal["tis", "ppo", "bc", "reinforce", "sdpo"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class ObjectiveConfig:
     ppo_eps: float = 0.2  # PPO clip range of π_θ/π_prox
     epochs: int = 1  # passes over the batch ("ppo" uses several)
     bc_threshold: float = 0.5  # "bc": clone trajectories with reward ≥ this
+    sdpo_weight: float = 1.0  # "sdpo": weight of the self-distillation part against the scored one
+    correction_weight: float = 1.0  # "sdpo": weight of filtered SFT on corrections
+    sdpo_form: Literal["token", "topk"] = "token"  # the sampled-token signal, or top-k + tail reverse KL
+    sdpo_k: int = 20
 
 
 def behaviour(prox: torch.Tensor, behav: torch.Tensor) -> torch.Tensor:

@@ -13,14 +13,16 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from storage.judge_store import JudgeState, judge_state
 from storage.models import Adapter, Alias, TrainingRun, TrainingStep, UsedTrajectory, utcnow
+from storage.text_feedback import mark_feedback_used
 from storage.trajectories import Trajectory
 from trainer import dist
 from trainer.advantages import TaskBaseline
@@ -28,6 +30,8 @@ from trainer.errors import BaseModelError, DataError, TrainerError
 from trainer.loop import Policy, StepResult, TrainConfig, load_policy, train_step
 from trainer.publish import deploy, jsonable, publish
 from trainer.settings import TrainSettings
+from trainer.textual import TextualExample
+from trainer.textual_load import load_textual
 
 Loader = Callable[[Session, str, str], tuple[list[Trajectory], Counter[str]]]
 
@@ -104,6 +108,10 @@ def _loop(
 
     lead = db is not None
     steps = settings.steps
+    tokenizer = _tokenizer(policy) if lead and cfg.objective.name == "sdpo" else None
+    if lead:
+        assert db is not None
+        print(judge_line(judge_state(db, settings.project)), file=sys.stderr)
     # The bar and one line per step both go to stderr, where training logs are expected.
     bar = tqdm(total=steps, desc=f"train {settings.alias}", unit="step", disable=not lead, file=sys.stderr)
     done = 0
@@ -111,9 +119,11 @@ def _loop(
     try:
         while steps is None or done < steps:
             started = time.perf_counter()
-            batch, pending = dist.broadcast(_next_batch(db, settings, load) if lead else (None, None))
+            batch, textual, pending = dist.broadcast(
+                _next_batch(db, settings, load, tokenizer) if lead else (None, None, None)
+            )
             timings = {"load_s": time.perf_counter() - started}
-            if not batch:
+            if not batch and not textual:
                 if lead and not waiting:
                     bar.write(
                         f"no graded trajectories to train on for {settings.alias!r}{_excluded_text(pending)}",
@@ -128,7 +138,7 @@ def _loop(
             adapters = dist.broadcast(_adapter_paths(db, settings) if lead else None)
             parent = policy.version
             started = time.perf_counter()
-            result = train_step(policy, batch, cfg, baseline, adapters)
+            result = train_step(policy, batch or [], cfg, baseline, adapters, textual or [])
             timings["step_s"] = time.perf_counter() - started
             _merge_counts(result.excluded, pending)  # storage's exclusions join the step's own
             result.metrics["excluded"] = dict(result.excluded)
@@ -144,7 +154,7 @@ def _loop(
                     ).version  # fmt: skip
                 # The step and the trajectories it used are recorded before the deployment,
                 # so a refused deployment never makes the next run train on them twice.
-                _record_step(db, settings, run_row, done + 1, version, result, baseline)
+                _record_step(db, settings, run_row, done + 1, version, result, baseline, textual or [])
                 timings["publish_s"] = time.perf_counter() - started
                 deployed = version is not None and settings.deploy
                 if deployed:
@@ -166,15 +176,21 @@ def _loop(
 
 
 def _next_batch(
-    db: Session | None, settings: TrainSettings, load: Loader | None
-) -> tuple[list[Trajectory], Counter[str]]:
-    """Up to ``batch_size`` trajectories, once at least ``min_batch`` are waiting."""
+    db: Session | None, settings: TrainSettings, load: Loader | None, tokenizer: Any = None
+) -> tuple[list[Trajectory], list[TextualExample], Counter[str]]:
+    """Up to ``batch_size`` trajectories (and, for sdpo, text examples), once ``min_batch`` are waiting."""
     assert db is not None and load is not None
     trajectories, excluded = load(db, settings.project, settings.alias)
+    textual: list[TextualExample] = []
+    excluded = Counter(excluded)
+    if tokenizer is not None:
+        textual, dropped = load_textual(db, settings.project, settings.alias, tokenizer, max_len=settings.max_len,
+                                        limit=settings.batch_size)  # fmt: skip
+        excluded.update(dropped)
     db.rollback()  # end the read transaction: the next poll must see new rows
-    if len(trajectories) < settings.min_batch:
-        return [], Counter(excluded)
-    return list(trajectories[: settings.batch_size]), Counter(excluded)
+    if len(trajectories) + len(textual) < settings.min_batch:
+        return [], [], excluded
+    return list(trajectories[: settings.batch_size]), textual, excluded
 
 
 def _resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str | None, dict[str, Any] | None]:
@@ -277,16 +293,38 @@ def _record_step(
     version: int | None,
     result: StepResult,
     baseline: TaskBaseline,
+    textual: Sequence[TextualExample] = (),
 ) -> None:
     row = TrainingStep(run_id=run_row.id, step=step, adapter_version=version, metrics=jsonable(result.metrics))
     db.add(row)
     db.flush()
+    if result.trained:
+        mark_feedback_used(db, settings.project, settings.alias, [e.key for e in textual], row.id)
     db.add_all(
         UsedTrajectory(project_id=settings.project, alias=settings.alias, trajectory_id=tid, step_id=row.id)
         for tid in dict.fromkeys(result.consumed)
     )
     run_row.config = {**run_row.config, "baseline": baseline.to_dict()}
     db.commit()
+
+
+def _tokenizer(policy: Policy) -> Any:
+    """The policy's own tokenizer: its chat template builds the SDPO teacher's context."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(policy.info.path)
+
+
+def judge_line(state: JudgeState) -> str:
+    """What ``train`` says about the project's judge: whether its grades count, and its agreement."""
+    if state.settings is None:
+        return "judge: none configured (comments and ungraded sessions give no reward)"
+    cal = state.calibration
+    agreement = (
+        f"rank agreement {cal.spearman:+.2f}, accuracy {cal.accuracy:.2f} on {cal.n}" if cal else "no calibration"
+    )
+    verdict = "grades count" if state.verdict.accepted else f"grades excluded ({state.verdict.reason})"
+    return f"judge {state.settings.fingerprint()}: {agreement}; {verdict}"
 
 
 def _finish(db: Session | None, run_row: TrainingRun | None, status: str) -> None:

@@ -47,6 +47,9 @@ class TrainSettings:
     proxy: str = "http://127.0.0.1:8000"  # whose admin API deploys what we publish
     admin_key: str | None = None
     deploy: bool = True
+    sdpo_weight: float = 1.0  # --objective sdpo: weight of self-distillation against the scored part
+    correction_weight: float = 1.0  # --objective sdpo: weight of filtered SFT on corrections
+    sdpo_form: str = "token"  # token (sampled-token signal) | topk (top-k + tail reverse KL)
 
     def __post_init__(self) -> None:
         if not self.alias:
@@ -65,6 +68,11 @@ class TrainSettings:
             raise SettingsError(f"--steps {self.steps}: must be 0 or more")
         if self.poll_s < 0:
             raise SettingsError(f"--poll {self.poll_s}: must be 0 or more seconds")
+        for flag, weight in (("--sdpo-weight", self.sdpo_weight), ("--correction-weight", self.correction_weight)):
+            if not weight >= 0:
+                raise SettingsError(f"{flag} {weight}: must be 0 or more")
+        if self.sdpo_form not in ("token", "topk"):
+            raise SettingsError(f"--sdpo-form {self.sdpo_form!r}: use token or topk")
         if self.parent not in PARENT_WORDS and not self.parent.isdigit():
             raise SettingsError(f"--parent {self.parent!r}: use latest, deployed, base or a version number")
         object.__setattr__(self, "adapters", Path(self.adapters))
@@ -77,8 +85,10 @@ class TrainSettings:
     def train_config(self) -> TrainConfig:
         """The per-step config: the objective (PPO takes several epochs), lr, threads, length limit."""
         objective = ObjectiveConfig(
-            name=cast(Objective, self.objective), epochs=PPO_EPOCHS if self.objective == "ppo" else 1
-        )
+            name=cast(Objective, self.objective), epochs=PPO_EPOCHS if self.objective == "ppo" else 1,
+            sdpo_weight=self.sdpo_weight, correction_weight=self.correction_weight,
+            sdpo_form="topk" if self.sdpo_form == "topk" else "token",
+        )  # fmt: skip
         cfg = TrainConfig(model=self.model, objective=objective, lr=self.lr, threads=self.threads,
                           resume_optimizer=not self.fresh_optimizer)  # fmt: skip
         return replace(cfg, max_len=self.max_len)

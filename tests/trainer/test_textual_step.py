@@ -93,3 +93,24 @@ def test_a_correction_step_raises_the_corrected_tokens(policy: Policy, tokenizer
     with torch.no_grad():
         after = float(_score(policy, batch).sum())
     assert after > before
+
+
+def test_one_step_mixes_scored_text_and_correction_parts(policy: Policy, tokenizer: Any) -> None:
+    import random
+
+    from tests.trainer.helpers import make_trajectory, random_tokens
+    from trainer.advantages import TaskBaseline
+    from trainer.loop import train_step
+    from trainer.objective import ObjectiveConfig
+
+    rng = random.Random(3)
+    scored = [make_trajectory(f"m{i}", random_tokens(rng, 8), random_tokens(rng, 4), reward=float(i % 2),
+                              logprobs=[None] * 4, group="g") for i in range(4)]  # fmt: skip
+    textual = _examples(tokenizer, "correction", "ANSWER: 5")
+    cfg = TrainConfig(model="tiny", threads=1, objective=ObjectiveConfig(name="sdpo", correction_weight=0.5))
+    result = train_step(policy, scored, cfg, TaskBaseline(), textual=textual)
+    m = result.metrics
+    assert result.trained and m["tokens"] == 16 and m["loss"] is not None
+    assert m["sdpo_tokens"] == sum(textual[0].student.mask) and m["correction_tokens"] > 0
+    tis = train_step(policy, scored, TrainConfig(model="tiny", threads=1), TaskBaseline(), textual=textual)
+    assert "sdpo_tokens" not in tis.metrics  # only --objective sdpo trains on text

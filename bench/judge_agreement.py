@@ -16,13 +16,14 @@ them under the demo's rubric:
 Prints Spearman's ρ and accuracy at the threshold against the labels, the
 unreadable replies, and what the gate (ρ ≥ 0.6) does with each.
 
-    .venv/bin/python bench/judge_agreement.py [--heldout 48] [--problems 12 --attempts 4] [--upstream URL]
+    .venv/bin/python bench/judge_agreement.py [--heldout 48] [--problems 8 --attempts 4] [--episodes eps.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import socket
 import tempfile
 import time
@@ -64,11 +65,13 @@ def _line(name: str, a: Agreement | None) -> str:
     return f"| {name} | {a.n} | {a.unreadable} | {a.spearman:+.2f} | {a.accuracy:.2f} | {verdict} |"
 
 
-async def _judge(url: str, model: str, heldout: list[Item], bare: list[Item], grouped: list[Item]) -> list[str]:
+async def _judge(
+    url: str, model: str, heldout: list[Item], bare: list[Item], grouped: list[Item], max_tokens: int
+) -> list[str]:
     absolute = JudgeSettings(rubric=RUBRIC)
     relative = JudgeSettings(rubric=RUBRIC, mode="relative")
     rows = []
-    async with JudgeClient(url, model, max_tokens=128) as client:
+    async with JudgeClient(url, model, max_tokens=max_tokens) as client:
         for name, cfg, items in (
             ("135M, absolute + comment (held-out)", absolute, heldout),
             ("135M, absolute, no comment (held-out)", absolute, bare),
@@ -98,6 +101,8 @@ def main() -> None:
     parser.add_argument("--upstream", default=None, help="a running engine's base URL (else one is started)")
     parser.add_argument("--model", default="default")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--episodes", default=None, help="JSON file: episodes are saved there, and reused if it exists")
+    parser.add_argument("--judge-tokens", type=int, default=96, help="max_tokens of each judge reply")
     args = parser.parse_args()
 
     from engine.launcher import Engine, EngineConfig
@@ -119,9 +124,17 @@ def main() -> None:
         heldout_p = make_problems("heldout", args.heldout)
         train_p = make_problems("train", args.problems, seed=7)
         problems = {p.id: p for p in heldout_p + train_p}
-        with Harness(cfg) as h:
-            heldout = run_episodes(h, heldout_p, eval=True, workers=4, progress=False)
-            sampled = run_episodes(h, train_p, attempts=args.attempts, workers=4, progress=False)
+        cache = Path(args.episodes) if args.episodes else None
+        if cache is not None and cache.exists():  # episodes are the slow part on a busy CPU: reuse them
+            saved = json.loads(cache.read_text())
+            heldout, sampled = ([EpisodeResult(**r) for r in saved[k]] for k in ("heldout", "sampled"))
+        else:
+            with Harness(cfg) as h:
+                heldout = run_episodes(h, heldout_p, eval=True, workers=4, progress=False)
+                sampled = run_episodes(h, train_p, attempts=args.attempts, workers=4, progress=False)
+            if cache is not None:
+                cache.write_text(json.dumps({"heldout": [r.to_dict() for r in heldout],
+                                             "sampled": [r.to_dict() for r in sampled]}))  # fmt: skip
         for name, rs in (("held-out (greedy)", heldout), ("sampled (T=0.7)", sampled)):
             ok = [r for r in rs if r.outcome != "error"]
             print(f"{name}: {len(ok)} episodes, accuracy {sum(r.correct for r in ok) / max(len(ok), 1):.0%}, "
@@ -133,6 +146,7 @@ def main() -> None:
                 _items(heldout, problems, True),
                 _items(heldout, problems, False),
                 _items(sampled, problems, True),
+                args.judge_tokens,
             )
         )
         print("\n| judge | pairs | unreadable | Spearman ρ | accuracy at 0.5 | gate (ρ ≥ 0.6, ≥ 8 pairs) |")

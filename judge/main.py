@@ -82,20 +82,22 @@ async def one_pass(cmd: JudgeCommand, db: DbSession) -> Report:
 
 
 def run(cmd: JudgeCommand) -> int:
-    """Entry point; prints one JSON line per pass. Exit 2 on a configuration or endpoint error."""
+    """Entry point; prints one JSON line per pass. Exit 2 on a configuration or endpoint error (once only)."""
     from storage.db import sync_engine
 
     engine = sync_engine(cmd.db_url)
     try:
         while True:
-            with DbSession(engine) as db:
-                report = asyncio.run(one_pass(cmd, db))
-            print(json.dumps(report.to_dict()), flush=True)
+            try:
+                with DbSession(engine) as db:
+                    report = asyncio.run(one_pass(cmd, db))
+                print(json.dumps(report.to_dict()), flush=True)
+            except JudgeError as exc:
+                print(f"onthejob judge: {exc}", file=sys.stderr, flush=True)
+                if not cmd.watch:
+                    return 2
             if not cmd.watch:
                 return 0
-            time.sleep(cmd.poll_s)
-    except JudgeError as exc:
-        print(f"onthejob judge: {exc}", file=sys.stderr)
-        return 2
+            time.sleep(cmd.poll_s)  # --watch: a missing judge or a down endpoint is waited out, not fatal
     finally:
         engine.dispose()

@@ -88,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project", default="default")
     p.add_argument("--db", default=None)
     p.add_argument("--proxy", default="http://127.0.0.1:8000", help="where grades are posted (and the judge called)")
-    p.add_argument("--key", default=None, help="a key of the project (default: $ONTHEJOB_JUDGE_KEY)")
+    p.add_argument(
+        "--key",
+        default=None,
+        help="a key of the project (default: $ONTHEJOB_JUDGE_KEY, else $ONTHEJOB_ADMIN_KEY)",
+    )
     p.add_argument("--alias", default=None, help="judge only this alias's sessions")
     p.add_argument("--watch", action="store_true", help="keep judging as sessions arrive")
     p.add_argument("--poll", type=float, default=30.0, help="seconds between passes with --watch")

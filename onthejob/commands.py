@@ -191,7 +191,7 @@ def judge(args: argparse.Namespace) -> int:
             db_url=database_url(args.db),
             project=args.project,
             proxy=args.proxy,
-            api_key=args.key or os.environ.get("ONTHEJOB_JUDGE_KEY"),
+            api_key=args.key or os.environ.get("ONTHEJOB_JUDGE_KEY") or os.environ.get("ONTHEJOB_ADMIN_KEY"),
             alias=args.alias,
             watch=args.watch,
             poll_s=args.poll,

@@ -119,3 +119,12 @@ async def test_the_command_reads_its_endpoint_from_settings_and_hindsight_stands
     assert judge_model(db, p, cfg, "agent") == "agent"
     default = client_for(JudgeCommand(db_url=pg_url, proxy="http://proxy:8000", api_key="k"), cfg, "agent")
     assert (default.base_url, default.api_key) == ("http://proxy:8000/v1", "k")  # through the proxy, tagged judge
+
+
+def test_no_judge_configured_is_a_clear_exit(db: Session, pg_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from judge.main import JudgeCommand, run
+
+    p = new_project(db)
+    db.commit()
+    assert run(JudgeCommand(db_url=pg_url, project=p)) == 2
+    assert f"project {p!r} has no judge: PUT /v1/admin/project" in capsys.readouterr().err

@@ -63,25 +63,34 @@ def test_two_gloo_ranks_match_one_process(tmp_path: Path, objective: str) -> Non
 
 @pytest.mark.slow
 def test_train_command_runs_under_torchrun(pg_url: str, tmp_path: Path) -> None:
-    """Two ranks, one database writer: the same rows as one process would write."""
+    """``torchrun -m onthejob.cli train`` (the README's form) on graded rows in Postgres: rank 0 reads and
+    writes the database, both ranks train, and the rows are those one process would write."""
     import uuid
 
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
     from storage.db import sync_engine
-    from storage.keys import ensure_project
     from storage.models import Adapter, TrainingRun, TrainingStep, UsedTrajectory
+    from tests.storage.rows import GEN, choice, feedback_row, insert, msg, new_project, row
 
-    project = f"p-{uuid.uuid4().hex[:8]}"
     engine = sync_engine(pg_url)
     with Session(engine) as db:
-        ensure_project(db, project)
+        project = new_project(db)
+        # Ten graded one-call sessions of one task (tiny-model token ids, no recorded μ: recomputed).
+        insert(db, *(
+            row(f"cmpl-{uuid.uuid4().hex[:12]}", msg("user", 40 + i) + GEN, [choice([50 + i, 51, 2], logprobs=None)],
+                session=f"s{i}", project=project, task="add", alias="helper", at=i)
+            for i in range(10)
+        ))  # fmt: skip
+        db.add_all(feedback_row(project, "outcome", "success" if i % 2 else "failure", session=f"s{i}")
+                   for i in range(10))  # fmt: skip
         db.commit()
     _run([
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-        str(Path(__file__).with_name("ddp_main.py")), pg_url, project, str(tmp_path),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "onthejob.cli", "train",
+        "--alias", "helper", "--model", "tiny", "--db", pg_url, "--project", project, "--no-deploy",
+        "--steps", "2", "--batch-size", "5", "--threads", "1", "--adapters", str(tmp_path),
     ])  # fmt: skip
     with Session(engine) as db:
         (run,) = db.scalars(select(TrainingRun).where(TrainingRun.project_id == project)).all()

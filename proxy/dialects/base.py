@@ -132,6 +132,12 @@ class DialectStream(ABC):
     def result(self) -> dict[str, Any] | None:
         """The client's body the stream added up to (None before ``close``)."""
 
+    def fail(self, exc: ApiError) -> bytes:
+        """The event for a call that cannot end normally (the spool refused its record, say).
+
+        Empty: the serving path sends ``error`` with the dialect's error body (Anthropic's shape)."""
+        return b""
+
     def ping(self) -> bytes:
         """A keep-alive event for a long engine silence (Anthropic's ``ping``); empty: none."""
         return b""
@@ -143,6 +149,7 @@ class Dialect(ABC):
     name: ClassVar[str]
     paths: ClassVar[tuple[str, ...]]
     id_prefix: ClassVar[str]
+    previous_param: ClassVar[str | None] = None  # the request field ``previous_id`` reads (named in errors)
 
     def new_id(self) -> str:
         """Our completion id for a call of this dialect (128 random bits)."""

@@ -42,6 +42,7 @@ class ResponsesDialect(Dialect):
     name = "responses"
     paths: ClassVar[tuple[str, ...]] = ("/v1/responses",)
     id_prefix = "resp_"
+    previous_param = "previous_response_id"
 
     def previous_id(self, body: dict[str, Any]) -> str | None:
         value = body.get("previous_response_id")
@@ -86,6 +87,7 @@ class ResponsesDialect(Dialect):
         if response_format is not None:
             chat["response_format"] = response_format
         if wants_logprobs(body):
+            chat["logprobs"] = True
             chat["top_logprobs"] = int(body.get("top_logprobs") or 0)
         chat["stream"] = self.stream_requested(body)
         return chat

@@ -453,3 +453,12 @@ def test_stream_cut_by_length_and_by_a_broken_engine() -> None:
     assert evs[-1]["type"] == "response.failed" and result["status"] == "failed"
     assert result["error"]["message"] == "stream broke" and result["output"][0]["status"] == "incomplete"
     assert_full_response(result)
+
+
+def test_stream_failure_event_parses_in_the_sdk() -> None:
+    from proxy.errors import Unavailable
+
+    s = D.stream(ex({}))
+    s.open()
+    (event,) = events(s.fail(Unavailable("the recording spool is full", code="spool_full")))
+    assert event["type"] == "error" and event["code"] == "spool_full" and event["sequence_number"] == 2

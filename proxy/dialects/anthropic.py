@@ -11,8 +11,8 @@ same prompt tokens through either door; the reference tests compare the two.
 
 What the engine cannot do is accepted and ignored, never a 400 (Claude Code sends
 all of it): ``cache_control`` and unknown fields on blocks, ``thinking``,
-``service_tier``, ``container``, ``mcp_servers``, ``context_management``, ``thinking``
-and ``redacted_thinking`` blocks in the history, server tools (a ``type`` other
+``service_tier``, ``output_config.effort``, ``speed``, ``container``, ``mcp_servers``,
+``context_management``, ``thinking`` and ``redacted_thinking`` blocks in the history, server tools (a ``type`` other
 than ``custom``), the ``anthropic-version``/``anthropic-beta`` headers and ``?beta=true``.
 What would silently change the meaning is refused, naming the field: images and
 documents (the model takes text only), a ``tool_result`` whose ``tool_use`` is not in
@@ -70,7 +70,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     if max_tokens is None:
         raise _fail("max_tokens", "field required (the Messages API has no default output length)")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-        raise _fail("max_tokens", "must be an integer of at least 1")
+        raise _fail("max_tokens", "must be an integer of at least 1 (0, cache pre-warming, is not served here)")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _fail("messages", "must be a non-empty list of {role, content} objects")

@@ -460,3 +460,15 @@ def test_output_config_format_asks_the_engine_for_json() -> None:
     chat = dialect.to_chat(body(output_config={"effort": "low", "format": {"type": "json_schema", "schema": schema}}))
     assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
     assert "response_format" not in dialect.to_chat(body(output_config={"effort": "high"}))  # effort: ignored
+
+
+def test_delta_template_is_the_same_bytes_as_the_event() -> None:
+    from proxy.dialects.anthropic_stream import sse
+
+    state = MessageStream("msg_1", "alias")
+    state.feed(chunks_for(text_reply("x"))[0])
+    state.feed(chunks_for(text_reply("x"))[1])  # opens block 0
+    text = 'a "quote", é, \\ and a\nnewline'
+    assert state._delta(b"text_delta", b"text", text) == sse(
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+    )

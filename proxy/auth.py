@@ -20,13 +20,14 @@ import hmac
 import math
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from proxy.deps import Principal
 from proxy.errors import RateLimited, Unauthorized, Unavailable
+from proxy.ratelimit import RateLimiter
 from storage.keys import hash_key
 from storage.models import ApiKey
 
@@ -37,17 +38,46 @@ FAILURE_BURST = 10  # failed authentications an address may make at once ...
 FAILURE_REFILL_S = 1.0  # ... then one per this many seconds
 
 
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller, resolved from its API key (or the default project under --no-auth)."""
+
+    project_id: str
+    role: str  # "harness" | "admin"
+    key_id: str | None
+
+
 class Auth:
+    """Who is calling, and whether its key may call now: the one admission check of every route."""
+
     def __init__(
-        self, sessionmaker: async_sessionmaker[AsyncSession], *, enabled: bool, default_project: str, ttl_s: float
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        *,
+        enabled: bool,
+        default_project: str,
+        ttl_s: float,
+        ratelimiter: RateLimiter | None = None,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.enabled = enabled
         self.default_project = default_project
         self.ttl_s = ttl_s
+        self.ratelimiter = ratelimiter or RateLimiter(0, 1)
         self.max_entries = MAX_ENTRIES
         self._cache: OrderedDict[str, tuple[Principal | None, float]] = OrderedDict()
         self.failures = FailureThrottle()
+
+    async def admit(
+        self, authorization: str | None, api_key: str | None = None, client: str | None = None
+    ) -> Principal:
+        """The caller of a request with these key headers (``client``: its address), within its key's rate limit.
+
+        Both the FastAPI dependency (proxy/deps.py) and the call routes' fast path ask this.
+        """
+        principal = await self.authenticate(authorization, api_key, client=client)
+        self.ratelimiter.check(principal.key_id)
+        return principal
 
     async def authenticate(
         self, authorization: str | None, api_key: str | None = None, *, client: str | None = None

@@ -1,9 +1,12 @@
-"""The serving path: one OpenAI call from harness to engine and into the spool.
+"""The serving path: one call from harness to engine and into the spool.
 
-Read a request top to bottom in :func:`handle`: authenticate, parse, route the
-alias, resolve the session, forward with capture fields forced on, and either
-return the stripped reply (after its record is fsync'd) or stream chunk by chunk,
-holding back only the final ``[DONE]`` until the record is on disk.
+Read a request top to bottom in :func:`handle`: admit (key, rate limit), parse,
+translate at the edge (a dialect, proxy/dialects/base.py), route the alias,
+resolve the session (proxy/sessions.py), then :class:`Call` forwards the
+engine-facing body with capture fields forced on and either returns the reply
+(after its record is fsync'd, proxy/recording.py) or streams chunk by chunk
+(proxy/streaming.py), holding back only the terminal event until the record is on
+disk.
 """
 
 from __future__ import annotations
@@ -17,22 +20,19 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
-from sqlalchemy import select
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive
 
 from proxy import capture, sessions
+from proxy.dialects.base import Dialect, Exchange, engine_error
 from proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
-from proxy.redact import redact_record
-from proxy.routing import Route
-from proxy.spool import SpoolFull
-from proxy.streaming import StreamCall, wait_disconnect
-from proxy.upstream import UPSTREAM_FAILURES
-from storage.models import Completion
+from proxy.recording import Recording
+from proxy.routing import Route, Router
+from proxy.streaming import Finished, StreamCall, wait_disconnect
+from proxy.upstream import UPSTREAM_FAILURES, Upstream
 
 if TYPE_CHECKING:
-    from proxy.deps import Principal
     from proxy.state import AppState
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -84,76 +84,49 @@ def validate(body: dict[str, Any], endpoint: str) -> None:
         raise InvalidRequest("'stream' must be true or false", param="stream")
 
 
-async def resolve_session(
-    st: AppState, project: str, naming: sessions.Naming, messages: list[dict[str, Any]] | None, keys: list[str]
-) -> tuple[str, str, str | None, str | None]:
-    """(session id, how it was found, parent completion id, task id) for a call; ``keys``: its prefix keys."""
-    link = None
-    if messages:
-        # A parent's link key always ends with the assistant message it returned.
-        candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
-        if candidates:
-            link = st.links.longest(project, candidates, naming.session_id)
-            if link is None:  # served by another worker, and maybe not yet in the database
-                link = _spool_link(st, project, candidates, naming.session_id)
-            if link is None:
-                link = await _db_link(st, project, candidates, naming.session_id)
-    task = naming.task_id or (link.task_id if link else None)
-    if naming.session_id:
-        return naming.session_id, naming.source, link.completion_id if link else None, task
-    if link is not None:
-        return link.session_id, "linked", link.completion_id, task
-    return sessions.new_session_id(), "new", None, task
-
-
-def _spool_link(st: AppState, project: str, keys: list[str], session: str | None) -> sessions.Link | None:
-    needles = [b'"link_key":"' + key.encode() + b'"' for key in reversed(keys)]  # the longest prefix first
-    for record in st.spool.sibling_records(needles):
-        call = record.get("completion") or {}
-        if call.get("project_id") == project and (session is None or call.get("session_id") == session):
-            return sessions.Link(call["session_id"], call["id"], call.get("task_id"))
-    return None
-
-
-async def _db_link(st: AppState, project: str, keys: list[str], session: str | None) -> sessions.Link | None:
-    query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
-        Completion.project_id == project, Completion.link_key.in_(keys)
-    )
-    if session:
-        query = query.where(Completion.session_id == session)
-    try:
-        async with asyncio.timeout(1.0), st.sessionmaker() as db:
-            rows = (await db.execute(query.order_by(Completion.created_at.desc()).limit(50))).all()
-    except Exception:  # noqa: BLE001 - database down: link from memory only; the call still goes through
-        return None
-    rank = {k: i for i, k in enumerate(keys)}
-    best = max(rows, key=lambda r: rank[r.link_key], default=None)
-    return sessions.Link(best.session_id, best.id, best.task_id) if best else None
-
-
 class Call:
-    """One proxied call and the record it becomes."""
+    """One proxied call and the record it becomes.
+
+    It sees only what it uses: the engine (``upstream``, ``router`` for reloading a
+    lost adapter) and ``recording`` (spool, redaction, metrics, links). ``body`` is the
+    engine-facing chat/text completions body. Native calls answer with the engine's
+    reply stripped back to what vLLM would have sent; a ``dialect`` call
+    (``client_request``: what the harness sent) answers with the dialect's translation
+    of each reply or chunk, and records both sides.
+    """
 
     def __init__(
         self,
-        st: AppState,
-        principal: Principal,
+        upstream: Upstream,
+        router: Router,
+        recording: Recording,
+        *,
+        project: str,
         endpoint: str,
         body: dict[str, Any],
         route: Route,
         naming: sessions.Naming,
-        session: tuple[str, str, str | None, str | None],
+        session: sessions.SessionRef,
         prompt_key: str | None = None,
+        dialect: Dialect | None = None,
+        client_request: dict[str, Any] | None = None,
+        inflight: set[asyncio.Task[None]] | None = None,
     ) -> None:
-        self.st = st
-        self.id = "cmpl-" + os.urandom(16).hex()  # 128 random bits, as uuid4 gives, at a fifth of its cost
-        self.project = principal.project_id
+        self.upstream = upstream
+        self.router = router
+        self.recording = recording
+        # 128 random bits, as uuid4 gives, at a fifth of its cost
+        self.id = dialect.new_id() if dialect else "cmpl-" + os.urandom(16).hex()
+        self.project = project
         self.endpoint = endpoint
         self.body = body
         self.route = route
         self.naming = naming
-        self.session_id, self.session_source, self.parent_id, self.task_id = session
+        self.session = session
         self.prompt_key = prompt_key  # the request messages' prefix key (chat only)
+        self.dialect = dialect
+        self.client_request = client_request
+        self.inflight = inflight if inflight is not None else set()
         self.created = datetime.now(UTC)
         self.t0 = time.perf_counter()
         self.ttft_ms: float | None = None
@@ -163,15 +136,15 @@ class Call:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"x-request-id": self.id, "x-session-id": self.session_id}
+        return {"x-request-id": self.id, "x-session-id": self.session.id}
 
     async def open(self) -> aiohttp.ClientResponse:
         """Send the call upstream; reload lost adapters and retry once on model-not-found."""
         payload = orjson.dumps(self.upstream_body)
         for attempt in (0, 1):
-            base = self.base = self.st.upstream.pick()
+            base = self.base = self.upstream.pick()
             try:
-                resp = await self.st.upstream.open(base, PATHS[self.endpoint], payload)
+                resp = await self.upstream.open(base, PATHS[self.endpoint], payload)
             except TimeoutError as exc:
                 await self.save(status=504, termination="timeout", error="engine did not answer in time")
                 raise UpstreamTimeout("the engine did not answer within the connect/idle timeout") from exc
@@ -181,7 +154,7 @@ class Call:
             if resp.status == 404 and attempt == 0 and self.route.version is not None:
                 resp.release()
                 with contextlib.suppress(Exception):
-                    await self.st.router.reconcile(base)  # the engine restarted and lost our adapter
+                    await self.router.reconcile(base)  # the engine restarted and lost our adapter
                 continue
             return resp
         return resp
@@ -193,6 +166,8 @@ class Call:
         text = raw.decode(errors="replace")
         if status < 500:
             await self.save(status=status, termination="rejected", error=text[:4000])
+            if self.dialect is not None:
+                raise engine_error(status, raw)  # answered in the dialect's own error shape
             return Response(
                 raw,
                 status,
@@ -211,17 +186,22 @@ class Call:
         except UPSTREAM_FAILURES as exc:
             await self.save(status=502, termination="upstream_error", error=f"{type(exc).__name__}: {exc}")
             raise UpstreamError("the engine connection broke mid-reply") from exc
+        client_response = None
         try:
             reply = orjson.loads(raw)
             choices = capture.captured_choices(reply, self.endpoint)
             prompt_ids = capture.prompt_ids(reply)
+            if self.dialect is not None:  # before strip, which edits the reply in place
+                client_response = self.dialect.reply(reply, self.exchange())
             out = capture.strip(reply, self.wants, self.route.alias)
+            if out is None:
+                raise ValueError("a reply without choices")
         except (orjson.JSONDecodeError, AttributeError, TypeError, KeyError, ValueError) as exc:
             await self.save(status=502, termination="upstream_error", error=f"malformed engine reply: {raw[:500]!r}")
             raise UpstreamError("the engine sent a malformed reply") from exc
         self.ttft_ms = (time.perf_counter() - self.t0) * 1000
         if reply.get("system_fingerprint"):
-            self.st.upstream.fingerprints[self.base] = reply["system_fingerprint"]
+            self.upstream.fingerprints[self.base] = reply["system_fingerprint"]
         await self.save(
             status=200,
             termination=capture.termination_of(choices),
@@ -230,8 +210,47 @@ class Call:
             prompt_ids=prompt_ids,
             usage=reply.get("usage"),
             upstream_id=reply.get("id"),
+            client_response=client_response,
         )
-        return Response(orjson.dumps(out), 200, headers=self.headers, media_type="application/json")
+        client = out if client_response is None else client_response
+        return Response(orjson.dumps(client), 200, headers=self.headers, media_type="application/json")
+
+    def stream(self, resp: aiohttp.ClientResponse) -> StreamCall:
+        """A streamed reply: forwarded event by event as it arrives, recorded by :meth:`finish_stream`."""
+        return StreamCall(
+            resp,
+            endpoint=self.endpoint,
+            wants=self.wants,
+            alias=self.route.alias,
+            headers=self.headers,
+            dialect=(self.dialect, self.dialect.stream(self.exchange())) if self.dialect else None,
+            fingerprints=self.upstream.fingerprints,
+            base=self.base,
+            inflight=self.inflight,
+            finish=self.finish_stream,
+        )
+
+    def exchange(self) -> Exchange:
+        """What a dialect needs to know about this call to translate its reply."""
+        assert self.client_request is not None
+        return Exchange(self.id, self.route.alias, int(self.created.timestamp()), self.client_request, self.body)
+
+    async def finish_stream(self, end: Finished) -> None:
+        """The stream's end (the callback :class:`StreamCall` is given): record what it added up to."""
+        asm = end.assembled
+        if end.first_event_at is not None:
+            self.ttft_ms = (end.first_event_at - self.t0) * 1000
+        await self.save(
+            status=end.status,
+            termination=end.termination,
+            response=asm.response() if asm.chunks else None,
+            choices=asm.captured_choices(),
+            prompt_ids=asm.prompt_token_ids,
+            usage=asm.usage,
+            error=end.error,
+            upstream_id=asm.head.get("id"),
+            client_response=end.client_response,
+        )
 
     async def save(
         self,
@@ -244,25 +263,30 @@ class Call:
         usage: dict[str, Any] | None = None,
         error: str | None = None,
         upstream_id: str | None = None,
+        client_response: dict[str, Any] | None = None,
     ) -> None:
         """Build the record and fsync it to the spool (once per call)."""
         if self.saved:
             return
         self.saved = True
-        st = self.st
-        st.metrics.termination(termination).inc()
-        if not st.settings.record:
+        recording = self.recording
+        recording.count(termination)
+        if not recording.enabled:
             return
         choices = choices or []
         keys = [sessions.link_key(self.prompt_key, c.get("message")) for c in choices]
+        session = self.session
         record = {
             "id": self.id,
             "project_id": self.project,
-            "session_id": self.session_id,
-            "task_id": self.task_id,
+            "session_id": session.id,
+            "task_id": session.task_id,
             "client_request_id": self.naming.client_request_id,
             "upstream_id": upstream_id,
             "endpoint": self.endpoint,
+            "dialect": self.dialect.name if self.dialect else self.endpoint,
+            "client_request": self.client_request,
+            "client_response": client_response,
             "alias": self.route.alias,
             "served_model": self.route.served_model,
             "adapter_version": self.route.version,
@@ -278,63 +302,72 @@ class Call:
             "error": error.replace("\x00", "\ufffd") if error else error,  # Postgres text cannot hold NUL
             "stream": self.wants.stream,
             "link_key": keys[0] if keys else None,
-            "parent_id": self.parent_id,
+            "parent_id": session.parent_id,
             "created_at": self.created.isoformat(),
             "latency_ms": (time.perf_counter() - self.t0) * 1000,
             "ttft_ms": self.ttft_ms,
         }
-        record = redact_record(record, st.policy(self.project))
-        session = {
+        session_row = {
             "project_id": self.project,
-            "id": self.session_id,
-            "task_id": self.task_id,
-            "source": self.session_source,
+            "id": session.id,
+            "task_id": session.task_id,
+            "source": session.source,
             "tags": list(self.naming.tags),
         }
-        try:
-            await st.spool.append({"completion": record, "session": session})
-        except SpoolFull as exc:
-            if st.settings.spool_full_policy == "serve":
-                st.metrics.records_dropped.labels("spool_full").inc()
-                return
-            st.metrics.spool_full_rejections.inc()
-            raise Unavailable(
-                "the recording spool is full; the call was not served unrecorded. Retry later", code="spool_full"
-            ) from exc
-        st.metrics.records_spooled.inc()
-        # The recorder drains every 50 ms on its own; waking it per call made it run one database
-        # transaction per request (most of the proxy's CPU at concurrency 1). Wake it early only
-        # when a full batch is waiting.
-        if st.spool.depth >= st.settings.drain_batch:
-            st.recorder.wake.set()
-        for key in keys:
-            if key:
-                st.links.put(self.project, key, sessions.Link(self.session_id, self.id, self.task_id))
+        await recording.keep(record, session_row, keys, sessions.Link(session.id, self.id, session.task_id))
 
 
-async def handle(request: Request, endpoint: str, path_session: str | None = None) -> Any:
-    """Serve one OpenAI call (chat or completions), streaming or not."""
+async def handle(
+    request: Request, endpoint: str, path_session: str | None = None, dialect: Dialect | None = None
+) -> Any:
+    """Serve one call, streaming or not: native chat/text completions, or a ``dialect``'s request as a chat call.
+
+    A dialect (proxy/dialects/base.py) plugs in here and nowhere else: its request is
+    translated at the edge (``to_chat``), the call then takes the chat path (routing,
+    linking, capture, one record), and :class:`Call` hands the engine's reply, or each
+    chunk as it arrives, to the dialect to translate back. Its route calls
+    ``handle(request, "chat", dialect=...)`` (or goes through the fast path,
+    proxy/routes_openai.py); errors are answered by ``dialect.error``.
+    """
     st: AppState = request.app.state.onthejob
     if st.draining:
         raise Unavailable("the proxy is shutting down; retry on another replica", code="draining")
     # One pass over the raw headers (first occurrence wins, as in Starlette): Headers.get scans
     # the list and raises KeyError for each absent one, and naming() asks for four, mostly absent.
     headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(request.scope["headers"])}
-    principal = await st.auth.authenticate(headers.get("authorization"), headers.get("x-api-key"))
-    st.ratelimiter.check(principal.key_id)
-    body = parse_json(await read_body(request.receive, headers.get("content-length"), st.settings.max_body_bytes))
+    authorization = dialect.credentials(headers) if dialect else headers.get("authorization")
+    client = request.scope.get("client")
+    principal = await st.auth.admit(authorization, headers.get("x-api-key"), client[0] if client else None)
+    raw = await read_body(request.receive, headers.get("content-length"), st.settings.max_body_bytes)
+    client_body = parse_json(raw)
+    body, client_request = client_body, None
+    if dialect is not None:
+        dialect.stream_requested(client_body)
+        if dialect.previous_id(client_body) is not None:  # finding the stored call is for the dialect wiring
+            raise InvalidRequest("continuing a stored call is not served yet", code="unsupported_parameter")
+        body, client_request = dialect.to_chat(client_body, None), client_body
     validate(body, endpoint)
-    if st.spool.full and st.settings.spool_full_policy == "refuse" and st.settings.record:
-        st.metrics.spool_full_rejections.inc()
-        raise Unavailable(
-            "the recording spool is full (database unreachable for too long?); retry later", code="spool_full"
-        )
+    st.recording.check_room()
     route = st.router.resolve(principal.project_id, body.get("model"))
-    naming = sessions.naming(headers, body, path_session)
+    naming = sessions.naming(headers, client_body, path_session)
     messages = body.get("messages") if endpoint == "chat" else None
     keys = sessions.prefix_keys(messages) if messages else []
-    session = await resolve_session(st, principal.project_id, naming, messages, keys)
-    call = Call(st, principal, endpoint, body, route, naming, session, keys[-1] if keys else None)
+    session = await st.linker.resolve(principal.project_id, naming, messages, keys)
+    call = Call(
+        st.upstream,
+        st.router,
+        st.recording,
+        project=principal.project_id,
+        endpoint=endpoint,
+        body=body,
+        route=route,
+        naming=naming,
+        session=session,
+        prompt_key=keys[-1] if keys else None,
+        dialect=dialect,
+        client_request=client_request,
+        inflight=st.inflight,
+    )
     # Serve inline; one watcher task cancels us if the client leaves before its reply (or first chunk).
     me = asyncio.current_task()
     assert me is not None
@@ -365,5 +398,5 @@ async def _serve(call: Call) -> Response:
     if resp.status >= 400:
         return await call.reject(resp)
     if call.wants.stream:
-        return StreamCall(call, resp)
+        return call.stream(resp)
     return await call.complete(resp)

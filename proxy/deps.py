@@ -7,25 +7,16 @@ into ``request.app.state``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from proxy.auth import Principal
 from proxy.errors import Forbidden, NotFound
 
 if TYPE_CHECKING:
     from proxy.state import AppState
-
-
-@dataclass(frozen=True)
-class Principal:
-    """The caller, resolved from its API key (or the default project under --no-auth)."""
-
-    project_id: str
-    role: str  # "harness" | "admin"
-    key_id: str | None
 
 
 def app_state(request: Request) -> AppState:
@@ -33,12 +24,9 @@ def app_state(request: Request) -> AppState:
 
 
 async def current_principal(request: Request) -> Principal:
-    st = app_state(request)
     client = request.client.host if request.client else None
     headers = request.headers
-    principal = await st.auth.authenticate(headers.get("authorization"), headers.get("x-api-key"), client=client)
-    st.ratelimiter.check(principal.key_id)
-    return principal
+    return await app_state(request).auth.admit(headers.get("authorization"), headers.get("x-api-key"), client)
 
 
 async def require_admin(principal: Annotated[Principal, Depends(current_principal)]) -> Principal:

@@ -41,8 +41,8 @@ async def session_count_tokens(request: Request, session_id: PathId) -> Response
 async def _count(request: Request) -> int:
     st: Any = request.app.state.onthejob
     headers = request.headers
-    principal = await st.auth.authenticate(headers.get("authorization"), headers.get("x-api-key"))
-    st.ratelimiter.check(principal.key_id)
+    client = request.client.host if request.client else None
+    principal = await st.auth.admit(headers.get("authorization"), headers.get("x-api-key"), client)
     payload = count_tokens_body(await read_json(request, st.settings.max_body_bytes))
     payload["model"] = st.router.resolve(principal.project_id, payload["model"]).served_model
     try:

@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.calls import handle, read_json
 from proxy.deps import MAX_ID, NO_NUL, DbDep, PathId, PrincipalDep, QueryId, StateDep
+from proxy.dialects.base import Dialect
 from proxy.errors import ApiError, NotFound, UpstreamError
 from proxy.responses import ORJSONResponse, error_response
 from storage.models import Completion
@@ -53,18 +54,32 @@ def call_route(path: str) -> tuple[str, str | None] | None:
     return None
 
 
-async def serve_call(scope: Scope, receive: Receive, send: Send, endpoint: str, path_session: str | None) -> None:
-    """One call route as a bare ASGI endpoint (see proxy.app.ProxyApp)."""
+async def serve_call(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    endpoint: str,
+    path_session: str | None,
+    dialect: Dialect | None = None,
+) -> None:
+    """One call route as a bare ASGI endpoint (see proxy.app.ProxyApp); a dialect's errors in its own shape."""
     try:
-        response = await handle(Request(scope, receive, send), endpoint, path_session)
+        response = await handle(Request(scope, receive, send), endpoint, path_session, dialect)
     except ApiError as exc:
-        response = error_response(exc)
+        response = _error(exc, dialect)
     except ClientDisconnect:
         return  # gone while sending its body: nobody to answer, nothing was forwarded
     except Exception:
         log.exception("unexpected error serving %s", scope["path"])
-        response = error_response(ApiError("internal error in the proxy; the call may not be recorded"))
+        response = _error(ApiError("internal error in the proxy; the call may not be recorded"), dialect)
     await response(scope, receive, send)
+
+
+def _error(exc: ApiError, dialect: Dialect | None) -> Response:
+    if dialect is None:
+        return error_response(exc)
+    status, body = dialect.error(exc)
+    return ORJSONResponse(body, status_code=status, headers=exc.headers)
 
 
 # The routes below document the call routes; requests for them are served by serve_call first.

@@ -6,10 +6,15 @@ messages, so it finds its parent by hashing its own message prefixes. Messages
 are compared after normalisation (role, text, tool calls, tool call id), not as
 tokens: the chat template re-renders the assistant turn differently from the
 sampled ids.
+
+Everything about finding a call's session is here: :class:`Linker` looks in this
+worker's memory, then in sibling workers' spools (records not yet drained), then
+in the database.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -18,8 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.errors import InvalidRequest
+from proxy.spool import Spool
+from storage.models import Completion
 
 
 @dataclass(frozen=True)
@@ -151,3 +160,72 @@ class LinkCache:
             if link is not None and (session is None or link.session_id == session):
                 return link
         return None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRef:
+    """The session a call belongs to, and how it was found."""
+
+    id: str
+    source: str  # header | metadata | path | linked | new
+    parent_id: str | None  # the completion this call continues (linked by messages)
+    task_id: str | None
+
+
+class Linker:
+    """Finds the session a call continues: this worker's memory, sibling spools, then the database."""
+
+    def __init__(self, spool: Spool, sessionmaker: async_sessionmaker[AsyncSession], size: int = 100_000) -> None:
+        self.spool = spool
+        self.sessionmaker = sessionmaker
+        self.cache = LinkCache(size)
+
+    async def resolve(
+        self, project: str, naming: Naming, messages: list[dict[str, Any]] | None, keys: list[str]
+    ) -> SessionRef:
+        """The session of a call with these request ``messages`` (``keys``: their :func:`prefix_keys`)."""
+        link = None
+        if messages:
+            # A parent's link key always ends with the assistant message it returned.
+            candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
+            if candidates:
+                link = self.cache.longest(project, candidates, naming.session_id)
+                if link is None:  # served by another worker, and maybe not yet in the database
+                    link = self._spool_link(project, candidates, naming.session_id)
+                if link is None:
+                    link = await self._db_link(project, candidates, naming.session_id)
+        task = naming.task_id or (link.task_id if link else None)
+        if naming.session_id:
+            return SessionRef(naming.session_id, naming.source, link.completion_id if link else None, task)
+        if link is not None:
+            return SessionRef(link.session_id, "linked", link.completion_id, task)
+        return SessionRef(new_session_id(), "new", None, task)
+
+    def remember(self, project: str, keys: list[str | None], link: Link) -> None:
+        """A recorded call's link keys (one per choice), for the follow-ups this worker serves."""
+        for key in keys:
+            if key:
+                self.cache.put(project, key, link)
+
+    def _spool_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
+        needles = [b'"link_key":"' + key.encode() + b'"' for key in reversed(keys)]  # the longest prefix first
+        for record in self.spool.sibling_records(needles):
+            call = record.get("completion") or {}
+            if call.get("project_id") == project and (session is None or call.get("session_id") == session):
+                return Link(call["session_id"], call["id"], call.get("task_id"))
+        return None
+
+    async def _db_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
+        query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
+            Completion.project_id == project, Completion.link_key.in_(keys)
+        )
+        if session:
+            query = query.where(Completion.session_id == session)
+        try:
+            async with asyncio.timeout(1.0), self.sessionmaker() as db:
+                rows = (await db.execute(query.order_by(Completion.created_at.desc()).limit(50))).all()
+        except Exception:  # noqa: BLE001 - database down: link from memory only; the call still goes through
+            return None
+        rank = {k: i for i, k in enumerate(keys)}
+        best = max(rows, key=lambda r: rank[r.link_key], default=None)
+        return Link(best.session_id, best.id, best.task_id) if best else None

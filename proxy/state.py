@@ -16,9 +16,10 @@ from proxy.auth import Auth
 from proxy.metrics import Metrics
 from proxy.ratelimit import RateLimiter
 from proxy.recorder import Recorder
+from proxy.recording import Recording
 from proxy.redact import Policy
 from proxy.routing import Router
-from proxy.sessions import LinkCache
+from proxy.sessions import Linker
 from proxy.settings import Settings
 from proxy.spool import Spool, absorb_orphans, claim
 from proxy.upstream import Upstream
@@ -41,10 +42,9 @@ class AppState:
     router: Router
     auth: Auth
     metrics: Metrics
-    links: LinkCache
-    ratelimiter: RateLimiter
+    linker: Linker
+    recording: Recording
     spool_lock: int = -1
-    policies: dict[str, Policy] = field(default_factory=dict)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
     upstream_up: dict[str, bool] = field(default_factory=dict)
@@ -62,20 +62,34 @@ class AppState:
         upstream = Upstream(settings.upstreams, settings.connect_timeout_s, settings.idle_timeout_s)
         folder, lock_fd = claim(settings.spool_dir)  # one folder per worker process
         spool = Spool(folder, settings.spool_max_bytes)
+        recorder = Recorder(spool, maker, metrics, settings.drain_batch)
+        linker = Linker(spool, maker)
         return cls(
             settings=settings,
             engine=engine,
             sessionmaker=maker,
             upstream=upstream,
             spool=spool,
-            recorder=Recorder(spool, maker, metrics, settings.drain_batch),
+            recorder=recorder,
             router=Router(maker, upstream, metrics, settings.default_project),
             auth=Auth(
-                maker, enabled=settings.auth, default_project=settings.default_project, ttl_s=settings.key_cache_ttl_s
+                maker,
+                enabled=settings.auth,
+                default_project=settings.default_project,
+                ttl_s=settings.key_cache_ttl_s,
+                ratelimiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
             ),
             metrics=metrics,
-            links=LinkCache(),
-            ratelimiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
+            linker=linker,
+            recording=Recording(
+                spool,
+                linker,
+                metrics,
+                enabled=settings.record,
+                full_policy=settings.spool_full_policy,
+                wake_at=settings.drain_batch,
+                wake=recorder.wake,
+            ),
             spool_lock=lock_fd,
         )
 
@@ -129,7 +143,7 @@ class AppState:
         await self.router.refresh()
         async with self.sessionmaker() as db:
             rows = (await db.execute(select(Project.id, Project.settings))).all()
-        self.policies = {pid: Policy.from_settings(settings) for pid, settings in rows}
+        self.recording.policies = {pid: Policy.from_settings(settings) for pid, settings in rows}
 
     async def sweep_feedback(self) -> None:
         """Attach pending feedback whose call has landed since; export how many stay orphaned."""
@@ -137,9 +151,6 @@ class AppState:
             if await attach_orphans(db):
                 await db.commit()
             self.metrics.feedback_orphans.set(await count_orphans(db))
-
-    def policy(self, project: str) -> Policy:
-        return self.policies.get(project) or Policy()
 
     async def probe_upstreams(self) -> None:
         for base in self.upstream.urls:

@@ -1,8 +1,14 @@
 """Streaming: forward each engine event as it arrives, capture it, and record the call at the end.
 
-Only the final ``[DONE]`` waits for the record's fsync. If the client leaves, the
+Only the final terminal event waits for the record's fsync. If the client leaves, the
 upstream connection is closed (vLLM aborts the request) and the partial reply is
-recorded as ``client_disconnected``.
+recorded as ``client_disconnected``. The stream knows nothing of the call it belongs
+to: it hands what it assembled to a finish callback (``Call.finish_stream``).
+
+What the client gets: the engine's chunks stripped back to what vLLM would have sent
+it (native chat/text completions), or, for a dialect (proxy/dialects/base.py), what
+its :class:`DialectStream` makes of each engine chunk as it arrives, opened by
+``open()`` and ended by ``close()``, whose events are held until the record is on disk.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
@@ -18,20 +26,57 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from proxy import capture
+from proxy.dialects.base import Dialect, DialectStream
+from proxy.dialects.base import StreamEnd as DialectEnd
+from proxy.dialects.base import sse as dialect_sse
 from proxy.errors import ApiError
 from proxy.upstream import UPSTREAM_FAILURES, sse_batches
 
-if TYPE_CHECKING:
-    from proxy.calls import Call
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """How a stream ended, and what it added up to."""
+
+    termination: str
+    status: int
+    error: str | None
+    assembled: capture.Assembler
+    first_event_at: float | None  # perf_counter() of the first engine event (time to first token)
+    client_response: dict[str, Any] | None = None  # a dialect's: the body its events added up to
+
+
+# Records the call; raises ApiError when it cannot (spool full under the refuse policy).
+Finish = Callable[[Finished], Awaitable[None]]
 
 
 class StreamCall(Response):
     """Forwards an SSE stream chunk by chunk; cancels upstream and records the partial on disconnect."""
 
-    def __init__(self, call: Call, resp: aiohttp.ClientResponse) -> None:  # noqa: D107 - no Response body
-        self.call = call
+    def __init__(  # noqa: D107 - no Response body
+        self,
+        resp: aiohttp.ClientResponse,
+        *,
+        endpoint: str,
+        wants: capture.Wants,
+        alias: str,
+        headers: dict[str, str],
+        dialect: tuple[Dialect, DialectStream] | None = None,
+        fingerprints: dict[str, str],
+        base: str,
+        inflight: set[asyncio.Task[None]],
+        finish: Finish,
+    ) -> None:
         self.resp = resp
-        self.asm = capture.Assembler(call.endpoint)
+        self.wants = wants
+        self.alias = alias
+        self.call_headers = headers
+        self.dialect = dialect
+        self.fingerprints = fingerprints  # per engine replica (Upstream.fingerprints); ``base`` served us
+        self.base = base
+        self.inflight = inflight
+        self.finish = finish
+        self.asm = capture.Assembler(endpoint)
+        self.first_event_at: float | None = None
         self.held: list[dict[str, Any]] = []
         self.out: list[bytes] = []
         self.background = None
@@ -39,7 +84,7 @@ class StreamCall(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         task = asyncio.current_task()
-        inflight = self.call.st.inflight
+        inflight = self.inflight
         if task is not None:
             inflight.add(task)  # type: ignore[arg-type]
         try:
@@ -65,10 +110,11 @@ class StreamCall(Response):
             await self._record("client_disconnected", 499, "client disconnected")
 
     async def _stream(self, send: Send) -> None:
-        call = self.call
-        headers = [(k.encode(), v.encode()) for k, v in call.headers.items()]
+        headers = [(k.encode(), v.encode()) for k, v in self.call_headers.items()]
         headers += [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if self.dialect is not None:
+            self.out.append(self.dialect[1].open())
         failure: tuple[str, str] | None = None
         done = False
         try:
@@ -97,20 +143,32 @@ class StreamCall(Response):
         await self._write(send)
         termination, error = failure or (capture.termination_of(self.asm.captured_choices()), None)
         status = 200 if error is None else (504 if termination == "timeout" else 502)
+        tail, client_response = self._tail(termination, status, error)
         try:
-            await self._record(termination, status, error)
-        except ApiError as exc:  # spool full under the refuse policy: tell the client, no [DONE]
-            await send({"type": "http.response.body", "body": _sse(exc.body()), "more_body": False})
+            await self._record(termination, status, error, client_response)
+        except ApiError as exc:  # spool full under the refuse policy: tell the client, no terminal event
+            await send({"type": "http.response.body", "body": self._failure(exc), "more_body": False})
             return
+        await send({"type": "http.response.body", "body": tail, "more_body": False})
+
+    def _tail(self, termination: str, status: int, error: str | None) -> tuple[bytes, dict[str, Any] | None]:
+        """The terminal bytes (sent once the record is on disk), and a dialect's whole reply."""
+        if self.dialect is not None:
+            stream = self.dialect[1]
+            return stream.close(DialectEnd(termination, self.asm.usage, error)), stream.result
         tail = b""
         if error is not None:
             kind = "timeout_error" if termination == "timeout" else "upstream_error"
             tail = _sse({"error": {"message": error, "type": kind, "param": None, "code": status}})
-        await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
+        return tail + b"data: [DONE]\n\n", None
+
+    def _failure(self, exc: ApiError) -> bytes:
+        if self.dialect is not None:
+            return dialect_sse("error", self.dialect[0].error(exc)[1])
+        return _sse(exc.body())
 
     def _event(self, data: bytes) -> tuple[str, str] | None:
         """Take one engine event: capture it, queue what the client gets; a failure ends the stream."""
-        call = self.call
         try:
             chunk = orjson.loads(data)
             if not isinstance(chunk, dict):
@@ -119,30 +177,33 @@ class StreamCall(Response):
             return "upstream_error", f"malformed SSE data from the engine: {data[:200]!r}"
         if "error" in chunk and not chunk.get("choices"):
             return "upstream_error", f"engine error mid-stream: {chunk['error']}"
-        if call.ttft_ms is None:
-            call.ttft_ms = (time.perf_counter() - call.t0) * 1000
+        if self.first_event_at is None:
+            self.first_event_at = time.perf_counter()
         try:
             self.asm.add(chunk)
             if chunk.get("system_fingerprint") and not chunk.get("choices"):
-                call.st.upstream.fingerprints[call.base] = chunk["system_fingerprint"]
+                self.fingerprints[self.base] = chunk["system_fingerprint"]
                 self._release_held()
-            out = capture.strip(chunk, call.wants, call.route.alias)
+            if self.dialect is not None:  # the dialect reads the capture fields itself, as it needs
+                self.out.append(self.dialect[1].feed(chunk))
+                return None
+            out = capture.strip(chunk, self.wants, self.alias)
         except (TypeError, AttributeError, KeyError, ValueError):
             return "upstream_error", f"malformed chunk from the engine: {data[:200]!r}"
         if out is None:
             return None
-        if not call.wants.usage and (self.held or any(c.get("finish_reason") for c in out.get("choices") or ())):
+        if not self.wants.usage and (self.held or any(c.get("finish_reason") for c in out.get("choices") or ())):
             # Without include_usage vLLM stamps its fingerprint on terminal chunks; we asked
             # for usage, so the fingerprint comes later: hold them until it does.
             self.held.append(out)
-            if call.st.upstream.fingerprints.get(call.base):
+            if self.fingerprints.get(self.base):
                 self._release_held()
             return None
         self.out.append(_sse(out))
         return None
 
     def _release_held(self) -> None:
-        fingerprint = self.call.st.upstream.fingerprints.get(self.call.base)
+        fingerprint = self.fingerprints.get(self.base)
         for out in self.held:
             if fingerprint and any(c.get("finish_reason") for c in out.get("choices") or ()):
                 out["system_fingerprint"] = fingerprint
@@ -155,19 +216,10 @@ class StreamCall(Response):
             self.out.clear()
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
-    async def _record(self, termination: str, status: int, error: str | None) -> None:
-        call, asm = self.call, self.asm
-        choices = asm.captured_choices()
-        await call.save(
-            status=status,
-            termination=termination,
-            response=asm.response() if asm.chunks else None,
-            choices=choices,
-            prompt_ids=asm.prompt_token_ids,
-            usage=asm.usage,
-            error=error,
-            upstream_id=asm.head.get("id"),
-        )
+    async def _record(
+        self, termination: str, status: int, error: str | None, client_response: dict[str, Any] | None = None
+    ) -> None:
+        await self.finish(Finished(termination, status, error, self.asm, self.first_event_at, client_response))
 
 
 def _sse(obj: dict[str, Any]) -> bytes:

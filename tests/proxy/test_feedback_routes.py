@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from proxy.deps import Principal, current_principal, db_session
+from proxy.auth import Principal
+from proxy.deps import current_principal, db_session
 from proxy.errors import ApiError
 from proxy.routes_feedback import router
 from storage.db import async_engine, sync_engine

@@ -1,0 +1,80 @@
+"""Where a served call's record goes: redaction, the fsync'd spool, metrics, and the link cache.
+
+:class:`Recording` is everything :class:`proxy.calls.Call` needs to keep what it
+served, and nothing else: the call builds its record, this makes it durable
+(fsync'd, :mod:`proxy.spool`) before the client's final byte, and the recorder
+(:mod:`proxy.recorder`) moves it into the database later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from proxy.errors import Unavailable
+from proxy.metrics import Metrics
+from proxy.redact import Policy, redact_record
+from proxy.sessions import Link, Linker
+from proxy.spool import Spool, SpoolFull
+
+
+class Recording:
+    """Keeps call records: ``enabled`` False serves without recording (counted all the same)."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        linker: Linker,
+        metrics: Metrics,
+        *,
+        enabled: bool,
+        full_policy: str,
+        wake_at: int,
+        wake: asyncio.Event,
+    ) -> None:
+        self.spool = spool
+        self.linker = linker
+        self.metrics = metrics
+        self.enabled = enabled
+        self.full_policy = full_policy  # "refuse": no unrecorded serving; "serve": serve and count the drop
+        self.wake_at = wake_at
+        self.wake = wake  # the recorder's: set when a full batch waits
+        self.policies: dict[str, Policy] = {}  # per project, reloaded from the database (AppState.refresh)
+
+    def policy(self, project: str) -> Policy:
+        return self.policies.get(project) or Policy()
+
+    def check_room(self) -> None:
+        """Refuse a call up front when it could not be recorded (spool full under the refuse policy)."""
+        if self.enabled and self.full_policy == "refuse" and self.spool.full:
+            self.metrics.spool_full_rejections.inc()
+            raise Unavailable(
+                "the recording spool is full (database unreachable for too long?); retry later", code="spool_full"
+            )
+
+    def count(self, termination: str) -> None:
+        self.metrics.termination(termination).inc()
+
+    async def keep(
+        self, record: dict[str, Any], session: dict[str, Any], link_keys: list[str | None], link: Link
+    ) -> None:
+        """Redact ``record`` under its project's policy and fsync it; then follow-ups can link to it."""
+        project = record["project_id"]
+        record = redact_record(record, self.policy(project))
+        try:
+            await self.spool.append({"completion": record, "session": session})
+        except SpoolFull as exc:
+            if self.full_policy == "serve":
+                self.metrics.records_dropped.labels("spool_full").inc()
+                return
+            self.metrics.spool_full_rejections.inc()
+            raise Unavailable(
+                "the recording spool is full; the call was not served unrecorded. Retry later", code="spool_full"
+            ) from exc
+        self.metrics.records_spooled.inc()
+        # The recorder drains every 50 ms on its own; waking it per call made it run one database
+        # transaction per request (most of the proxy's CPU at concurrency 1). Wake it early only
+        # when a full batch is waiting.
+        if self.spool.depth >= self.wake_at:
+            self.wake.set()
+        self.linker.remember(project, link_keys, link)

@@ -120,8 +120,20 @@ def choice_logprobs(choice: dict[str, Any]) -> list[float] | None:
     return None
 
 
+def choice_pieces(choice: dict[str, Any]) -> list[Any] | None:
+    """The engine's per-token entries (chat: dicts with ``bytes``; completions: token strings), uncopied.
+
+    Transient: :func:`proxy.redact.redact_record` reads them to redact token ids and drops them.
+    """
+    lp = choice.get("logprobs")
+    if not lp:
+        return None
+    pieces = lp.get("content") if "content" in lp else lp.get("tokens")
+    return pieces if isinstance(pieces, list) else None
+
+
 def captured_choices(response: dict[str, Any], endpoint: str) -> list[dict[str, Any]]:
-    """Per choice: token ids, behaviour logprobs, finish reason and the message/text."""
+    """Per choice: token ids, behaviour logprobs, finish reason, the message/text (and transient pieces)."""
     out = []
     for choice in response.get("choices") or ():
         item: dict[str, Any] = {
@@ -129,6 +141,7 @@ def captured_choices(response: dict[str, Any], endpoint: str) -> list[dict[str, 
             "token_ids": choice.get("token_ids"),
             "logprobs": choice_logprobs(choice),
             "finish_reason": choice.get("finish_reason"),
+            "pieces": choice_pieces(choice),
         }
         if endpoint == "chat":
             item["message"] = _clean_message(choice.get("message") or {})
@@ -168,6 +181,7 @@ class _ChoiceAcc:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     logprobs_seen: bool = False
+    pieces: list[Any] = field(default_factory=list)
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     stop_reason: Any = None
@@ -202,6 +216,9 @@ class Assembler:
             if lps is not None:
                 acc.logprobs_seen = True
                 acc.logprobs.extend(lps)
+                pieces = choice_pieces(choice)
+                if pieces:
+                    acc.pieces.extend(pieces)
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 acc.content.append(delta["content"])
@@ -224,7 +241,8 @@ class Assembler:
 
     def response(self) -> dict[str, Any]:
         """The assembled reply (what the stream added up to), shaped like a non-streamed one."""
-        choices = [{k: v for k, v in c.items() if k not in ("token_ids", "logprobs")} for c in self.captured_choices()]
+        internal = ("token_ids", "logprobs", "pieces")
+        choices = [{k: v for k, v in c.items() if k not in internal} for c in self.captured_choices()]
         obj = "chat.completion" if self.endpoint == "chat" else "text_completion"
         return {**self.head, "object": obj, "choices": choices, "usage": self.usage}
 
@@ -237,6 +255,7 @@ class Assembler:
                 "token_ids": acc.token_ids,
                 "logprobs": acc.logprobs if acc.logprobs_seen else None,
                 "finish_reason": acc.finish_reason,
+                "pieces": acc.pieces if acc.logprobs_seen else None,
             }
             if self.endpoint == "chat":
                 message: dict[str, Any] = {"role": "assistant", "content": "".join(acc.content)}

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from proxy.redact_tokens import mask_logprob_entries, redact_choice
 from storage.feedback_input import FeedbackIn
 from storage.loaders import rule_for
 from storage.models import Project
@@ -50,14 +51,54 @@ class Policy:
 
 
 def redact_record(record: dict[str, Any], policy: Policy) -> dict[str, Any]:
-    """A copy of ``record`` with every text-bearing field redacted under ``policy``."""
-    if not policy.active:
-        return record
+    """A copy of ``record`` with every text-bearing field redacted under ``policy``.
+
+    Patterns reach token ids too (:mod:`proxy.redact_tokens`): sampled ids that spell a
+    match are masked, and a request that matched is stored without its prompt ids.
+    Each captured choice's transient ``pieces`` (the engine's per-token logprob entries)
+    are consumed here and never stored.
+    """
+    choices = record.get("choices") or ()
+    if not policy.patterns:
+        for choice in choices:
+            choice.pop("pieces", None)
+        if not policy.active:
+            return record
     out = dict(record)
+    masked: dict[int, list[int]] = {}
+    if policy.patterns:
+        for choice in choices:
+            text = choice.get("text") if "text" in choice else _walk_text(choice.get("message"))
+            positions = redact_choice(choice, policy.patterns, text)
+            if positions:
+                masked[int(choice.get("index", 0))] = positions
+        if out.get("prompt_token_ids") is not None and _matches(out.get("request"), policy):
+            out["prompt_token_ids"] = None
+            for choice in choices:
+                choice["redacted_prompt"] = True
     for name in TEXT_FIELDS:
         if out.get(name) is not None:
             out[name] = _walk(out[name], policy, key=None)
+    for index, positions in masked.items():
+        for name in ("response", "client_response"):
+            mask_logprob_entries(out.get(name), index, positions)  # the walked copies, not the client's reply
     return out
+
+
+def _walk_text(value: Any) -> str:
+    """Every free-text string under ``value``, joined (what a pattern could match)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return "\n".join(_walk_text(v) for k, v in value.items() if k not in KEEP_KEYS)
+    if isinstance(value, list):
+        return "\n".join(_walk_text(v) for v in value)
+    return ""
+
+
+def _matches(value: Any, policy: Policy) -> bool:
+    text = _walk_text(value)
+    return any(p.search(text) for p in policy.patterns)
 
 
 def redact_text(text: str | None, policy: Policy) -> str | None:

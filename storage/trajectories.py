@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 Render = Callable[[list[dict[str, Any]], dict[str, Any]], list[int]]
 
 # Flags that make a trajectory unusable for training; load_training_batch excludes and counts them.
-UNUSABLE_FLAGS = ("missing_token_ids", "prefix_mismatch", "unaligned")
+# "redacted": the proxy masked ids that spelled a secret (proxy/redact_tokens.py); first, as it explains the rest.
+UNUSABLE_FLAGS = ("redacted", "missing_token_ids", "prefix_mismatch", "unaligned")
 # Terminations that cut a call short; the flag has the same name.
 CUT_SHORT = ("client_disconnected", "timeout", "upstream_error", "rejected")
 
@@ -335,6 +336,8 @@ def build_trajectory(path: Path, *, render: Render | None = None, end_of_turn: C
         choice = call.choices[k]
         sampled = choice.get("token_ids")
         lps = choice.get("logprobs")
+        if choice.get("redacted") or choice.get("redacted_prompt"):
+            flags.append("redacted")
         if sampled is None:
             flags.append("missing_token_ids")
             sampled = []

@@ -25,6 +25,7 @@ EVAL = "eval"
 TOO_LONG = "too_long"
 NO_SAMPLED_TOKENS = "no_sampled_tokens"
 MISALIGNED = "misaligned"
+REDACTED = "redacted"
 UNSUPPORTED_SAMPLING = "unsupported_sampling"
 
 
@@ -80,6 +81,8 @@ def _reason(t: Trajectory, max_len: int) -> str | None:
         return UNGRADED
     if not (len(t.token_ids) == len(t.mask) == len(t.logprobs)):
         return MISALIGNED
+    if t.token_ids and min(t.token_ids) < 0:
+        return REDACTED  # ids masked by the proxy's redaction: not the sequence that was sampled
     if len(t.token_ids) > max_len:
         return TOO_LONG
     if not any(t.mask[1:]):

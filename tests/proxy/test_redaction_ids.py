@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import MetaData, select
 from sqlalchemy.orm import Session
 
-from onthejob.engine import Engine
+from engine.launcher import Engine
 from proxy.redact import Policy, redact_record
 from proxy.redact_tokens import REDACTED_ID, matched_tokens
 from storage.db import sync_engine

@@ -85,6 +85,17 @@ def start_proxy(tmp_path: Path) -> Iterator[ProxyFactory]:
         proxy.stop()
 
 
+def metric_sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of one Prometheus sample with exactly these labels in an exposition, or None."""
+    want = sorted(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        metric, _, rest = head.partition("{")
+        if metric == name and sorted(filter(None, rest.rstrip("}").split(","))) == want:
+            return float(value)
+    return None
+
+
 def make_key(db_url: str, project: str = "default", role: str = "harness") -> str:
     eng = sync_engine(db_url)
     with Session(eng) as db:

@@ -228,9 +228,7 @@ async def test_session_ids_may_contain_slashes(client: httpx.AsyncClient, world:
     assert t["session_id"] == "team/a" and t["reward"] is None and t["reward_detail"]["excluded"] == "ungraded"
 
 
-async def test_feedback_text_goes_through_the_projects_redaction_policy(
-    client: httpx.AsyncClient, pg_url: str
-) -> None:
+async def test_feedback_text_goes_through_the_projects_redaction_policy(client: httpx.AsyncClient, pg_url: str) -> None:
     secret = "sk-PLANTEDfeedback0123456789"
     eng = sync_engine(pg_url)
     with Session(eng) as db:

@@ -3,7 +3,6 @@ the trainer's newest step per alias is on /metrics. The real app, lifespan and P
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ from proxy.settings import Settings
 from storage.db import sync_engine
 from storage.keys import create_key, ensure_project
 from storage.models import TrainingRun, TrainingStep
+from tests.proxy.conftest import metric_sample
 
 pytestmark = pytest.mark.anyio
 AppFactory = Callable[..., Any]
@@ -94,15 +94,6 @@ async def test_metrics_and_docs_follow_their_access_setting(in_process: AppFacto
         assert (await client.get("/healthz")).status_code == 200  # probes stay open whatever the setting
 
 
-def _sample(text: str, name: str, **labels: str) -> float | None:
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        m = re.match(rf"^{name}\{{(.*)\}} (\S+)$", line)
-        if m and ",".join(sorted(m.group(1).split(","))) == want:
-            return float(m.group(2))
-    return None
-
-
 async def test_trainer_step_metrics_are_exported_from_storage(in_process: AppFactory) -> None:
     async with in_process() as (_, client, db_url):
         eng = sync_engine(db_url)
@@ -120,9 +111,9 @@ async def test_trainer_step_metrics_are_exported_from_storage(in_process: AppFac
         eng.dispose()
         text = (await client.get("/metrics")).text
         where = {"project": "acme", "alias": "agent"}
-        assert _sample(text, "onthejob_trainer_step", **where) == 2  # the newest step
-        assert _sample(text, "onthejob_trainer_loss", **where) == 0.25
-        assert _sample(text, "onthejob_trainer_ess", **where) == 0.93
-        assert _sample(text, "onthejob_trainer_adapter_version", **where) == 2
-        assert _sample(text, "onthejob_trainer_excluded", **where, reason="ungraded") == 3
-        assert _sample(text, "onthejob_trainer_excluded", **where, reason="ratio_out_of_band") == 1
+        assert metric_sample(text, "onthejob_trainer_step", **where) == 2  # the newest step
+        assert metric_sample(text, "onthejob_trainer_loss", **where) == 0.25
+        assert metric_sample(text, "onthejob_trainer_ess", **where) == 0.93
+        assert metric_sample(text, "onthejob_trainer_adapter_version", **where) == 2
+        assert metric_sample(text, "onthejob_trainer_excluded", **where, reason="ungraded") == 3
+        assert metric_sample(text, "onthejob_trainer_excluded", **where, reason="ratio_out_of_band") == 1

@@ -67,6 +67,7 @@ def redact_record(record: dict[str, Any], policy: Policy) -> dict[str, Any]:
     out = dict(record)
     masked: dict[int, list[int]] = {}
     if policy.patterns:
+        choices = out["choices"] = [dict(c) for c in choices]  # the caller's dicts stay as they were
         for choice in choices:
             text = choice.get("text") if "text" in choice else _walk_text(choice.get("message"))
             positions = redact_choice(choice, policy.patterns, text)

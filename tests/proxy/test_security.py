@@ -56,6 +56,8 @@ def test_redaction_reaches_every_text_field_and_keeps_token_ids() -> None:
     }  # fmt: skip
     patterns = redact_record(record, Policy(patterns=(re.compile(r"sk-[A-Za-z0-9]+"),)))
     assert SECRET not in str(patterns) and "key [redacted] here" in str(patterns)
+    # Patterns reach ids too: this choice spelled the secret (no per-token pieces: all of it), so did the prompt.
+    assert patterns["choices"][0]["token_ids"] == [-1, -1] and patterns["prompt_token_ids"] is None
     none = redact_record(record, Policy(store_text=False))
     assert SECRET not in str(none) and SECRET[:5] not in str(none)
     assert none["choices"][0]["token_ids"] == [1, 2] and none["prompt_token_ids"] == [5, 6]
@@ -133,7 +135,9 @@ def test_redaction_policy_leaves_no_copy_anywhere(secured: tuple[Proxy, str, str
     assert SECRET not in dump and SECRET not in spool_text and SECRET not in proxy.log.read_text()
     stored = httpx.get(f"{proxy.v1}/chat/completions/{resp.headers['x-request-id']}",
                        headers={"authorization": f"Bearer {harness}"}, timeout=5).json()  # fmt: skip
-    assert stored["onthejob"]["prompt_token_ids"], "token ids must survive redaction"
+    # The prompt spelled the secret: its ids are not kept (proxy/redact_tokens.py); the sampled ones did not.
+    assert stored["onthejob"]["prompt_token_ids"] is None
+    assert stored["onthejob"]["completion_token_ids"] == [[100, 101, 102]]
 
 
 def test_cors_is_off_by_default(secured: tuple[Proxy, str, str]) -> None:

@@ -31,6 +31,7 @@ from proxy.recording import Recording
 from proxy.routing import Route, Router
 from proxy.streaming import Finished, StreamCall, wait_disconnect
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
+from storage.records import CallRecord, dump_json
 
 if TYPE_CHECKING:
     from proxy.state import AppState
@@ -274,47 +275,45 @@ class Call:
         if not recording.enabled:
             return
         choices = choices or []
-        keys = [sessions.link_key(self.prompt_key, c.get("message")) for c in choices]
-        session = self.session
-        record = {
-            "id": self.id,
-            "project_id": self.project,
-            "session_id": session.id,
-            "task_id": session.task_id,
-            "client_request_id": self.naming.client_request_id,
-            "upstream_id": upstream_id,
-            "endpoint": self.endpoint,
-            "dialect": self.dialect.name if self.dialect else self.endpoint,
-            "client_request": self.client_request,
-            "client_response": client_response,
-            "alias": self.route.alias,
-            "served_model": self.route.served_model,
-            "adapter_version": self.route.version,
-            "tags": list(self.naming.tags),
-            "request": self.body,
-            "response": response,
-            "prompt_token_ids": prompt_ids,
-            "choices": choices,
-            "sampling": capture.sampling_params(self.body),
-            "usage": usage,
-            "status_code": status,
-            "termination": termination,
-            "error": error.replace("\x00", "\ufffd") if error else error,  # Postgres text cannot hold NUL
-            "stream": self.wants.stream,
-            "link_key": keys[0] if keys else None,
-            "parent_id": session.parent_id,
-            "created_at": self.created.isoformat(),
-            "latency_ms": (time.perf_counter() - self.t0) * 1000,
-            "ttft_ms": self.ttft_ms,
-        }
-        session_row = {
-            "project_id": self.project,
-            "id": session.id,
-            "task_id": session.task_id,
-            "source": session.source,
-            "tags": list(self.naming.tags),
-        }
-        await recording.keep(record, session_row, keys, sessions.Link(session.id, self.id, session.task_id))
+        keys = [sessions.link_key(self.prompt_key, c.get("message")) for c in choices]  # before redaction
+        text = recording.redacted(self.project, {"request": self.body, "response": response, "choices": choices,
+                                                 "error": error, "client_request": self.client_request,
+                                                 "client_response": client_response,
+                                                 "prompt_token_ids": prompt_ids})  # fmt: skip
+        session, error = self.session, text["error"]
+        record = CallRecord(
+            id=self.id,
+            project_id=self.project,
+            session_id=session.id,
+            task_id=session.task_id,
+            client_request_id=self.naming.client_request_id,
+            upstream_id=upstream_id,
+            endpoint=self.endpoint,
+            dialect=self.dialect.name if self.dialect else self.endpoint,
+            client_request=dump_json(text["client_request"]),
+            client_response=dump_json(text["client_response"]),
+            alias=self.route.alias,
+            served_model=self.route.served_model,
+            adapter_version=self.route.version,
+            tags=dump_json(self.naming.tags),
+            request=dump_json(text["request"]),
+            response=dump_json(text["response"]),
+            prompt_token_ids=dump_json(text["prompt_token_ids"]),
+            choices=dump_json(text["choices"]),
+            sampling=dump_json(capture.sampling_params(self.body)),
+            usage=dump_json(usage),
+            status_code=status,
+            termination=termination,
+            error=error.replace("\x00", "\ufffd") if error else error,  # Postgres text cannot hold NUL
+            stream=self.wants.stream,
+            link_key=keys[0] if keys else None,
+            parent_id=session.parent_id,
+            created_at=self.created.isoformat(),
+            latency_ms=(time.perf_counter() - self.t0) * 1000,
+            ttft_ms=self.ttft_ms,
+            session_source=session.source,
+        )
+        await recording.keep(record, keys)
 
 
 async def handle(

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import os
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,9 @@ from proxy.spool import Spool, read_segment
 from storage import bulk
 from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
+from storage.records import CallRecord
 
 log = logging.getLogger("onthejob.recorder")
-DATETIME_FIELDS = ("created_at",)
 # Errors about a record's content (not about reaching the database): retrying will not help.
 POISON = (DataError, IntegrityError, TypeError, ValueError, KeyError)
 
@@ -122,7 +121,7 @@ class Recorder:
         self.metrics.records_written.inc(len(records))
         return len(records)
 
-    async def _isolate(self, batch: list[dict[str, Any]]) -> None:
+    async def _isolate(self, batch: list[CallRecord]) -> None:
         """A batch the database refuses for its content: write records one by one, quarantine the bad ones.
 
         A poison record must not block the spool forever, and must not vanish: it goes
@@ -132,21 +131,19 @@ class Recorder:
             try:
                 await self._write([record])
             except POISON as exc:
-                log.error("quarantined record %s: %s", record.get("completion", {}).get("id"), exc)
+                log.error("quarantined record %s: %s", record.id, exc)
                 await asyncio.to_thread(_quarantine, self.spool.folder / "quarantine.jsonl", record, str(exc))
                 self.metrics.records_dropped.labels("quarantined").inc()
 
-    async def _write(self, records: list[dict[str, Any]]) -> None:
-        completions = [r["completion"] for r in records if "completion" in r]
-        sessions = {(r["session"]["project_id"], r["session"]["id"]): r["session"] for r in records if "session" in r}
-        projects = {p for p, _ in sessions} | {c["project_id"] for c in completions}
-        if not (self._pg_url and await self._write_pg(completions, list(sessions.values()), projects)):
-            await self._write_portable(completions, list(sessions.values()), projects)
+    async def _write(self, records: list[CallRecord]) -> None:
+        # One session row per session: the batch's last call of it.
+        sessions = list({(r.project_id, r.session_id): r for r in records}.values())
+        projects = {r.project_id for r in records}
+        if not (self._pg_url and await self._write_pg(records, sessions, projects)):
+            await self._write_portable(records, sessions, projects)
         self._projects |= projects
 
-    async def _write_pg(
-        self, completions: list[dict[str, Any]], sessions: list[dict[str, Any]], projects: set[str]
-    ) -> bool:
+    async def _write_pg(self, completions: list[CallRecord], sessions: list[CallRecord], projects: set[str]) -> bool:
         """Postgres: one transaction on the recorder's own connection. False: take the portable path."""
         conn = self._pg_conn
         if conn is None or conn.closed:
@@ -167,15 +164,15 @@ class Recorder:
             return False  # already partly stored (a replayed segment) or refused: the portable path decides
         if pending:  # rare: feedback arrived before its call; the orphan sweep covers a crash right here
             async with self.sessionmaker() as db:
-                await attach_pending(db, [_Landed(_row(c)) for c in completions])  # type: ignore[misc]
+                await attach_pending(db, [_Landed(c) for c in completions])  # type: ignore[misc]
                 await db.commit()
         return True
 
     async def _write_portable(
-        self, completions: list[dict[str, Any]], sessions: list[dict[str, Any]], projects: set[str]
+        self, completions: list[CallRecord], sessions: list[CallRecord], projects: set[str]
     ) -> None:
         """Any database, through SQLAlchemy: skips completions already stored; raises POISON on bad content."""
-        rows = [_row(c) for c in completions]
+        rows = [c.row() for c in completions]
         async with self.sessionmaker() as db:
             conn = await db.connection()
             dialect = conn.dialect.name
@@ -193,11 +190,11 @@ class Recorder:
                 stmt = stmt.on_conflict_do_update(
                     index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
                 )
-                await conn.execute(stmt, [{**s, "created_at": now, "updated_at": now} for s in sessions])
+                await conn.execute(stmt, [{**s.session_row(), "created_at": now, "updated_at": now} for s in sessions])
             if rows:
                 await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
-                await attach_pending(db, [_Landed(r) for r in rows])  # type: ignore[misc]
+                await attach_pending(db, [_Landed(c) for c in completions])  # type: ignore[misc]
             await db.commit()
 
 
@@ -206,21 +203,13 @@ class _Landed:
 
     __slots__ = ("id", "project_id", "session_id", "client_request_id", "created_at")
 
-    def __init__(self, row: dict[str, Any]) -> None:
-        for name in self.__slots__:
-            setattr(self, name, row.get(name))
+    def __init__(self, record: CallRecord) -> None:
+        self.id, self.project_id, self.session_id = record.id, record.project_id, record.session_id
+        self.client_request_id, self.created_at = record.client_request_id, record.created_at  # ISO text sorts
 
 
-def _quarantine(path: Path, record: dict[str, Any], error: str) -> None:
+def _quarantine(path: Path, record: CallRecord, error: str) -> None:
     with path.open("ab") as handle:
-        handle.write(orjson.dumps({"error": error, "record": record}) + b"\n")
+        handle.write(orjson.dumps({"error": error, "record": orjson.Fragment(record.encode())}) + b"\n")
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _row(record: dict[str, Any]) -> dict[str, Any]:
-    row = dict(record)
-    for key in DATETIME_FIELDS:
-        if isinstance(row.get(key), str):
-            row[key] = datetime.fromisoformat(row[key])
-    return row

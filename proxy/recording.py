@@ -16,6 +16,7 @@ from proxy.metrics import Metrics
 from proxy.redact import Policy, redact_record
 from proxy.sessions import Link, Linker
 from proxy.spool import Spool, SpoolFull
+from storage.records import CallRecord
 
 
 class Recording:
@@ -44,6 +45,11 @@ class Recording:
     def policy(self, project: str) -> Policy:
         return self.policies.get(project) or Policy()
 
+    def redacted(self, project: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """A call's record fields under its project's redaction policy (:func:`proxy.redact.redact_record`:
+        text, and token ids a pattern spells); the choices' transient ``pieces`` are consumed either way."""
+        return redact_record(fields, self.policy(project))
+
     def check_room(self) -> None:
         """Refuse a call up front when it could not be recorded (spool full under the refuse policy)."""
         if self.enabled and self.full_policy == "refuse" and self.spool.full:
@@ -55,14 +61,10 @@ class Recording:
     def count(self, termination: str) -> None:
         self.metrics.termination(termination).inc()
 
-    async def keep(
-        self, record: dict[str, Any], session: dict[str, Any], link_keys: list[str | None], link: Link
-    ) -> None:
-        """Redact ``record`` under its project's policy and fsync it; then follow-ups can link to it."""
-        project = record["project_id"]
-        record = redact_record(record, self.policy(project))
+    async def keep(self, record: CallRecord, link_keys: list[str | None]) -> None:
+        """Fsync ``record`` (already :meth:`redacted`); then follow-ups can link to it by ``link_keys``."""
         try:
-            await self.spool.append({"completion": record, "session": session})
+            await self.spool.append(record)
         except SpoolFull as exc:
             if self.full_policy == "serve":
                 self.metrics.records_dropped.labels("spool_full").inc()
@@ -77,4 +79,4 @@ class Recording:
         # when a full batch is waiting.
         if self.spool.depth >= self.wake_at:
             self.wake.set()
-        self.linker.remember(project, link_keys, link)
+        self.linker.remember(record.project_id, link_keys, Link(record.session_id, record.id, record.task_id))

@@ -208,11 +208,9 @@ class Linker:
                 self.cache.put(project, key, link)
 
     def _spool_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
-        needles = [b'"link_key":"' + key.encode() + b'"' for key in reversed(keys)]  # the longest prefix first
-        for record in self.spool.sibling_records(needles):
-            call = record.get("completion") or {}
-            if call.get("project_id") == project and (session is None or call.get("session_id") == session):
-                return Link(call["session_id"], call["id"], call.get("task_id"))
+        for record in self.spool.sibling_records(keys[::-1]):  # the longest prefix first
+            if record.project_id == project and (session is None or record.session_id == session):
+                return Link(record.session_id, record.id, record.task_id)
         return None
 
     async def _db_link(self, project: str, keys: list[str], session: str | None) -> Link | None:

@@ -9,12 +9,14 @@ whole segments (and at worst one torn last line, which is skipped on read).
 The records this process wrote are also kept in memory (up to ``MEMORY_BYTES`` of
 them), so the recorder does not parse back what it has just serialised; segments
 from before a restart, adopted ones and any past that budget are read from disk.
+A record and its line are defined in storage/records.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import fcntl
+import logging
 import os
 import queue
 import threading
@@ -22,17 +24,19 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import orjson
 
+from storage.records import CallRecord, link_needle
+
+log = logging.getLogger("onthejob.spool")
 ACTIVE = "active.jsonl"
 MEMORY_BYTES = 64 * 1024 * 1024
 SIBLING_SCAN_BYTES = 2 * 1024 * 1024
 
 
 # A queued append: the line to write, the record it encodes, and the caller's future.
-_Item = tuple[bytes, dict[str, Any], "asyncio.Future[None]"]
+_Item = tuple[bytes, CallRecord, "asyncio.Future[None]"]
 
 
 class SpoolFull(Exception):
@@ -58,8 +62,8 @@ class Spool:
             self._active_first = (folder / ACTIVE).stat().st_mtime
         self.bytes = self._disk_bytes()
         # In-memory copies: per sealed segment, and for the active file (None once it holds records we lack).
-        self._memory: dict[Path, tuple[list[dict[str, Any]], int]] = {}
-        self._active_memory: list[dict[str, Any]] | None = None if self._active_records else []
+        self._memory: dict[Path, tuple[list[CallRecord], int]] = {}
+        self._active_memory: list[CallRecord] | None = None if self._active_records else []
         self._active_memory_bytes = 0
         self._memory_bytes = 0
         self._siblings: list[Path] = []
@@ -74,11 +78,11 @@ class Spool:
     def full(self) -> bool:
         return self.bytes >= self.max_bytes
 
-    async def append(self, record: dict[str, Any]) -> None:
+    async def append(self, record: CallRecord) -> None:
         """Append one record; returns once it is on disk (fsync'd). Raises SpoolFull."""
         if self.full:
             raise SpoolFull(f"spool at {self.folder} holds {self.bytes} bytes, quota {self.max_bytes}")
-        line = orjson.dumps(record) + b"\n"
+        line = record.encode() + b"\n"
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put((line, record, future))
         await future
@@ -135,7 +139,7 @@ class Spool:
         self._active_memory_bytes += size
         self._memory_bytes += size
 
-    def kept(self, segment: Path) -> list[dict[str, Any]] | None:
+    def kept(self, segment: Path) -> list[CallRecord] | None:
         """A sealed segment's records if this process wrote them all and kept them (else read the file)."""
         with self._lock:
             kept = self._memory.get(segment)
@@ -193,10 +197,10 @@ class Spool:
         return max(0.0, time.time() - min(times)) if times else 0.0
 
     # ---- other workers' records (linking a follow-up served here to a turn served there) ----
-    def sibling_records(self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES) -> Iterator[dict[str, Any]]:
-        """Records in other workers' spools (not yet in the database) whose line holds a needle.
+    def sibling_records(self, link_keys: list[str], budget: int = SIBLING_SCAN_BYTES) -> Iterator[CallRecord]:
+        """Records in other workers' spools (not yet in the database) with one of these link keys.
 
-        Needles in priority order; for each, the newest match first. Reads at most ``budget``
+        Keys in priority order; for each, the newest match first. Reads at most ``budget``
         bytes, newest files first (a worker's spool holds ~50 ms of its traffic while the
         database keeps up). Nothing to do with one worker.
         """
@@ -220,12 +224,12 @@ class Spool:
                     continue  # sealed or drained meanwhile
                 budget -= len(data)
                 chunks.append(data)
-        for needle in needles:
+        for key in link_keys:
             for data in chunks:
-                for line in _lines_holding(data, needle):
+                for line in _lines_holding(data, link_needle(key)):
                     try:
-                        yield orjson.loads(line)
-                    except orjson.JSONDecodeError:
+                        yield CallRecord.decode(line)
+                    except ValueError:  # orjson.JSONDecodeError included: a torn or foreign line
                         pass
 
     def writable(self) -> bool:
@@ -301,7 +305,7 @@ def _try_lock(folder: Path) -> int | None:
     return fd
 
 
-def read_segment(path: Path) -> list[dict[str, Any]]:
+def read_segment(path: Path) -> list[CallRecord]:
     """Records of a segment; a torn final line (crash mid-write, never acknowledged) is skipped."""
     if not path.exists():
         return []
@@ -310,9 +314,11 @@ def read_segment(path: Path) -> list[dict[str, Any]]:
         if not line:
             continue
         try:
-            out.append(orjson.loads(line))
+            out.append(CallRecord.decode(line))
         except orjson.JSONDecodeError:
             continue
+        except ValueError as exc:  # valid JSON, not a record: nothing this proxy writes
+            log.error("skipped a spool line in %s: %s", path, exc)
     return out
 
 

@@ -14,14 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
 from psycopg import AsyncConnection
-from sqlalchemy import JSON
 
-from storage.db import json_dumps
-from storage.models import Completion
-
-COLUMNS = tuple(c.name for c in Completion.__table__.columns)
-JSON_COLUMNS = frozenset(c.name for c in Completion.__table__.columns if isinstance(c.type, JSON))
+from storage.records import COLUMNS, CallRecord
 
 INSERT_PROJECTS = """
 INSERT INTO projects (id, settings, created_at) SELECT p, '{}'::json, now() FROM unnest(%s::text[]) AS u(p)
@@ -42,18 +38,17 @@ async def insert_projects(conn: AsyncConnection[Any], project_ids: Iterable[str]
     await conn.execute(INSERT_PROJECTS, [list(project_ids)])
 
 
-async def copy_completions(conn: AsyncConnection[Any], rows: list[dict[str, Any]]) -> None:
-    """COPY ``rows`` (records as the spool holds them: one key per column) into completions."""
-    columns = [c for c in COLUMNS if c in rows[0]]
-    async with conn.cursor() as cur, cur.copy(f"COPY completions ({', '.join(columns)}) FROM STDIN") as copy:
-        for row in rows:
-            await copy.write_row([json_dumps(row.get(c)) if c in JSON_COLUMNS else row.get(c) for c in columns])
+async def copy_completions(conn: AsyncConnection[Any], records: list[CallRecord]) -> None:
+    """COPY ``records`` into completions (their JSON columns as serialised when the call was recorded)."""
+    async with conn.cursor() as cur, cur.copy(f"COPY completions ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+        for record in records:
+            await copy.write_row(record.copy_row())
 
 
-async def upsert_sessions(conn: AsyncConnection[Any], sessions: list[dict[str, Any]]) -> None:
-    """Insert new sessions; touch ``updated_at`` of known ones (one statement)."""
-    if sessions:
-        await conn.execute(UPSERT_SESSIONS, [json_dumps(sessions)])
+async def upsert_sessions(conn: AsyncConnection[Any], calls: list[CallRecord]) -> None:
+    """Insert the sessions of these calls (one call each); touch ``updated_at`` of known ones (one statement)."""
+    if calls:
+        await conn.execute(UPSERT_SESSIONS, [orjson.dumps([c.session_json_row() for c in calls]).decode()])
 
 
 async def any_pending(conn: AsyncConnection[Any], project_ids: Iterable[str]) -> bool:

@@ -116,7 +116,7 @@ async def test_a_non_streamed_reply_goes_through_the_dialect_and_the_record_keep
     assert sent == {"id": call.id, "type": "shout", "text": "XXX", "ids": [100, 101, 102]}
     assert response.headers["x-request-id"] == call.id
     (record,) = read_segment(parts[3].folder / "active.jsonl")
-    stored = record["completion"]
+    stored = record.row()
     assert stored["dialect"] == "shout"
     assert stored["client_request"] == client and stored["client_response"] == sent  # what the harness saw
     assert stored["request"]["messages"] == [{"role": "user", "content": "hi"}]  # the engine-facing chat call
@@ -144,7 +144,7 @@ async def test_a_stream_is_translated_chunk_by_chunk_and_recorded_through_the_fi
     assert body.endswith(b"event: shout.done\ndata: " + orjson.dumps(streamed.dialect[1].result) + b"\n\n")  # type: ignore[index]
     assert b"[DONE]" not in body
     (record,) = read_segment(parts[3].folder / "active.jsonl")
-    stored = record["completion"]
+    stored = record.row()
     assert stored["stream"] is True and stored["termination"] == "length"
     assert stored["choices"][0]["token_ids"] == [100, 101, 102, 103]
     assert stored["client_response"] == {"type": "shout", "text": "XXXX", "end": "length"}

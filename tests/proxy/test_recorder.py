@@ -1,7 +1,6 @@
 """The recorder's two write paths (Postgres COPY, portable executemany) store the same rows.
 
-The records are shaped as ``Call.save`` writes them: JSON nulls, a NUL escaped inside
-JSON text (models emit it), non-ASCII text, integers and floats. Also: a replayed
+The records are shaped as ``Call.save`` writes them (tests/proxy/records.py). Also: a replayed
 segment (already stored) writes nothing twice, pending feedback attaches on either
 path, and a record the database refuses is quarantined without holding back the rest.
 """
@@ -9,9 +8,7 @@ path, and a record the database refuses is quarantined without holding back the 
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,33 +23,11 @@ from proxy.recorder import Recorder
 from proxy.spool import Spool
 from storage import bulk
 from storage.db import async_engine
-from storage.models import Completion, Feedback, Project
+from storage.models import Feedback, Project
+from storage.records import CallRecord
+from tests.proxy.records import record
 
 pytestmark = pytest.mark.anyio
-
-
-def record(i: int, *, session: str | None = None, **over: Any) -> dict[str, Any]:
-    cid = f"cmpl-{uuid.uuid4().hex}"
-    sid = session or f"ses_{i}"
-    completion = {
-        "id": cid, "project_id": "p", "session_id": sid, "task_id": "t1" if i % 2 else None,
-        "client_request_id": f"req-{i}", "upstream_id": f"chatcmpl-{i}", "endpoint": "chat", "alias": "support",
-        "served_model": "support@v2", "adapter_version": 2 if i % 2 else None, "tags": ["a", "ü"],
-        "request": {"model": "support", "messages": [{"role": "user", "content": f"héllo\u0000 {i}"}], "n": 1},
-        "response": None if i % 3 == 0 else {"id": cid, "choices": [{"message": {"content": "✓ ok"}}]},
-        "prompt_token_ids": [1, 2, 3 + i],
-        "choices": [{"index": 0, "token_ids": [7, 8], "logprobs": [-0.25, -1.5e-9], "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": "ok\u0000"}}],
-        "sampling": {"temperature": 0.7, "top_p": 1.0, "n": 1}, "usage": None if i % 2 else {"total_tokens": 5},
-        "status_code": 200, "termination": "stop", "error": None if i % 2 else "partial: ¿?", "stream": bool(i % 2),
-        "link_key": "ab" * 32, "parent_id": None, "created_at": datetime(2026, 11, 30, 12, 0, i, 1234, UTC).isoformat(),
-        "latency_ms": 12.5 + i, "ttft_ms": None if i % 2 else 3.25, "dialect": "responses" if i % 2 else "chat",
-        "client_request": {"input": f"héllo {i}"} if i % 2 else None,
-        "client_response": {"output": [{"type": "message"}]} if i % 2 else None,
-    }  # fmt: skip
-    completion.update(over)
-    session_row = {"project_id": "p", "id": sid, "task_id": completion["task_id"], "source": "header", "tags": ["a"]}
-    return {"completion": completion, "session": session_row}
 
 
 @pytest.fixture
@@ -62,7 +37,7 @@ async def engine(pg_factory: Any) -> AsyncIterator[AsyncEngine]:
     await eng.dispose()
 
 
-async def drain(engine: AsyncEngine, folder: Path, records: list[dict[str, Any]]) -> Recorder:
+async def drain(engine: AsyncEngine, folder: Path, records: list[CallRecord]) -> Recorder:
     spool = Spool(folder, 10**9)
     await asyncio.gather(*(spool.append(r) for r in records))
     recorder = Recorder(spool, async_sessionmaker(engine, expire_on_commit=False), Metrics(), batch=500)
@@ -88,7 +63,7 @@ async def test_copy_and_portable_paths_store_identical_rows(
     calls = {"copy": 0}
     real_copy = bulk.copy_completions
 
-    async def counting(conn: Any, rows: list[dict[str, Any]]) -> None:
+    async def counting(conn: Any, rows: list[CallRecord]) -> None:
         calls["copy"] += 1
         await real_copy(conn, rows)
 
@@ -96,7 +71,7 @@ async def test_copy_and_portable_paths_store_identical_rows(
     await drain(fast, tmp_path / "fast", records)
     assert calls["copy"] == 1
 
-    async def refuse(conn: Any, rows: list[dict[str, Any]]) -> None:
+    async def refuse(conn: Any, rows: list[CallRecord]) -> None:
         raise psycopg.errors.UniqueViolation("as if already stored")
 
     monkeypatch.setattr(bulk, "copy_completions", refuse)
@@ -110,7 +85,7 @@ async def test_copy_and_portable_paths_store_identical_rows(
                 sessions = (await conn.execute(text("SELECT project_id, id, task_id, source, tags::text "
                                                      "FROM sessions ORDER BY id"))).all()  # fmt: skip
                 assert [s.id for s in sessions] == [f"ses_{i}" for i in range(7)]
-                assert sessions[1].tags == '["a"]'
+                assert sessions[1].tags == '["a","ü"]'  # a session takes its calls' tags
     finally:
         await fast.dispose()
         await slow.dispose()
@@ -128,11 +103,11 @@ async def test_a_replayed_segment_writes_nothing_twice(engine: AsyncEngine, tmp_
 
 async def test_pending_feedback_attaches_when_its_call_lands(engine: AsyncEngine, tmp_path: Path) -> None:
     records = [record(i) for i in range(3)]
-    target = records[1]["completion"]
+    target = records[1]
     async with async_sessionmaker(engine)() as db:
         db.add(Project(id="p", settings={}))
         await db.flush()
-        for kind, tid in (("completion_id", target["id"]), ("client_request_id", "req-2"), ("session_id", "ses_0"),
+        for kind, tid in (("completion_id", target.id), ("client_request_id", "req-2"), ("session_id", "ses_0"),
                           ("completion_id", "cmpl-never")):  # fmt: skip
             db.add(Feedback(id=f"fb-{tid}", project_id="p", idempotency_key=tid, target_kind=kind, target_id=tid,
                             name="thumbs", value=True, source="", meta={}))  # fmt: skip
@@ -142,33 +117,27 @@ async def test_pending_feedback_attaches_when_its_call_lands(engine: AsyncEngine
         rows = (await conn.execute(text("SELECT target_id, completion_id, session_id, attached_at IS NOT NULL AS on_ "
                                         "FROM feedback ORDER BY target_id"))).all()  # fmt: skip
     got = {r.target_id: (r.completion_id, r.session_id, r.on_) for r in rows}
-    assert got[target["id"]] == (target["id"], "ses_1", True)
-    assert got["req-2"] == (records[2]["completion"]["id"], "ses_2", True)
+    assert got[target.id] == (target.id, "ses_1", True)
+    assert got["req-2"] == (records[2].id, "ses_2", True)
     assert got["ses_0"] == (None, "ses_0", True)
     assert got["cmpl-never"] == (None, None, False)
 
 
 async def test_a_refused_record_is_quarantined_and_the_rest_stored(engine: AsyncEngine, tmp_path: Path) -> None:
     records = [record(i) for i in range(4)]
-    records[2]["completion"]["upstream_id"] = "bad\u0000id"  # Postgres text cannot hold a NUL
+    records[2].upstream_id = "bad\u0000id"  # Postgres text cannot hold a NUL
     recorder = await drain(engine, tmp_path / "q", records)
-    ids = {r["completion"]["id"] for r in records}
+    ids = {r.id for r in records}
     async with engine.connect() as conn:
         landed = set((await conn.execute(text("SELECT id FROM completions"))).scalars())
-    assert landed == ids - {records[2]["completion"]["id"]}
+    assert landed == ids - {records[2].id}
     quarantined = [orjson.loads(line) for line in (tmp_path / "q" / "quarantine.jsonl").read_bytes().splitlines()]
-    assert [q["record"]["completion"]["id"] for q in quarantined] == [records[2]["completion"]["id"]]
+    assert [q["record"]["completion"]["id"] for q in quarantined] == [records[2].id]
     assert recorder.written == 4
 
 
-def test_copy_covers_every_completion_column() -> None:
-    assert set(bulk.COLUMNS) == set(Completion.__table__.columns.keys())
-    assert set(record(0)["completion"]) == set(bulk.COLUMNS)
-
-
 async def test_a_nul_in_a_session_tag_is_stored_the_portable_way(engine: AsyncEngine, tmp_path: Path) -> None:
-    records = [record(0), record(1)]
-    records[1]["session"]["tags"] = ["nul\u0000tag"]  # JSON text may hold it; Postgres text may not
+    records = [record(0), record(1, tags=["nul\u0000tag"])]  # JSON text may hold it; Postgres text may not
     await drain(engine, tmp_path / "n", records)
     assert len(await stored(engine)) == 2
     async with engine.connect() as conn:

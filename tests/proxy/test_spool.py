@@ -8,13 +8,23 @@ from pathlib import Path
 import pytest
 
 from proxy.spool import ACTIVE, Spool, SpoolFull, read_segment
+from storage.records import CallRecord
+from tests.proxy.records import record
+
+
+def rec(i: int, **over: object) -> CallRecord:
+    return record(i, id=f"c{i}", **over)
+
+
+def ids(records: list[CallRecord]) -> list[int]:
+    return [int(r.id[1:]) for r in records]
 
 
 def test_group_commit_seal_and_remove(tmp_path: Path) -> None:
     spool = Spool(tmp_path, max_bytes=10**9)
 
     async def write() -> None:
-        await asyncio.gather(*(spool.append({"i": i}) for i in range(200)))
+        await asyncio.gather(*(spool.append(rec(i)) for i in range(200)))
 
     asyncio.run(write())
     assert spool.depth == 200 and spool.appended == 200
@@ -22,7 +32,7 @@ def test_group_commit_seal_and_remove(tmp_path: Path) -> None:
     segment = spool.seal()
     assert segment is not None and spool.seal() is None  # nothing new to seal
     records = read_segment(segment)
-    assert sorted(r["i"] for r in records) == list(range(200))
+    assert sorted(ids(records)) == list(range(200))
     spool.remove(segment, len(records))
     assert spool.depth == 0 and spool.bytes == 0 and spool.oldest_age() == 0
     spool.close()
@@ -30,27 +40,27 @@ def test_group_commit_seal_and_remove(tmp_path: Path) -> None:
 
 def test_recovers_after_a_crash_and_skips_a_torn_line(tmp_path: Path) -> None:
     spool = Spool(tmp_path, max_bytes=10**9)
-    asyncio.run(spool.append({"i": 1}))
+    asyncio.run(spool.append(rec(1)))
     spool.seal()
-    asyncio.run(spool.append({"i": 2}))
+    asyncio.run(spool.append(rec(2)))
     spool.close()
     with (tmp_path / ACTIVE).open("ab") as handle:
         handle.write(b'{"i": 3, "tor')  # a write cut by a crash: never acknowledged
     again = Spool(tmp_path, max_bytes=10**9)
     assert again.depth == 2
-    asyncio.run(again.append({"i": 4}))  # must not be glued onto the torn fragment
+    asyncio.run(again.append(rec(4)))  # must not be glued onto the torn fragment
     again.seal()
     segments = again.segments()
-    assert [r["i"] for s in segments for r in read_segment(s)] == [1, 2, 4]
+    assert [i for s in segments for i in ids(read_segment(s))] == [1, 2, 4]
     again.close()
 
 
 def test_quota_refuses_new_records(tmp_path: Path) -> None:
     spool = Spool(tmp_path, max_bytes=64)
-    asyncio.run(spool.append({"pad": "x" * 80}))
+    asyncio.run(spool.append(rec(1)))
     assert spool.full and not spool.writable()
     with pytest.raises(SpoolFull):
-        asyncio.run(spool.append({"i": 2}))
+        asyncio.run(spool.append(rec(2)))
     spool.close()
 
 
@@ -63,15 +73,15 @@ def test_each_worker_claims_its_own_folder_and_orphans_are_absorbed(tmp_path: Pa
     second, fd2 = claim(tmp_path)
     assert first != second, "a folder held by a live worker is never shared"
     spool1 = Spool(first, 10**9)
-    asyncio.run(spool1.append({"i": 1}))
+    asyncio.run(spool1.append(rec(1)))
     spool1.seal()
-    asyncio.run(spool1.append({"i": 2}))
+    asyncio.run(spool1.append(rec(2)))
     spool1.close()
     os.close(fd1)  # worker 1 is gone; its two records are still on disk
     spool2 = Spool(second, 10**9)
     assert absorb_orphans(spool2) == 2 and not first.exists()
     assert spool2.depth == 2
-    assert sorted(r["i"] for s in spool2.segments() for r in read_segment(s)) == [1, 2]
+    assert sorted(i for s in spool2.segments() for i in ids(read_segment(s))) == [1, 2]
     spool2.close()
     os.close(fd2)
 
@@ -82,15 +92,15 @@ def test_records_come_from_memory_within_the_budget_and_from_disk_otherwise(
     import proxy.spool
 
     spool = Spool(tmp_path, max_bytes=10**9)
-    asyncio.run(spool.append({"i": 1}))
+    asyncio.run(spool.append(rec(1)))
     first = spool.seal()
     assert first is not None
-    assert spool.kept(first) == read_segment(first) == [{"i": 1}]
+    assert spool.kept(first) == read_segment(first) == [rec(1)]
     spool.remove(first, 1)
 
-    monkeypatch.setattr(proxy.spool, "MEMORY_BYTES", 12)  # room for one small record, not two
-    asyncio.run(spool.append({"i": 2}))
-    asyncio.run(spool.append({"i": 3}))
+    monkeypatch.setattr(proxy.spool, "MEMORY_BYTES", len(rec(2).encode()) + 10)  # room for one record, not two
+    asyncio.run(spool.append(rec(2)))
+    asyncio.run(spool.append(rec(3)))
     second = spool.seal()
     assert second is not None
     assert spool.kept(second) is None, "over budget: the whole file is read back"
@@ -103,13 +113,13 @@ def test_records_come_from_memory_within_the_budget_and_from_disk_otherwise(
 
 async def _append_then_reopen(folder: Path) -> None:
     spool = Spool(folder, max_bytes=10**9)
-    await spool.append({"i": 4})
+    await spool.append(rec(4))
     spool.close()
     again = Spool(folder, max_bytes=10**9)  # a restart: the active file's records are only on disk
-    await again.append({"i": 5})
+    await again.append(rec(5))
     segment = again.seal()
     assert segment is not None
-    assert again.kept(segment) is None and read_segment(segment) == [{"i": 4}, {"i": 5}]
+    assert again.kept(segment) is None and ids(read_segment(segment)) == [4, 5]
     again.close()
 
 
@@ -140,23 +150,22 @@ def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Pa
 
     async def write() -> None:
         for i, key in enumerate(["k1", "k2", "k1"]):
-            await theirs.append({"completion": {"id": f"c{i}", "link_key": key}})
-        await mine.append({"completion": {"id": "own", "link_key": "k3"}})
+            await theirs.append(rec(i, link_key=key))
+        await mine.append(record(9, id="own", link_key="k3"))
 
     asyncio.run(write())
     theirs.seal()  # one sealed segment, then more in the active file
-    asyncio.run(theirs.append({"completion": {"id": "c3", "link_key": "k4"}}))
+    asyncio.run(theirs.append(rec(3, link_key="k4")))
     with (theirs_folder / ACTIVE).open("ab") as handle:
         handle.write(b'{"completion": {"id": "torn", "link_key": "k5"')  # mid-write: not a line yet
 
     def found(*keys: str) -> list[str]:
-        needles = [b'"link_key":"' + k.encode() + b'"' for k in keys]
-        return [r["completion"]["id"] for r in mine.sibling_records(needles)]
+        return [r.id for r in mine.sibling_records(list(keys))]
 
     assert found("k1") == ["c2", "c0"]  # newest first
     assert found("k2", "k1")[0] == "c1"  # needles in priority order
     assert found("k4") == ["c3"] and found("k5") == [] and found("k3") == []  # never our own spool
-    assert list(mine.sibling_records([b'"link_key":"k1"'], budget=60)) == []  # the read is capped, newest first
+    assert list(mine.sibling_records(["k1"], budget=60)) == []  # the read is capped, newest first
     for spool in (mine, theirs):
         spool.close()
     import os

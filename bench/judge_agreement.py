@@ -11,7 +11,9 @@ them under the demo's rubric:
   judge does for comment-only sessions);
 * ``absolute, no comment``: the conversation alone (self-evaluation, the ``none`` arm);
 * ``relative``: the attempts of one problem side by side (RULER style);
-* ``keyword rule``: :func:`judge.baseline.keyword_score` on the comment.
+* ``keyword rule``: :func:`judge.baseline.keyword_score` on the comment;
+* ``probe: P(yes)``: not the judge, a readout beside it: the model's probability of
+  "yes" to "was it correct and brief?" from its first token's top logprobs.
 
 Prints Spearman's ρ and accuracy at the threshold against the labels, the
 unreadable replies, and what the gate (ρ ≥ 0.6) does with each.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import socket
 import tempfile
 import time
@@ -33,8 +36,9 @@ from typing import Any
 from examples.feedback import comment
 from examples.harness import EpisodeResult, Harness, HarnessConfig, run_episodes
 from examples.task import Problem, make_problems, parse_number
-from judge.calibrate import Agreement, gate
+from judge.calibrate import Agreement, agreement, gate
 from judge.client import JudgeClient
+from judge.prompts import absolute_messages
 from judge.run import baseline_agreement
 from judge.score import Item, calibrate
 from storage.judge_config import JudgeSettings
@@ -82,9 +86,39 @@ async def _judge(
             a = await calibrate(client, cfg, items)
             rows.append(_line(f"{name} [{time.perf_counter() - started:.0f}s]", a))
             print(rows[-1], flush=True)  # long on a busy CPU: show each as it lands
+    for name, items in (("probe: 135M P(yes), + comment (held-out)", heldout),
+                        ("probe: 135M P(yes), no comment (held-out)", bare)):  # fmt: skip
+        rows.append(_line(name, await _yes_no(url, model, items, absolute.decision_threshold)))
+        print(rows[-1], flush=True)
     rows.append(_line("keyword rule on the comment (held-out)", baseline_agreement(absolute, heldout)))
     rows.append(_line("keyword rule on the comment (sampled)", baseline_agreement(absolute, grouped)))
     return rows
+
+
+async def _yes_no(url: str, model: str, items: list[Item], threshold: float) -> Agreement:
+    """A probe beside the judge: P(yes) / (P(yes) + P(no)) from the first token's top logprobs.
+
+    Tiny models rarely write a score line, but their next-token distribution may still rank
+    sessions; this reads it directly (what the judge itself does not do: it reads text).
+    """
+    import aiohttp
+
+    scores: list[float | None] = []
+    async with aiohttp.ClientSession() as session:
+        for item in items:
+            question = "Was the assistant's last answer correct and brief? Answer yes or no."
+            messages = absolute_messages(RUBRIC, item.conversation, item.comment)[:1] + [
+                {"role": "user", "content": absolute_messages(RUBRIC, item.conversation, item.comment)[1]["content"]
+                 .replace("Grade the assistant's last answer.", question)}
+            ]  # fmt: skip
+            body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0, "logprobs": True,
+                    "top_logprobs": 20}  # fmt: skip
+            async with session.post(f"{url}/chat/completions", json=body) as resp:
+                top = (await resp.json())["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+            yes = sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower() == "yes")
+            no = sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower() == "no")
+            scores.append(yes / (yes + no) if yes + no > 0 else None)
+    return agreement(scores, [float(i.label or 0.0) for i in items], threshold)
 
 
 def _free_port() -> int:

@@ -8,6 +8,8 @@ the proxy passes through untouched::
     "stub_fault": "500" | "reset" | "stall" | "malformed" | "reset_midstream" | "stall_midstream"
     "stub_gap_ms": 20        # gap between streamed chunks
 
+or through the same words in the last message's text (``stub_fault=reset_midstream``).
+
 Run: ``python -m bench.stub_upstream --port 9000``.
 """
 
@@ -124,9 +126,19 @@ async def _tokens(
     await resp.write(b"data: [DONE]\n\n")
 
 
+def _knobs_in_text(body: dict[str, Any]) -> dict[str, str]:
+    """``stub_fault=...`` / ``stub_gap_ms=...`` words in the last message: a dialect's translation
+    (the Responses API, say) passes no unknown body field through to the engine."""
+    messages = body.get("messages") or [{}]
+    content = messages[-1].get("content") if isinstance(messages[-1], dict) else None
+    words = content.split() if isinstance(content, str) else []
+    return dict(w.split("=", 1) for w in words if w.startswith("stub_") and "=" in w)
+
+
 async def _call(request: web.Request) -> web.StreamResponse:
     chat = request.path.endswith("/chat/completions")
     body = orjson.loads(await request.read())
+    body = {**_knobs_in_text(body), **body}
     fault = body.get("stub_fault")
     if fault == "500":
         return web.json_response({"error": {"message": "stub exploded", "type": "InternalServerError"}}, status=500)

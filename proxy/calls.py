@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from proxy import capture, sessions
-from proxy.dialects.base import Dialect, Exchange, engine_error
+from proxy.dialects.base import Dialect, Exchange, Stored, engine_error
 from proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
 from proxy.recording import Recording
 from proxy.routing import Route, Router
@@ -339,19 +339,24 @@ async def handle(
     principal = await st.auth.admit(authorization, headers.get("x-api-key"), client[0] if client else None)
     raw = await read_body(request.receive, headers.get("content-length"), st.settings.max_body_bytes)
     client_body = parse_json(raw)
-    body, client_request = client_body, None
+    body, client_request, previous = client_body, None, None
     if dialect is not None:
         dialect.stream_requested(client_body)
-        if dialect.previous_id(client_body) is not None:  # finding the stored call is for the dialect wiring
-            raise InvalidRequest("continuing a stored call is not served yet", code="unsupported_parameter")
-        body, client_request = dialect.to_chat(client_body, None), client_body
+        previous = await _previous(st, principal.project_id, dialect, client_body)
+        body, client_request = dialect.to_chat(client_body, previous), client_body
     validate(body, endpoint)
     st.recording.check_room()
     route = st.router.resolve(principal.project_id, body.get("model"))
     naming = sessions.naming(headers, client_body, path_session)
     messages = body.get("messages") if endpoint == "chat" else None
     keys = sessions.prefix_keys(messages) if messages else []
-    session = await st.linker.resolve(principal.project_id, naming, messages, keys)
+    if previous is not None and naming.session_id in (None, previous.session_id):
+        # Continued by id: the stored call's session, with it as parent (whatever the prefix says).
+        task = naming.task_id or previous.task_id
+        session = sessions.SessionRef(previous.session_id, naming.source if naming.session_id else "linked",
+                                      previous.id, task)  # fmt: skip
+    else:
+        session = await st.linker.resolve(principal.project_id, naming, messages, keys)
     call = Call(
         st.upstream,
         st.router,
@@ -384,6 +389,21 @@ async def handle(
     finally:
         watcher.cancel()
         st.inflight.discard(me)  # type: ignore[arg-type]
+
+
+async def _previous(st: AppState, project: str, dialect: Dialect, body: dict[str, Any]) -> Stored | None:
+    """The stored call a dialect request continues (``previous_response_id``), found as linking finds one."""
+    call_id = dialect.previous_id(body)
+    if call_id is None:
+        return None
+    try:
+        found = await st.linker.find_call(project, call_id)
+    except Exception as exc:  # noqa: BLE001 - database down and not in memory or a sibling's spool
+        raise Unavailable(f"cannot look up {call_id!r} now (database unreachable); retry shortly") from exc
+    if found is None or found.dialect != dialect.name:
+        raise InvalidRequest(f"no stored {dialect.name} call {call_id!r} in this project", param=dialect.previous_param,
+                             code="previous_response_not_found")  # fmt: skip
+    return found
 
 
 async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any], gone: asyncio.Event) -> None:

@@ -18,6 +18,8 @@ from proxy.sessions import Link, Linker
 from proxy.spool import Spool, SpoolFull
 from storage.records import CallRecord
 
+NATIVE = frozenset({"chat", "completions"})  # the OpenAI routes; anything else is a dialect
+
 
 class Recording:
     """Keeps call records: ``enabled`` False serves without recording (counted all the same)."""
@@ -80,3 +82,5 @@ class Recording:
         if self.spool.depth >= self.wake_at:
             self.wake.set()
         self.linker.remember(record.project_id, link_keys, Link(record.session_id, record.id, record.task_id))
+        if record.dialect not in NATIVE:
+            self.linker.recent.put(record)  # continuable by id (previous_response_id) from this moment

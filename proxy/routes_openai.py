@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy.calls import handle, read_json
 from proxy.deps import MAX_ID, NO_NUL, DbDep, PathId, PrincipalDep, QueryId, StateDep
+from proxy.dialects import ROUTES as DIALECT_ROUTES
 from proxy.dialects.base import Dialect
 from proxy.errors import ApiError, NotFound, UpstreamError
 from proxy.responses import ORJSONResponse, error_response
@@ -36,21 +37,26 @@ COMPLETIONS_DOC = _doc({"model": MODEL, "prompt": {"oneOf": [{"type": "string", 
 TOKENIZER_DOC = _doc({"model": MODEL})
 
 
-CALL_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# Every POST route served before FastAPI's layers: (engine endpoint, dialect translating at the edge or None).
+CALL_PATHS: dict[str, tuple[str, Dialect | None]] = {
+    "/v1/chat/completions": ("chat", None),
+    "/v1/completions": ("completions", None),
+    **{path: ("chat", dialect) for path, dialect in DIALECT_ROUTES.items()},
+}
 log = logging.getLogger("onthejob.proxy")
 
 
-def call_route(path: str) -> tuple[str, str | None] | None:
-    """(endpoint, session named by the path) for a call route, matched as the routes below would be."""
-    endpoint = CALL_PATHS.get(path)
-    if endpoint is not None:
-        return endpoint, None
+def call_route(path: str) -> tuple[str, str | None, Dialect | None] | None:
+    """(endpoint, session named by the path, dialect) for a call route, matched as the routes below would be."""
+    target = CALL_PATHS.get(path)
+    if target is not None:
+        return target[0], None, target[1]
     if path.startswith("/s/"):
         session, _, rest = path[3:].partition("/")
-        endpoint = CALL_PATHS.get("/" + rest)
+        target = CALL_PATHS.get("/" + rest)
         # Anything else (an overlong or NUL id) goes through FastAPI, which answers the 400.
-        if endpoint is not None and session and len(session) <= MAX_ID and "\x00" not in session:
-            return endpoint, session
+        if target is not None and session and len(session) <= MAX_ID and "\x00" not in session:
+            return target[0], session, target[1]
     return None
 
 

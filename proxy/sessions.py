@@ -26,6 +26,8 @@ import orjson
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from proxy.dialects.base import Stored
+from proxy.dialects.lookup import RecentCalls, find
 from proxy.errors import InvalidRequest
 from proxy.spool import Spool
 from storage.models import Completion
@@ -179,6 +181,13 @@ class Linker:
         self.spool = spool
         self.sessionmaker = sessionmaker
         self.cache = LinkCache(size)
+        self.recent = RecentCalls()  # this worker's dialect calls by id, for continuations
+
+    async def find_call(self, project: str, call_id: str) -> Stored | None:
+        """A stored call by id (a dialect's ``previous_response_id``): memory, sibling spools, database."""
+        return await find(
+            project, call_id, recent=self.recent, siblings=self.spool.sibling_matching, sessionmaker=self.sessionmaker
+        )
 
     async def resolve(
         self, project: str, naming: Naming, messages: list[dict[str, Any]] | None, keys: list[str]

@@ -204,6 +204,10 @@ class Spool:
         bytes, newest files first (a worker's spool holds ~50 ms of its traffic while the
         database keeps up). Nothing to do with one worker.
         """
+        return self.sibling_matching([link_needle(key) for key in link_keys], budget)
+
+    def sibling_matching(self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES) -> Iterator[CallRecord]:
+        """Records in other workers' spools whose line holds one of ``needles`` (in that order, newest first)."""
         now = time.monotonic()
         if now > self._siblings_at:
             self._siblings = [f for f in self.folder.parent.glob("w-*") if f != self.folder]
@@ -224,9 +228,9 @@ class Spool:
                     continue  # sealed or drained meanwhile
                 budget -= len(data)
                 chunks.append(data)
-        for key in link_keys:
+        for needle in needles:
             for data in chunks:
-                for line in _lines_holding(data, link_needle(key)):
+                for line in _lines_holding(data, needle):
                     try:
                         yield CallRecord.decode(line)
                     except ValueError:  # orjson.JSONDecodeError included: a torn or foreign line

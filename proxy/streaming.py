@@ -164,7 +164,8 @@ class StreamCall(Response):
 
     def _failure(self, exc: ApiError) -> bytes:
         if self.dialect is not None:
-            return dialect_sse("error", self.dialect[0].error(exc)[1])
+            dialect, stream = self.dialect
+            return stream.fail(exc) or dialect_sse("error", dialect.error(exc)[1])
         return _sse(exc.body())
 
     def _event(self, data: bytes) -> tuple[str, str] | None:

@@ -34,6 +34,54 @@ REFUSED = {
     "conversation": "the Conversations API is not supported; continue with previous_response_id or resend the input",
     "prompt": "stored prompt templates are not supported; send instructions and input",
 }
+# The request as OpenAPI documents it: what is checked here; anything else is accepted (and ignored, or
+# refused with the field named when it would change the answer).
+_TEXT = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"enum": ["input_text", "output_text"]}, "text": {"type": "string"}},
+}
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT}]}
+_ITEMS = [
+    {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "type": {"enum": ["message"]},
+            "role": {"enum": ["user", "assistant", "system", "developer"]},
+            "content": _CONTENT,
+        },
+    },
+    {
+        "type": "object",
+        "required": ["type", "call_id", "name", "arguments"],
+        "properties": {
+            "type": {"enum": ["function_call"]},
+            "call_id": {"type": "string"},
+            "name": {"type": "string"},
+            "arguments": {"type": "string"},
+        },
+    },
+    {
+        "type": "object",
+        "required": ["type", "call_id", "output"],
+        "properties": {
+            "type": {"enum": ["function_call_output"]},
+            "call_id": {"type": "string", "minLength": 1},
+            "output": _CONTENT,
+        },
+    },
+]
+REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": True, "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1, "description": "an alias from GET /v1/models"},
+        "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"anyOf": _ITEMS}}]},
+        "instructions": {"type": "string"},
+        "max_output_tokens": {"type": "integer", "minimum": 1},
+        "stream": {"type": "boolean"},
+    },
+}  # fmt: skip
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
@@ -75,6 +123,8 @@ class ResponsesDialect(Dialect):
                 chat[key] = body[key]
         if body.get("max_output_tokens") is not None:
             limit = body["max_output_tokens"]
+            if isinstance(limit, float) and limit.is_integer():
+                limit = int(limit)  # 16.0 is an integer to JSON Schema
             if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
                 raise InvalidRequest("'max_output_tokens' must be a positive integer", param="max_output_tokens")
             chat["max_tokens"] = limit

@@ -1,0 +1,76 @@
+"""A stored call found by its id from the moment its last byte was sent: memory, sibling spools, database.
+
+``previous_response_id`` (and ``GET /v1/responses/{id}``) name a call that may have
+ended a millisecond ago on another worker of this host, and be in no database yet.
+The same three places session linking looks serve here: this worker's recent dialect
+records (kept as spooled, parsed only when asked for), the spools of its sibling
+workers (the record is fsync'd there before the client's last byte), then the
+database. Another project's id looks exactly like an unknown one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from proxy.dialects.base import Stored
+from storage.models import Completion
+from storage.records import CallRecord
+
+# Sibling spool records whose line holds any of these byte strings (newest first).
+SiblingScan = Callable[[list[bytes]], Iterable[CallRecord]]
+COLUMNS = ("id", "project_id", "session_id", "task_id", "dialect", "status_code", "request", "choices",
+           "client_request", "client_response")  # fmt: skip
+
+
+class RecentCalls:
+    """This worker's recent dialect calls by (project, id), as spooled; bounded, oldest dropped first."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[str, str], CallRecord] = OrderedDict()
+
+    def put(self, record: CallRecord) -> None:
+        key = (record.project_id, record.id)
+        self._items[key] = record
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def get(self, project: str, call_id: str) -> CallRecord | None:
+        return self._items.get((project, call_id))
+
+
+def id_needle(call_id: str) -> bytes:
+    """The bytes a spool line holds for a record with this id (``"id"``, not ``"parent_id"``)."""
+    return b'"id":"' + call_id.encode() + b'"'
+
+
+def stored(record: CallRecord) -> Stored:
+    return Stored.from_record(record.row())
+
+
+async def find(
+    project: str,
+    call_id: str,
+    *,
+    recent: RecentCalls,
+    siblings: SiblingScan,
+    sessionmaker: async_sessionmaker[AsyncSession],
+) -> Stored | None:
+    """The call ``call_id`` of ``project``, wherever it is now; None if unknown (or another project's)."""
+    record = recent.get(project, call_id)
+    if record is not None:
+        return stored(record)
+    for record in siblings([id_needle(call_id)]):
+        if record.id == call_id:
+            return stored(record) if record.project_id == project else None
+    query = select(*(getattr(Completion, c) for c in COLUMNS)).where(
+        Completion.id == call_id, Completion.project_id == project
+    )
+    async with asyncio.timeout(5.0), sessionmaker() as db:
+        row = (await db.execute(query)).first()
+    return Stored.from_record(dict(row._mapping)) if row is not None else None

@@ -1,0 +1,60 @@
+"""Finding a dialect call by id: this worker's memory, a sibling worker's spool, then the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.ext.asyncio import async_sessionmaker
+
+from proxy.dialects.lookup import RecentCalls, find
+from proxy.spool import Spool
+from storage.db import async_engine
+from tests.proxy.records import record
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_memory_then_sibling_spool_then_database(tmp_path: Path, pg_url: str) -> None:
+    mine, sibling = Spool(tmp_path / "w-mine", 10**9), Spool(tmp_path / "w-sibling", 10**9)
+    recent = RecentCalls(size=2)
+    here = record(1, id="resp_here", project_id="p")
+    there = record(1, id="resp_there", project_id="p")
+    # Its child names it as parent: the id needle must not take "parent_id" for "id".
+    child = record(3, id="resp_child", project_id="p", parent_id="resp_there2")
+    await sibling.append(there)
+    await sibling.append(child)
+    recent.put(here)
+    engine = async_engine(pg_url)
+    maker = async_sessionmaker(engine, expire_on_commit=False)
+
+    async def lookup(project: str, call_id: str) -> Any:
+        return await find(project, call_id, recent=recent, siblings=mine.sibling_matching, sessionmaker=maker)
+
+    try:
+        found = await lookup("p", "resp_here")
+        assert found is not None and found.client_request == {"input": "héllo 1"}
+        found = await lookup("p", "resp_there")
+        assert found is not None and found.id == "resp_there" and found.dialect == "responses"
+        assert found.request["messages"][0]["role"] == "user"
+        assert await lookup("other", "resp_there") is None  # another project's looks unknown
+        assert await lookup("other", "resp_here") is None
+        assert await lookup("p", "resp_there2") is None  # only named as a parent
+        assert await lookup("p", "resp_nowhere") is None  # the database has none either
+    finally:
+        mine.close()
+        sibling.close()
+        await engine.dispose()
+
+
+def test_recent_calls_are_bounded() -> None:
+    recent = RecentCalls(size=2)
+    for i in range(3):
+        recent.put(record(i, id=f"resp_{i}"))
+    assert recent.get("p", "resp_0") is None and recent.get("p", "resp_2") is not None
+
+
+@pytest.fixture
+def pg_url(pg_factory: Any) -> str:
+    return pg_factory()  # type: ignore[no-any-return]

@@ -49,10 +49,10 @@ async def _count(request: Request) -> int:
         status, reply = await st.upstream.post_json(st.upstream.pick(), "/tokenize", payload, timeout=30)
     except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
         raise UpstreamError(f"cannot reach the engine to count tokens: {type(exc).__name__}") from exc
-    if status >= 500 or not isinstance(reply, dict):
-        raise UpstreamError(f"the engine failed to count tokens (HTTP {status})")
     if status == 404:
         raise NotFound(f"the engine has no tokenizer route or no model {payload['model']!r}", param="model")
+    if status >= 500 or not isinstance(reply, dict):
+        raise UpstreamError(f"the engine failed to count tokens (HTTP {status})")
     if status >= 400:
         detail = reply.get("error", reply)
         message = detail.get("message") if isinstance(detail, dict) else None

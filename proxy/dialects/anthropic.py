@@ -66,7 +66,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("model", "field required: a model name from GET /v1/models")
-    max_tokens = body.get("max_tokens")
+    max_tokens = _integer(body.get("max_tokens"))
     if max_tokens is None:
         raise _fail("max_tokens", "field required (the Messages API has no default output length)")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -93,7 +93,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
                 raise _fail(name, f"must be a number from {low:g} to {high:g}")
             out[name] = value
-    top_k = body.get("top_k")
+    top_k = _integer(body.get("top_k"))
     if top_k is not None:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
             raise _fail("top_k", "must be a non-negative integer")
@@ -123,6 +123,11 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if choice and choice[1]:
             out["parallel_tool_calls"] = False
     return out
+
+
+def _integer(value: Any) -> Any:
+    """A JSON number with no fraction as an int (JSON Schema's integer, and pydantic's, take 16.0)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _text_of(blocks: Any, where: str) -> str:

@@ -169,6 +169,11 @@ def test_tool_choice(choice: dict[str, Any], expected: Any, parallel: bool | Non
     assert chat["tools"][0]["function"]["strict"] is True
 
 
+def test_integral_numbers_are_integers() -> None:
+    assert dialect.to_chat(body(max_tokens=16.0, top_k=5.0))["max_tokens"] == 16
+    assert bad(body(max_tokens=16.5)).param == "max_tokens"
+
+
 def test_sampling_and_stop_sequences() -> None:
     chat = dialect.to_chat(body(temperature=0, top_p=0.9, top_k=5, stop_sequences=["END"], stream=True))
     assert (chat["temperature"], chat["top_p"], chat["top_k"], chat["stop"], chat["stream"]) == (

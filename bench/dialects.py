@@ -1,6 +1,6 @@
 """What a dialect costs over chat completions, in one run: the same recording proxy, the same stub engine.
 
-Each dialect (the Responses API, and any other in ``BODIES``) is translated at the edge
+Each dialect (the Responses API, Anthropic Messages, any other in ``BODIES``) is translated at the edge
 into the chat call the engine gets, and its reply or stream back; this measures that
 translation's price beside plain chat through the same recording proxy: added p50
 over the stub alone at concurrency 1, and requests/s at 64, streaming and not. The
@@ -30,6 +30,7 @@ from bench.measure import Row, add_baseline, best_of, fmt, measure, table
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", {"model": peers.MODEL, "messages": [{"role": "user", "content": "Say hello."}]}),
     "responses": ("/v1/responses", {"model": peers.MODEL, "input": "Say hello."}),
+    "anthropic": ("/v1/messages", {"model": peers.MODEL, "messages": [{"role": "user", "content": "Say hello."}]}),
 }
 LIMIT = {"chat": "max_tokens", "responses": "max_output_tokens"}
 

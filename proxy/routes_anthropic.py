@@ -1,9 +1,9 @@
-"""Anthropic routes that are not calls: ``POST /v1/messages/count_tokens``.
+"""The Anthropic routes: ``POST /v1/messages`` (documented here, served by the fast path) and count_tokens.
 
-``/v1/messages`` itself is a dialect served by the one call path (:mod:`proxy.dialects`).
-Counting renders the request exactly as a call would (the same translation to chat
-messages and tools) through the engine's tokenizer, so the count is the
-``input_tokens`` the call will report. Nothing is recorded: no tokens were sampled.
+``/v1/messages`` is a dialect served by the one call path (:mod:`proxy.dialects`).
+``POST /v1/messages/count_tokens`` is not a call: it renders the request exactly as a
+call would (the same translation to chat messages and tools) through the engine's
+tokenizer, so the count is the ``input_tokens`` the call will report. Nothing is recorded: no tokens were sampled.
 """
 
 from __future__ import annotations
@@ -13,15 +13,30 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from proxy.calls import read_json
+from proxy.calls import handle, read_json
 from proxy.deps import PathId
-from proxy.dialects.anthropic import COUNT_SCHEMA, count_tokens_body
+from proxy.dialects import ROUTES
+from proxy.dialects.anthropic import COUNT_SCHEMA, MESSAGES_SCHEMA, count_tokens_body
 from proxy.dialects.anthropic_out import error_body, error_status
 from proxy.errors import ApiError, InvalidRequest, NotFound, UpstreamError
 from proxy.responses import ORJSONResponse
 
 router = APIRouter()
+ANTHROPIC = ROUTES["/v1/messages"]  # the registered instance (stateless)
+MESSAGES_DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": MESSAGES_SCHEMA}}}}
 COUNT_DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": COUNT_SCHEMA}}}}
+
+
+# Requests for these two are served by proxy.app.ProxyApp before FastAPI; they document the routes.
+@router.post("/v1/messages", openapi_extra=MESSAGES_DOC, tags=["anthropic"])
+async def create_message(request: Request) -> Any:
+    """The Anthropic Messages API, streaming or not, recorded token-exactly as a chat call."""
+    return await handle(request, "chat", dialect=ANTHROPIC)
+
+
+@router.post("/s/{session_id}/v1/messages", openapi_extra=MESSAGES_DOC, tags=["anthropic"])
+async def session_create_message(request: Request, session_id: PathId) -> Any:
+    return await handle(request, "chat", path_session=session_id, dialect=ANTHROPIC)
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=COUNT_DOC, tags=["anthropic"])

@@ -79,6 +79,7 @@ class StreamCall(Response):
         self.first_event_at: float | None = None
         self.held: list[dict[str, Any]] = []
         self.out: list[bytes] = []
+        self.last_write = time.perf_counter()  # a dialect with pings sends one after this long a silence
         self.background = None
         self.status_code = 200
 
@@ -115,6 +116,7 @@ class StreamCall(Response):
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if self.dialect is not None:
             self.out.append(self.dialect[1].open())
+        pinger = self._pinger(send)
         failure: tuple[str, str] | None = None
         done = False
         try:
@@ -138,6 +140,8 @@ class StreamCall(Response):
         except UPSTREAM_FAILURES as exc:
             failure = ("upstream_error", f"stream broke: {type(exc).__name__}")
         finally:
+            if pinger is not None:
+                pinger.cancel()
             self.resp.release() if failure is None else self.resp.close()
         self._release_held()
         await self._write(send)
@@ -215,7 +219,26 @@ class StreamCall(Response):
         if self.out:
             body = b"".join(self.out)
             self.out.clear()
+            self.last_write = time.perf_counter()
             await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    def _pinger(self, send: Send) -> asyncio.Task[None] | None:
+        """For a dialect that keeps a silent stream alive (Anthropic's ``ping``): the task that does."""
+        if self.dialect is None or not self.dialect[0].ping_interval_s or not self.dialect[1].ping():
+            return None
+        return asyncio.create_task(self._ping(send, self.dialect[0].ping_interval_s, self.dialect[1].ping()))
+
+    async def _ping(self, send: Send, interval: float, frame: bytes) -> None:
+        # One timer per stream, not a timeout per read: the chunk path stays as it is. A ping is a
+        # whole SSE frame written between two others, never inside one (ASGI sends are whole writes).
+        while True:
+            await asyncio.sleep(max(0.0, self.last_write + interval - time.perf_counter()))
+            if time.perf_counter() - self.last_write >= interval:
+                self.last_write = time.perf_counter()
+                try:
+                    await send({"type": "http.response.body", "body": frame, "more_body": True})
+                except Exception:  # noqa: BLE001 - the client left: the stream's own path records that
+                    return
 
     async def _record(
         self, termination: str, status: int, error: str | None, client_response: dict[str, Any] | None = None

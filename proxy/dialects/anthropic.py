@@ -307,6 +307,9 @@ class AnthropicDialect(Dialect):
     name = "anthropic"
     paths: ClassVar[tuple[str, ...]] = ("/v1/messages",)
     id_prefix = "msg_"  # our completion id is the Message id, and x-request-id
+    # A long prompt's prefill on a CPU engine can be silent for minutes; idle-timeout proxies
+    # between harness and us (often 60 s) must see bytes. Anthropic's SDKs skip pings.
+    ping_interval_s: float | None = 10.0
 
     def credentials(self, headers: dict[str, str]) -> str | None:
         """Anthropic clients send ``x-api-key``; a Bearer token (``ANTHROPIC_AUTH_TOKEN``) works too."""

@@ -149,6 +149,8 @@ class Dialect(ABC):
     name: ClassVar[str]
     paths: ClassVar[tuple[str, ...]]
     id_prefix: ClassVar[str]
+    # Seconds of engine silence after which a stream sends its ``ping()`` (None: never).
+    ping_interval_s: float | None = None
     previous_param: ClassVar[str | None] = None  # the request field ``previous_id`` reads (named in errors)
 
     def new_id(self) -> str:

@@ -41,6 +41,9 @@ def api_schema(fuzz_proxy: Proxy) -> Any:
     for path in ("/v1/responses", "/s/{session_id}/v1/responses"):
         body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         body["properties"]["max_output_tokens"] = {"type": "integer", "minimum": 1, "maximum": 16}
+    for path in ("/v1/messages", "/s/{session_id}/v1/messages"):
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        body["properties"]["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": 16}
     loaded = schemathesis.openapi.from_dict(spec)
     loaded.config.update(base_url=fuzz_proxy.url)
     return loaded

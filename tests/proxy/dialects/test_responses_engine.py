@@ -134,7 +134,7 @@ def test_openai_sdk_create_stream_tools_continue_and_retrieve(
     stored = {r["id"]: r for r in records(proxy, dialect="responses")}
     assert set(stored) >= {first.id, forced.id, answer.id, named.id, raw.headers["x-request-id"]}
     for record in stored.values():
-        assert_token_exact(record)
+        assert_token_exact(record)  # this test's calls, and any other test's in the session's database
     # The follow-up joined its predecessor's session as its child.
     assert stored[answer.id]["onthejob"]["parent_id"] == forced.id
     assert stored[answer.id]["onthejob"]["session_id"] == stored[forced.id]["onthejob"]["session_id"]
@@ -167,7 +167,9 @@ def test_agents_sdk_default_model_with_required_tool_choice(
             instructions="Answer weather questions with the tool.",
             model=OpenAIResponsesModel(model=default_engine.model.name, openai_client=client),
             tools=[get_weather],
-            model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=100),
+            model_settings=ModelSettings(
+                tool_choice="required", temperature=0, max_tokens=100, extra_headers={"X-Task-Id": "agents-sdk"}
+            ),
             tool_use_behavior="stop_on_first_tool",
         )
         ran = await Runner.run(agent, "What is the weather in Paris?", max_turns=2)
@@ -180,7 +182,7 @@ def test_agents_sdk_default_model_with_required_tool_choice(
     ran, streamed = asyncio.run(run_both())
     assert len(asked) == 2 and ran.final_output == f"Sunny in {asked[0]}"
     assert streamed.final_output == f"Sunny in {asked[1]}"
-    stored = records(proxy, dialect="responses")
+    stored = records(proxy, dialect="responses", task_id="agents-sdk")  # the database is the session's
     assert len(stored) == 2 and [r["onthejob"]["stream"] for r in stored] == [False, True]
     for record in stored:
         assert_token_exact(record)

@@ -19,7 +19,7 @@ import pytest
 
 from tests.proxy.conftest import Proxy, ProxyFactory
 
-CONVERSATIONS, TURNS = 8, 4
+CONVERSATIONS, TURNS = 4, 3
 
 
 async def converse(proxies: list[Proxy], n: int) -> list[tuple[str, str, str | None]]:
@@ -71,15 +71,11 @@ def test_continuing_on_another_worker_at_once(
 
 @pytest.fixture
 def proxy(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any) -> Proxy:
-    return start_proxy(stub_upstream, pg_factory(), env={"ONTHEJOB_IDLE_TIMEOUT": "1"})
+    return start_proxy(stub_upstream, pg_factory(), env={"ONTHEJOB_IDLE_TIMEOUT": "5"})
 
 
-@pytest.mark.parametrize(
-    ("fault", "termination"), [("reset_midstream", "upstream_error"), ("stall_midstream", "timeout")]
-)
-def test_a_broken_stream_ends_in_response_failed_and_a_partial_record(
-    proxy: Proxy, fault: str, termination: str
-) -> None:
+def test_a_broken_stream_ends_in_response_failed_and_a_partial_record(proxy: Proxy) -> None:
+    fault, termination = "reset_midstream", "upstream_error"  # a stall takes the same path (test_faults.py)
     body = {
         "model": "stub-model",
         "input": f"stub_fault={fault} stub_gap_ms=30",

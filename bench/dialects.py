@@ -104,6 +104,60 @@ def summarise(rows: list[Row], dialects: list[str]) -> int:
     return 0 if missed == 0 else 1
 
 
+def translation_cpu(dialects: list[str], max_tokens: int, calls: int = 5000) -> None:
+    """CPU per call of the edge translation alone (no server, no network): robust on a loaded machine.
+
+    Chat's own work on the same reply (strip and serialise each chunk) is the baseline the
+    dialect replaces; the difference is what the translation adds to a call.
+    """
+    from proxy import capture
+    from proxy.dialects import ROUTES
+    from proxy.dialects.base import Exchange, StreamEnd
+
+    usage = {"prompt_tokens": 16, "completion_tokens": max_tokens, "total_tokens": 16 + max_tokens}
+    choice = {"index": 0, "message": {"role": "assistant", "content": "x" * max_tokens}, "finish_reason": "length",
+              "stop_reason": None, "token_ids": list(range(max_tokens))}  # fmt: skip
+    reply = {"id": "c", "object": "chat.completion", "model": peers.MODEL, "choices": [choice], "usage": usage}
+    head = {"id": "c", "object": "chat.completion.chunk", "model": peers.MODEL}
+    chunks = [{**head, "prompt_token_ids": list(range(16)),
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]  # fmt: skip
+    chunks += [{**head, "choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [i],
+                                     "logprobs": {"content": [{"token": "x", "logprob": -0.5}]}}]}
+               for i in range(max_tokens)]  # fmt: skip
+    chunks += [{**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+               {**head, "choices": [], "usage": usage}]  # fmt: skip
+
+    def cpu_us(fn: Any) -> float:
+        start = time.process_time()
+        for _ in range(calls):
+            fn()
+        return (time.process_time() - start) / calls * 1e6
+
+    plain, streamed = capture.Wants(False, False, False, False), capture.Wants(False, False, False, True)
+    base = cpu_us(lambda: orjson.dumps(capture.strip({**reply, "choices": [dict(choice)]}, plain, peers.MODEL)))
+    base_stream = cpu_us(lambda: [orjson.dumps(capture.strip(dict(c), streamed, peers.MODEL)) for c in chunks])
+    print(f"chat (baseline): non-streamed {base:.1f} us, {max_tokens}-token stream {base_stream:.1f} us")
+    for name in (d for d in dialects if d != "chat"):
+        path, body = BODIES[name]
+        body = {**body, LIMIT.get(name, "max_tokens"): max_tokens}
+        dialect = ROUTES[path]
+        ex = Exchange(dialect.new_id(), peers.MODEL, 0, body, dialect.to_chat(body, None))
+
+        def whole(dialect: Any = dialect, body: dict[str, Any] = body, ex: Exchange = ex) -> bytes:
+            dialect.to_chat(body, None)
+            return orjson.dumps(dialect.reply({**reply, "choices": [dict(choice)]}, ex))
+
+        def stream(dialect: Any = dialect, body: dict[str, Any] = body, ex: Exchange = ex) -> bytes:
+            dialect.to_chat(body, None)
+            events = dialect.stream(ex)
+            out = events.open() + b"".join(events.feed(c) for c in chunks)
+            return out + events.close(StreamEnd("length", usage))
+
+        one, many = cpu_us(whole), cpu_us(stream)
+        print(f"{name}: non-streamed {one:.1f} us ({one - base:+.1f} over chat), "
+              f"{max_tokens}-token stream {many:.1f} us ({many - base_stream:+.1f} over chat)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dialects", nargs="+", default=list(BODIES), choices=list(BODIES))
@@ -113,7 +167,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply (= chunks per stream)")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin processes to cores")
     parser.add_argument("--db-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--translation-only", action="store_true",
+                        help="CPU per call of each dialect's translation alone (no servers)")  # fmt: skip
     args = parser.parse_args()
+    if args.translation_only:
+        translation_cpu(args.dialects, args.max_tokens)
+        return
     t0 = time.monotonic()
     code = uvloop.run(run(args))
     print(f"\n(total {time.monotonic() - t0:.0f} s)")

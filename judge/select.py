@@ -30,18 +30,17 @@ from sqlalchemy.orm import Session as DbSession
 
 from judge.post import judge_key
 from judge.score import Item
+from storage.grading import current, resolve_grades
 from storage.hindsight import next_turn_feedback
 from storage.judge_config import JUDGE_SOURCE, JUDGE_TAG, JudgeSettings, implicit_feedback
 from storage.loaders import (
     build,
     completions_stmt,
     feedback_stmt,
-    resolve_grades,
     rule_for,
     sessions_subquery,
     settings_stmt,
 )
-from storage.rewards import current
 from storage.trajectories import Trajectory, trajectory_id
 
 GRADED = "graded"

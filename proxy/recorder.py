@@ -164,7 +164,7 @@ class Recorder:
             return False  # already partly stored (a replayed segment) or refused: the portable path decides
         if pending:  # rare: feedback arrived before its call; the orphan sweep covers a crash right here
             async with self.sessionmaker() as db:
-                await attach_pending(db, [_Landed(c) for c in completions])  # type: ignore[misc]
+                await attach_pending(db, completions)
                 await db.commit()
         return True
 
@@ -194,18 +194,8 @@ class Recorder:
             if rows:
                 await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
-                await attach_pending(db, [_Landed(c) for c in completions])  # type: ignore[misc]
+                await attach_pending(db, completions)
             await db.commit()
-
-
-class _Landed:
-    """The fields of a just-inserted completion that feedback attachment needs."""
-
-    __slots__ = ("id", "project_id", "session_id", "client_request_id", "created_at")
-
-    def __init__(self, record: CallRecord) -> None:
-        self.id, self.project_id, self.session_id = record.id, record.project_id, record.session_id
-        self.client_request_id, self.created_at = record.client_request_id, record.created_at  # ISO text sorts
 
 
 def _quarantine(path: Path, record: CallRecord, error: str) -> None:

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from storage.loaders import training_exclusion
+from storage.grading import Exclusion, training_exclusion
 from storage.trajectories import Trajectory, column, trajectory_to_dict
 
 if TYPE_CHECKING:
@@ -68,11 +68,11 @@ def conversation(traj: Trajectory, calls: Mapping[str, Any]) -> Conversation | N
     return [normalise_message(m) for m in [*messages, reply]]
 
 
-def exportable(traj: Trajectory, min_reward: float | None) -> str | None:
+def exportable(traj: Trajectory, min_reward: float | None) -> Exclusion | None:
     """Why a trajectory is left out of any export, or None."""
     reason = training_exclusion(traj, used=())
     if reason is None and min_reward is not None and traj.reward is not None and traj.reward < min_reward:
-        reason = "below_min_reward"
+        reason = Exclusion.BELOW_MIN_REWARD
     return reason
 
 
@@ -85,7 +85,7 @@ def sft_rows(
         reason = exportable(traj, min_reward)
         conv = conversation(traj, calls) if reason is None else None
         if reason is None and conv is None:
-            reason = "not_chat"
+            reason = Exclusion.NOT_CHAT
         if reason is not None:
             excluded[reason] += 1
             continue
@@ -113,9 +113,9 @@ def dpo_rows(
         reason = exportable(traj, None)
         conv = conversation(traj, calls) if reason is None else None
         if reason is None and conv is None:
-            reason = "not_chat"
+            reason = Exclusion.NOT_CHAT
         elif reason is None and traj.group is None:
-            reason = "no_group"
+            reason = Exclusion.NO_GROUP
         if reason is not None:
             excluded[reason] += 1
             continue

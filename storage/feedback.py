@@ -26,6 +26,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.feedback_input import FeedbackConflict, FeedbackIn
+from storage.grading import LandedCall, Targets, newest
 from storage.models import Completion, Feedback, Project, Session, utcnow
 
 ORPHAN_TTL = timedelta(hours=1)
@@ -40,7 +41,10 @@ def new_feedback_id() -> str:
 
 
 async def resolve_target(db: AsyncSession, project_id: str, kind: str, target_id: str) -> tuple[str | None, str | None]:
-    """(completion_id, session_id) of a target in this project; (None, None) when unknown here."""
+    """(completion_id, session_id) of a target in this project; (None, None) when unknown here.
+
+    The database finds the candidates; :class:`storage.grading.Targets` applies the rule.
+    """
     if kind == "session_id":
         known = await db.scalar(select(Session.id).where(Session.project_id == project_id, Session.id == target_id))
         if known is None:
@@ -49,14 +53,11 @@ async def resolve_target(db: AsyncSession, project_id: str, kind: str, target_id
                 .where(Completion.project_id == project_id, Completion.session_id == target_id)
                 .limit(1)
             )
-        return (None, target_id) if known is not None else (None, None)
-    stmt = select(Completion.id, Completion.session_id).where(Completion.project_id == project_id)
-    if kind == "completion_id":
-        stmt = stmt.where(Completion.id == target_id)
-    else:
-        stmt = stmt.where(Completion.client_request_id == target_id).order_by(Completion.created_at.desc()).limit(1)
-    row = (await db.execute(stmt)).first()
-    return (row[0], row[1]) if row is not None else (None, None)
+        return Targets((), [known] if known is not None else []).resolve(kind, target_id)
+    column = Completion.id if kind == "completion_id" else Completion.client_request_id
+    stmt = select(Completion.id, Completion.session_id, Completion.client_request_id, Completion.created_at)
+    rows = (await db.execute(stmt.where(Completion.project_id == project_id, column == target_id))).all()
+    return Targets(rows).resolve(kind, target_id)
 
 
 def _same(row: Feedback, item: FeedbackIn) -> bool:
@@ -137,7 +138,7 @@ async def submit_feedback(db: AsyncSession, project_id: str, items: Sequence[Fee
     return out
 
 
-async def attach_pending(db: AsyncSession, completions: Sequence[Completion]) -> int:
+async def attach_pending(db: AsyncSession, completions: Sequence[LandedCall]) -> int:
     """Attach pending feedback naming these just-recorded completions; returns how many.
 
     Matches by completion id, client request id or session id, within each
@@ -145,29 +146,20 @@ async def attach_pending(db: AsyncSession, completions: Sequence[Completion]) ->
     """
     count = 0
     now = utcnow()
-    by_project: dict[str, list[Completion]] = {}
+    by_project: dict[str, list[LandedCall]] = {}
     for c in completions:
         by_project.setdefault(c.project_id, []).append(c)
     for project_id, comps in by_project.items():
-        by_id = {c.id: c for c in comps}
-        by_crid: dict[str, Completion] = {}
-        for c in sorted(comps, key=lambda c: c.created_at or now):
-            if c.client_request_id:
-                by_crid[c.client_request_id] = c  # the latest wins, as in resolve_target
-        sessions = {c.session_id for c in comps}
+        targets = Targets(comps)
         conds = [
-            and_(Feedback.target_kind == "completion_id", Feedback.target_id.in_(by_id)),
-            and_(Feedback.target_kind == "session_id", Feedback.target_id.in_(sessions)),
+            and_(Feedback.target_kind == "completion_id", Feedback.target_id.in_(targets.by_id)),
+            and_(Feedback.target_kind == "session_id", Feedback.target_id.in_(targets.sessions)),
         ]
-        if by_crid:
-            conds.append(and_(Feedback.target_kind == "client_request_id", Feedback.target_id.in_(by_crid)))
+        if targets.by_request:
+            conds.append(and_(Feedback.target_kind == "client_request_id", Feedback.target_id.in_(targets.by_request)))
         stmt = select(Feedback).where(Feedback.project_id == project_id, Feedback.attached_at.is_(None), or_(*conds))
         for fb in (await db.scalars(stmt)).all():
-            if fb.target_kind == "session_id":
-                fb.session_id = fb.target_id
-            else:
-                c = by_id[fb.target_id] if fb.target_kind == "completion_id" else by_crid[fb.target_id]
-                fb.completion_id, fb.session_id = c.id, c.session_id
+            fb.completion_id, fb.session_id = targets.resolve(fb.target_kind, fb.target_id)
             fb.attached_at = now
             count += 1
     return count
@@ -212,13 +204,8 @@ def _winner_key(row: Feedback) -> tuple[Any, ...]:
 
 
 def current_ids(rows: Iterable[Feedback]) -> set[str]:
-    """Ids of the winning revisions: per target, the newest from each (source, name)."""
-    best: dict[tuple[Any, ...], Feedback] = {}
-    for row in rows:
-        key = _winner_key(row)
-        if key not in best or (row.created_at, row.id) > (best[key].created_at, best[key].id):
-            best[key] = row
-    return {row.id for row in best.values()}
+    """Ids of the winning revisions (:func:`storage.grading.newest`), pending ones by their stated target."""
+    return {row.id for row in newest(rows, _winner_key)}
 
 
 def _iso(t: datetime | None) -> str | None:

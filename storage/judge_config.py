@@ -16,9 +16,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from storage.grading import Exclusion
+
 JUDGE_SOURCE = "judge"  # the feedback source of every judge grade
 JUDGE_TAG = "judge"  # the tag of the judge's own model calls: never trained on
-JUDGE_UNCALIBRATED = "judge_uncalibrated"  # exclusion reason of a judge grade below the agreement gate
+JUDGE_UNCALIBRATED = Exclusion.JUDGE_UNCALIBRATED  # a judge grade below the agreement gate
 DEFAULT_MIN_AGREEMENT = 0.6
 # Project setting (settings["implicit_feedback"], off by default): the next user turn of a multi-turn
 # session counts as a comment on the assistant turn before it, for the judge and self-distillation.

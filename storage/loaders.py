@@ -2,7 +2,7 @@
 
 Statement builders, then thin sync loaders (trainer, CLI) and async ones (proxy
 routes) around the same pure assembly (:mod:`storage.trajectories`) and reward
-rule (:mod:`storage.rewards`). Feedback still pending whose target is among the
+rule (:mod:`storage.grading`). Feedback still pending whose target is among the
 loaded calls counts as if attached, so a grade never waits for the sweep.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -19,9 +18,18 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as DbSession
 
 from storage.feedback import feedback_for_stmt, feedback_list
+from storage.grading import (
+    DEFAULT_RULE,
+    Exclusion,
+    Grade,
+    RewardRule,
+    apply_rewards,
+    is_graded,
+    resolve_grades,
+    training_exclusion,
+)
 from storage.models import Completion, Feedback, Project, Session, UsedTrajectory
-from storage.rewards import DEFAULT_RULE, Grade, RewardRule, apply_rewards, is_graded, to_grade
-from storage.trajectories import UNUSABLE_FLAGS, Render, Trajectory, assemble
+from storage.trajectories import Render, Trajectory, assemble
 
 # --------------------------------------------------------------------------- statements
 
@@ -86,25 +94,6 @@ def rule_for(settings: dict[str, Any] | None) -> RewardRule:
     return RewardRule.from_config(config) if config else DEFAULT_RULE
 
 
-def resolve_grades(feedback: Iterable[Feedback], completions: Sequence[Any]) -> list[Grade]:
-    """Grades with targets resolved; pending items resolve against the given calls."""
-    by_id = {c.id: c for c in completions}
-    by_request = {c.client_request_id: c for c in completions if c.client_request_id}  # ordered: latest wins
-    out: list[Grade] = []
-    for fb in feedback:
-        grade = to_grade(fb)
-        if fb.attached_at is None:
-            if fb.target_kind == "session_id":
-                grade = replace(grade, completion_id=None, session_id=fb.target_id)
-            else:
-                call = (by_id if fb.target_kind == "completion_id" else by_request).get(fb.target_id)
-                if call is None:
-                    continue
-                grade = replace(grade, completion_id=call.id, session_id=call.session_id)
-        out.append(grade)
-    return out
-
-
 def build(
     completions: Sequence[Any], feedback: Iterable[Feedback], *, rule: RewardRule = DEFAULT_RULE,
     render: Render | None = None, end_of_turn: Collection[int] | None = None,
@@ -113,22 +102,6 @@ def build(
     trajectories = assemble(completions, render=render, end_of_turn=end_of_turn)
     apply_rewards(trajectories, resolve_grades(feedback, completions), rule)
     return trajectories
-
-
-def training_exclusion(traj: Trajectory, used: Collection[str]) -> str | None:
-    """Why a trajectory may not be trained on, or None. First reason wins."""
-    if "eval" in traj.tags:
-        return "eval"
-    if traj.id in used:
-        return "already_used"
-    flag = next((f for f in UNUSABLE_FLAGS if f in traj.flags), None)
-    if flag:
-        return flag
-    if not any(traj.mask):
-        return "no_sampled_tokens"
-    if traj.reward is None:
-        return str(traj.reward_detail.get("excluded", "ungraded"))
-    return None
 
 
 # --------------------------------------------------------------------------- sync (trainer, CLI)
@@ -170,7 +143,7 @@ def load_training_batch(
     excluded: Counter[str] = Counter()
     for traj in trajectories:
         if traj.alias != alias:
-            excluded["other_alias"] += 1
+            excluded[Exclusion.OTHER_ALIAS] += 1
             continue
         reason = training_exclusion(traj, used)
         if reason is None:
@@ -200,7 +173,13 @@ def _coverage(rows: Sequence[Any], feedback: Sequence[Feedback], rule: RewardRul
 def _coverage_stmts(project_id: str, alias: str | None) -> tuple[Select[Any, Any, Any, Any], Select[Feedback]]:
     sessions = sessions_subquery(project_id, alias=alias)
     rows = (
-        select(Completion.id, Completion.session_id, Completion.client_request_id, Completion.adapter_version)
+        select(
+            Completion.id,
+            Completion.session_id,
+            Completion.client_request_id,
+            Completion.adapter_version,
+            Completion.created_at,
+        )  # fmt: skip
         .where(Completion.project_id == project_id, Completion.session_id.in_(sessions))
         .order_by(Completion.created_at, Completion.id)
     )

@@ -15,11 +15,11 @@ from datetime import datetime
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session as DbSession
 
+from storage.grading import Grade, current, resolve_grades
 from storage.hindsight import Hindsight, next_turn_feedback
 from storage.judge_config import JUDGE_SOURCE, implicit_feedback
-from storage.loaders import completions_stmt, feedback_stmt, resolve_grades, sessions_subquery, settings_stmt
+from storage.loaders import completions_stmt, feedback_stmt, sessions_subquery, settings_stmt
 from storage.models import Completion, UsedFeedback
-from storage.rewards import Grade, current
 
 Key = tuple[str, str, str]  # (trajectory id, feedback id, objective)
 

@@ -16,17 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from storage.grading import Exclusion, has_sampled_tokens
 from storage.trajectories import Trajectory
 from trainer.logprobs import Sampling, unsupported
-
-# Reasons a trajectory is dropped before any forward pass.
-UNGRADED = "ungraded"
-EVAL = "eval"
-TOO_LONG = "too_long"
-NO_SAMPLED_TOKENS = "no_sampled_tokens"
-MISALIGNED = "misaligned"
-REDACTED = "redacted"
-UNSUPPORTED_SAMPLING = "unsupported_sampling"
 
 
 @dataclass
@@ -74,21 +66,22 @@ def screen(trajectories: Sequence[Trajectory], max_len: int) -> tuple[list[Traje
     return kept, dropped
 
 
-def _reason(t: Trajectory, max_len: int) -> str | None:
+def _reason(t: Trajectory, max_len: int) -> Exclusion | None:
+    """Why the step drops ``t`` before any forward pass (storage screened it already; this holds for any input)."""
     if "eval" in t.tags:
-        return EVAL
+        return Exclusion.EVAL
     if t.reward is None or not math.isfinite(t.reward):
-        return UNGRADED
+        return Exclusion.UNGRADED
     if not (len(t.token_ids) == len(t.mask) == len(t.logprobs)):
-        return MISALIGNED
+        return Exclusion.MISALIGNED
     if t.token_ids and min(t.token_ids) < 0:
-        return REDACTED  # ids masked by the proxy's redaction: not the sequence that was sampled
+        return Exclusion.REDACTED  # ids masked by the proxy's redaction: not the sequence that was sampled
     if len(t.token_ids) > max_len:
-        return TOO_LONG
-    if not any(t.mask[1:]):
-        return NO_SAMPLED_TOKENS
+        return Exclusion.TOO_LONG
+    if not has_sampled_tokens(t.mask):
+        return Exclusion.NO_SAMPLED_TOKENS
     if any(unsupported(turn.sampling) for turn in t.turns):
-        return UNSUPPORTED_SAMPLING
+        return Exclusion.UNSUPPORTED_SAMPLING
     return None
 
 

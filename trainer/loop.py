@@ -29,12 +29,11 @@ import torch
 
 from engine.launcher import MAX_LORA_RANK, model_dtype
 from engine.weights import ModelInfo, resolve_model, weights_sha256
+from storage.grading import Exclusion
 from storage.trajectories import Trajectory
 from trainer import dist
 from trainer.advantages import TaskBaseline, compute_advantages
 from trainer.batch import (
-    EVAL,
-    UNGRADED,
     Batch,
     Example,
     collate,
@@ -184,7 +183,7 @@ def train_step(
     #    trajectories stay available (a grade may still come); the rest is used up.
     kept, dropped = screen(trajectories, cfg.max_len)
     excluded = reasons(dropped)
-    consumed = [t.id for t in trajectories if dropped.get(t.id) not in (UNGRADED, EVAL)]
+    consumed = [t.id for t in trajectories if dropped.get(t.id) not in (Exclusion.UNGRADED, Exclusion.EVAL)]
     rewards = [float(t.reward) for t in kept if t.reward is not None]
     metrics: dict[str, Any] = {"reward_mean": sum(rewards) / len(rewards) if rewards else None}
 

@@ -27,9 +27,9 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from storage.grading import Exclusion, Grade, current
 from storage.hindsight import Hindsight
 from storage.judge_config import JUDGE_SOURCE, JUDGE_TAG
-from storage.rewards import Grade, current
 from storage.trajectories import Render, Trajectory, Turn, trajectory_id
 from trainer.sdpo import correction_exclusion, teacher_messages, teacher_sequence
 
@@ -42,11 +42,11 @@ PromptRender = Callable[[list[dict[str, Any]]], list[int]]  # messages → ids, 
 # Exclusion reasons (counted like every other).
 NO_TOKEN_IDS = "no_token_ids"
 NO_TEXT = "no_text"
-HELD_OUT = "eval"
+HELD_OUT = Exclusion.EVAL
 JUDGE_CALL = "judge_call"
-TOO_LONG = "too_long"
+TOO_LONG = Exclusion.TOO_LONG
 UNRENDERABLE = "correction_unrenderable"
-ALREADY_USED = "already_used"
+ALREADY_USED = Exclusion.ALREADY_USED
 
 
 @dataclass(frozen=True)

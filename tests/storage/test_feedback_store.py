@@ -18,6 +18,7 @@ from storage import feedback as feedback_module
 from storage.db import async_engine, sync_engine
 from storage.feedback import attach_orphans, attach_pending, count_orphans, list_feedback, submit_feedback
 from storage.feedback_input import FeedbackConflict, parse_feedback
+from storage.grading import resolve_grades
 from storage.migrate import upgrade
 from storage.models import Completion, Feedback, Project, utcnow
 from tests.storage.rows import insert, new_project, row
@@ -188,3 +189,24 @@ async def test_sqlite_too_and_feedback_before_the_project_exists(tmp_path: Path)
         assert again.id == early.id and again.session_id == "s"
         assert [f["status"] for f in await list_feedback(db, "fresh", session_id="s")] == ["attached"]
     await eng.dispose()
+
+
+async def test_the_database_the_recorder_and_the_loaders_resolve_a_target_alike(
+    adb: AsyncSession, world: World
+) -> None:
+    """A client request id used twice names its newest call, whichever path resolves it (storage.grading)."""
+    old, new = _uid("cmpl-old"), _uid("cmpl-new")
+    calls = [Completion(**row(new, P1, [], project=world.a, session="s-new", crid="req-twice", at=9)),
+             Completion(**row(old, P1, [], project=world.a, session="s-old", crid="req-twice", at=1))]  # fmt: skip
+    # The loaders: still pending, resolved in memory against the loaded calls.
+    [pending] = await submit_feedback(adb, world.a, [item("client_request_id", "req-twice")])  # type: ignore[list-item]
+    assert pending.attached_at is None
+    [grade] = resolve_grades([pending], calls)
+    # The recorder: the calls land in one batch and the pending item attaches.
+    adb.add_all(calls)
+    assert await attach_pending(adb, calls) == 1
+    # The database: an item sent after both calls landed.
+    [direct] = await submit_feedback(adb, world.a, [item("client_request_id", "req-twice", name="reward", value=1)])  # type: ignore[list-item]
+    await adb.commit()
+    assert (grade.completion_id, grade.session_id) == (pending.completion_id, pending.session_id) == (
+        direct.completion_id, direct.session_id) == (new, "s-new")  # fmt: skip

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from storage.grading import to_grade
 from storage.hindsight import next_turn_feedback
-from storage.rewards import to_grade
 from tests.storage.rows import choice, feedback_row, row
 from trainer.sdpo import CORRECTION_SAME, HINT_TEMPLATE
 from trainer.textual import CORRECTION_HINT, Hint, TextualExample, build_examples, hints

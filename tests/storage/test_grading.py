@@ -1,13 +1,27 @@
-"""The default reward rule and its configuration, on hand-built trajectories and feedback."""
+"""Grading: the default reward rule and its configuration, on hand-built trajectories and feedback;
+target resolution, winners and exclusions."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from storage.rewards import DEFAULT_RULE, MASKED, RewardRule, apply_rewards, current, resolve_reward, to_grade
+from storage.grading import (
+    DEFAULT_RULE,
+    MASKED,
+    Exclusion,
+    RewardRule,
+    Targets,
+    apply_rewards,
+    current,
+    newest,
+    resolve_reward,
+    to_grade,
+    training_exclusion,
+)
 from storage.trajectories import Trajectory
 from tests.storage.rows import T0
 
@@ -114,3 +128,51 @@ def test_apply_rewards_fills_every_trajectory() -> None:
     apply_rewards(ts, [fb("thumbs", True)])
     assert [t.reward for t in ts] == [1.0, None]
     assert ts[1].reward_detail["excluded"] == "ungraded"
+
+
+# --------------------------------------------------------------------------- targets, winners, exclusions
+
+
+@dataclass
+class CallStub:
+    id: str
+    session_id: str
+    client_request_id: str | None
+    created_at: datetime
+
+
+def test_targets_one_rule_a_reused_client_request_id_names_its_newest_call() -> None:
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    calls = [CallStub("c2", "s1", "req", t0 + timedelta(seconds=2)), CallStub("c1", "s1", "req", t0),
+             CallStub("c3", "s2", None, t0 + timedelta(seconds=1))]  # fmt: skip
+    targets = Targets(calls)
+    assert targets.resolve("client_request_id", "req") == ("c2", "s1")
+    assert targets.resolve("completion_id", "c3") == ("c3", "s2")
+    assert targets.resolve("session_id", "s2") == (None, "s2")
+    assert targets.resolve("session_id", "s9") == targets.resolve("completion_id", "c9") == (None, None)
+    assert Targets((), ["s9"]).resolve("session_id", "s9") == (None, "s9")  # a session known without its calls
+
+
+def test_newest_per_key_wins_ties_broken_by_id() -> None:
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
+    items = [CallStub("b", "k", None, t0), CallStub("a", "k", None, t0), CallStub("c", "j", None, t0)]
+    assert [i.id for i in newest(items, lambda i: i.session_id)] == ["b", "c"]
+
+
+def test_no_sampled_tokens_is_one_rule_for_storage_and_trainer() -> None:
+    from tests.trainer.helpers import make_trajectory
+    from trainer.batch import screen
+
+    # Only the very first token sampled: nothing predicts it, so neither side trains on it
+    # (storage used to pass it on with any(mask) and the trainer then dropped it with mask[1:]).
+    first_only = make_trajectory("first", [], [7])
+    first_only.token_ids, first_only.mask, first_only.logprobs = [7, 8], [1, 0], [-1.0, None]
+    assert training_exclusion(first_only, used=()) == Exclusion.NO_SAMPLED_TOKENS
+    assert screen([first_only], max_len=10)[1] == {"first": Exclusion.NO_SAMPLED_TOKENS}
+    assert training_exclusion(make_trajectory("ok", [1], [7]), used=()) is None
+
+
+def test_exclusions_are_the_strings_counted_and_stored() -> None:
+    reward, detail = resolve_reward(traj("c1"), [])
+    assert reward is None and detail["excluded"] == "ungraded" == Exclusion.UNGRADED
+    assert Exclusion("infra_error") is Exclusion.INFRA_ERROR

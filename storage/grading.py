@@ -1,6 +1,17 @@
-"""Feedback → one scalar reward per trajectory, by a configurable rule (pure functions).
+"""Grading, the one place for it (pure functions): which call or session a feedback
+item names, which revision wins, what scalar a trajectory gets, and why a trajectory
+is left out of training.
 
-Default rule (docs/architecture.md, "The reward rule"):
+* Targets (:class:`Targets`): a ``completion_id`` names that call, a
+  ``client_request_id`` the newest call the client gave that id, a ``session_id``
+  a session; always within one project, among calls the caller already holds (the
+  database query, the recorder's batch and the loaders all ask this).
+* Winners (:func:`newest`): per target, the newest item from each ``(source, name)``.
+* Exclusions (:class:`Exclusion`): every reason a trajectory or example is left out,
+  shared by storage, the export and the trainer; one rule for "no sampled tokens"
+  (:func:`has_sampled_tokens`).
+
+Default reward rule (docs/architecture.md, "The reward rule"):
 
 * ``reward`` (a number) as is; ``thumbs`` (a bool) → +1 / −1; ``outcome`` labels
   ``success`` 1, ``failure`` 0, ``timeout`` and ``abort`` 0 (a policy-caused
@@ -21,12 +32,122 @@ Default rule (docs/architecture.md, "The reward rule"):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
 
-from storage.trajectories import Trajectory, column
+from storage.trajectories import UNUSABLE_FLAGS, Trajectory, column
+
+
+class Exclusion(StrEnum):
+    """Why a trajectory (or a text-feedback example) is not trained on or exported; each is counted."""
+
+    EVAL = "eval"  # held-out traffic, never trained on
+    ALREADY_USED = "already_used"
+    OTHER_ALIAS = "other_alias"
+    MISSING_TOKEN_IDS = "missing_token_ids"  # capture (storage.trajectories flags)
+    PREFIX_MISMATCH = "prefix_mismatch"
+    UNALIGNED = "unaligned"
+    NO_SAMPLED_TOKENS = "no_sampled_tokens"
+    INFRA_ERROR = "infra_error"  # masked by the reward rule
+    UNGRADED = "ungraded"
+    JUDGE_UNCALIBRATED = "judge_uncalibrated"  # a judge grade below the agreement gate
+    TOO_LONG = "too_long"  # the trainer's screen
+    MISALIGNED = "misaligned"
+    REDACTED = "redacted"  # token ids masked by the proxy's redaction
+    UNSUPPORTED_SAMPLING = "unsupported_sampling"
+    BELOW_MIN_REWARD = "below_min_reward"  # the export's
+    NOT_CHAT = "not_chat"
+    NO_GROUP = "no_group"
+
+
+def has_sampled_tokens(mask: Sequence[int | bool]) -> bool:
+    """Whether a trajectory has a token to train on: a sampled one after the first (nothing predicts that)."""
+    return any(mask[1:])
+
+
+def training_exclusion(traj: Trajectory, used: Collection[str]) -> Exclusion | None:
+    """Why a stored trajectory may not be trained on, or None. First reason wins."""
+    if "eval" in traj.tags:
+        return Exclusion.EVAL
+    if traj.id in used:
+        return Exclusion.ALREADY_USED
+    flag = next((f for f in UNUSABLE_FLAGS if f in traj.flags), None)
+    if flag:
+        return Exclusion(flag)
+    if not has_sampled_tokens(traj.mask):
+        return Exclusion.NO_SAMPLED_TOKENS
+    if traj.reward is None:
+        return Exclusion(traj.reward_detail.get("excluded", Exclusion.UNGRADED))
+    return None
+
+
+# --------------------------------------------------------------------------- targets
+
+
+class CallRef(Protocol):
+    """What resolving a feedback target needs of a call (an ORM row, a recorded batch's record)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def session_id(self) -> str: ...
+    @property
+    def client_request_id(self) -> str | None: ...
+    @property
+    def created_at(self) -> Any: ...  # datetime, or ISO text: one kind per index
+
+
+class LandedCall(CallRef, Protocol):
+    """A call with its project (the recorder's batches mix projects)."""
+
+    @property
+    def project_id(self) -> str: ...
+
+
+class Targets:
+    """Which of these calls (or sessions) a feedback target names; all of them of one project."""
+
+    def __init__(self, calls: Iterable[CallRef], sessions: Iterable[str] = ()) -> None:
+        self.by_id: dict[str, CallRef] = {}
+        self.by_request: dict[str, CallRef] = {}
+        self.sessions = set(sessions)
+        for call in sorted(calls, key=lambda c: (c.created_at, c.id)):  # a client request id: the newest wins
+            self.by_id[call.id] = call
+            self.sessions.add(call.session_id)
+            if call.client_request_id:
+                self.by_request[call.client_request_id] = call
+
+    def resolve(self, kind: str, target_id: str) -> tuple[str | None, str | None]:
+        """(completion_id, session_id) of a target; (None, None) when it names none of these."""
+        if kind == "session_id":
+            return (None, target_id) if target_id in self.sessions else (None, None)
+        call = (self.by_id if kind == "completion_id" else self.by_request).get(target_id)
+        return (call.id, call.session_id) if call is not None else (None, None)
+
+
+# --------------------------------------------------------------------------- winners
+
+T = TypeVar("T")
+
+
+def newest(items: Iterable[T], key: Callable[[T], Hashable]) -> list[T]:
+    """The winners: per ``key`` (a target, a source and a name), the newest item by (created_at, id), oldest first."""
+    best: dict[Hashable, T] = {}
+    for item in items:
+        k = key(item)
+        if k not in best or _order(item) > _order(best[k]):
+            best[k] = item
+    return sorted(best.values(), key=_order)
+
+
+def _order(item: Any) -> tuple[Any, str]:
+    return item.created_at, item.id
+
+
+# --------------------------------------------------------------------------- the reward rule
 
 
 class _Masked:
@@ -157,13 +278,23 @@ def to_grade(row: Any) -> Grade:
 
 
 def current(grades: Iterable[Grade]) -> list[Grade]:
-    """The winners: per target, the newest item from each (source, name)."""
-    best: dict[tuple[Any, ...], Grade] = {}
-    for g in grades:
-        key = (*g.scope, g.source, g.name)
-        if key not in best or (g.created_at, g.id) > (best[key].created_at, best[key].id):
-            best[key] = g
-    return sorted(best.values(), key=lambda g: (g.created_at, g.id))
+    """The winning grades: per target, the newest item from each (source, name)."""
+    return newest(grades, lambda g: (*g.scope, g.source, g.name))
+
+
+def resolve_grades(feedback: Iterable[Any], completions: Sequence[CallRef]) -> list[Grade]:
+    """Grades of ``feedback`` rows with targets resolved; pending items resolve against ``completions``."""
+    targets = Targets(completions)
+    out: list[Grade] = []
+    for fb in feedback:
+        grade = to_grade(fb)
+        if fb.attached_at is None:
+            completion_id, session_id = targets.resolve(fb.target_kind, fb.target_id)
+            if session_id is None:
+                continue
+            grade = replace(grade, completion_id=completion_id, session_id=session_id)
+        out.append(grade)
+    return out
 
 
 def _pick(scored: list[tuple[Grade, float]], rule: RewardRule) -> tuple[Grade, float]:
@@ -186,10 +317,10 @@ def resolve_reward(
 
     masked_by = next((t for t in rule.proxy_masked if t in traj.flags), None)
     if masked_by:
-        return None, {**detail, "excluded": "infra_error", "scope": "proxy", "termination": masked_by}
+        return None, {**detail, "excluded": Exclusion.INFRA_ERROR, "scope": "proxy", "termination": masked_by}
     masked = [g for g, s in scored if s is MASKED]
     if masked:
-        return None, {**detail, "excluded": "infra_error", "by": masked[0].describe()}
+        return None, {**detail, "excluded": Exclusion.INFRA_ERROR, "by": masked[0].describe()}
     values = [(g, s) for g, s in scored if isinstance(s, float)]
 
     leaf = traj.completion_ids[-1] if traj.completion_ids else None
@@ -206,7 +337,7 @@ def resolve_reward(
         if own:
             g, s = _pick(own, rule)
             return s, {**detail, **g.describe(), "reward": s}
-    return None, {**detail, "excluded": "ungraded"}
+    return None, {**detail, "excluded": Exclusion.UNGRADED}
 
 
 def apply_rewards(trajectories: Iterable[Trajectory], feedback: Iterable[Any], rule: RewardRule = DEFAULT_RULE) -> None:

@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 
 from proxy import routes_admin, routes_anthropic, routes_dialects, routes_feedback, routes_openai, routes_ops
 from proxy.deps import operator_gate
-from proxy.errors import ApiError
+from proxy.errors import ApiError, envelope
 from proxy.responses import ERROR_RESPONSES, ORJSONResponse, error_response
 from proxy.settings import Settings
 from proxy.state import AppState
@@ -85,20 +85,12 @@ def create_app(settings: Settings) -> FastAPI:
         first = exc.errors()[0] if exc.errors() else {}
         field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         message = f"{field or 'request'}: {first.get('msg', 'invalid')}"
-        body = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": field or None,
-                "code": "invalid_value",
-            }
-        }
-        return ORJSONResponse(body, status_code=400)
+        return ORJSONResponse(envelope(message, "invalid_request_error", field or None, "invalid_value"), 400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        body = {"error": {"message": str(exc.detail), "type": kind, "param": None, "code": exc.status_code}}
+        body = envelope(str(exc.detail), kind, None, exc.status_code)
         return ORJSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     return app

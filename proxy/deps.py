@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from proxy.auth import Principal
 from proxy.errors import Forbidden, NotFound
+from storage.models import NO_NUL
 
 if TYPE_CHECKING:
     from proxy.state import AppState
@@ -61,7 +62,6 @@ async def db_session(request: Request) -> AsyncIterator[AsyncSession]:
 
 
 # Ids in paths and queries: bounded, and never a NUL (Postgres text cannot hold one); documented in the spec.
-NO_NUL = r"^[^\x00]*$"
 MAX_ID = 200
 PathId = Annotated[str, Path(max_length=MAX_ID, pattern=NO_NUL)]
 QueryId = Annotated[str | None, Query(max_length=MAX_ID, pattern=NO_NUL)]

@@ -32,7 +32,12 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return envelope(self.message, self.type, self.param, self.code)
+
+
+def envelope(message: str, kind: str, param: str | None = None, code: str | int | None = None) -> dict[str, Any]:
+    """The OpenAI error envelope: every error this proxy answers (natively) is built here."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class InvalidRequest(ApiError):

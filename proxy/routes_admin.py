@@ -7,12 +7,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import select
 
-from proxy.deps import NO_NUL, AdminDep, DbDep, PathId, QueryId, StateDep
+from proxy.deps import AdminDep, DbDep, PathId, QueryId, StateDep
 from proxy.errors import Conflict, InvalidRequest, NotFound
+from storage import admin as admin_store
 from storage.keys import create_key
-from storage.models import Adapter, Alias, ApiKey, Deployment, Project, utcnow
+from storage.models import NO_NUL, ApiKey
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -57,16 +57,14 @@ async def create_api_key(item: KeyIn, admin: AdminDep, db: DbDep) -> dict[str, A
 
 @router.get("/keys")
 async def list_keys(admin: AdminDep, db: DbDep) -> dict[str, Any]:
-    rows = (await db.scalars(select(ApiKey).where(ApiKey.project_id == admin.project_id))).all()
-    return {"object": "list", "data": [_key_view(k) for k in rows]}
+    return {"object": "list", "data": [_key_view(k) for k in await admin_store.list_keys(db, admin.project_id)]}
 
 
 @router.delete("/keys/{key_id}")
 async def revoke_key(key_id: PathId, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
-    row = await db.scalar(select(ApiKey).where(ApiKey.id == key_id, ApiKey.project_id == admin.project_id))
+    row = await admin_store.revoke_key(db, admin.project_id, key_id)
     if row is None:
         raise NotFound(f"no key {key_id!r} in this project", param="key_id")
-    row.revoked_at = utcnow()
     await db.commit()
     st.auth.forget()
     return _key_view(row)
@@ -74,7 +72,7 @@ async def revoke_key(key_id: PathId, admin: AdminDep, db: DbDep, st: StateDep) -
 
 @router.get("/aliases")
 async def list_aliases(admin: AdminDep, db: DbDep) -> dict[str, Any]:
-    rows = (await db.scalars(select(Alias).where(Alias.project_id == admin.project_id))).all()
+    rows = await admin_store.list_aliases(db, admin.project_id)
     return {
         "object": "list",
         "data": [{"name": a.name, "base_model": a.base_model, "deployed_version": a.deployed_version} for a in rows],
@@ -88,10 +86,8 @@ async def create_alias(item: AliasIn, admin: AdminDep, db: DbDep, st: StateDep) 
         raise NotFound(
             f"'base_model' must be one the engines serve: {sorted(st.router.base_models)}", param="base_model"
         )
-    exists = await db.scalar(select(Alias).where(Alias.project_id == admin.project_id, Alias.name == item.name))
-    if exists is not None:
+    if not await admin_store.add_alias(db, admin.project_id, item.name, item.base_model):
         raise Conflict(f"alias {item.name!r} exists already", param="name", code="alias_exists")
-    db.add(Alias(project_id=admin.project_id, name=item.name, base_model=item.base_model))
     await db.commit()
     await st.router.refresh()
     return {"name": item.name, "base_model": item.base_model, "deployed_version": None}
@@ -99,10 +95,7 @@ async def create_alias(item: AliasIn, admin: AdminDep, db: DbDep, st: StateDep) 
 
 @router.get("/adapters")
 async def list_adapters(admin: AdminDep, db: DbDep, alias: QueryId = None) -> dict[str, Any]:
-    query = select(Adapter).where(Adapter.project_id == admin.project_id)
-    if alias:
-        query = query.where(Adapter.alias == alias)
-    rows = (await db.scalars(query.order_by(Adapter.alias, Adapter.version))).all()
+    rows = await admin_store.list_adapters(db, admin.project_id, alias)
     return {
         "object": "list",
         "data": [
@@ -124,10 +117,7 @@ async def list_adapters(admin: AdminDep, db: DbDep, alias: QueryId = None) -> di
 
 @router.get("/deployments")
 async def list_deployments(admin: AdminDep, db: DbDep, alias: QueryId = None) -> dict[str, Any]:
-    query = select(Deployment).where(Deployment.project_id == admin.project_id)
-    if alias:
-        query = query.where(Deployment.alias == alias)
-    rows = (await db.scalars(query.order_by(Deployment.id))).all()
+    rows = await admin_store.list_deployments(db, admin.project_id, alias)
     return {
         "object": "list",
         "data": [
@@ -166,8 +156,7 @@ class ProjectIn(BaseModel):
 
 @router.get("/project")
 async def get_project(admin: AdminDep, db: DbDep) -> dict[str, Any]:
-    row = await db.get(Project, admin.project_id)
-    return {"id": admin.project_id, "settings": row.settings if row else {}}
+    return {"id": admin.project_id, "settings": await admin_store.project_settings(db, admin.project_id)}
 
 
 @router.put("/project")
@@ -178,11 +167,7 @@ async def set_project(item: ProjectIn, admin: AdminDep, db: DbDep, st: StateDep)
             re.compile(pattern)
         except re.error as exc:
             raise InvalidRequest(f"redact.patterns[{i}] is not a valid regex: {exc}", param="redact.patterns") from exc
-    row = await db.get(Project, admin.project_id)
-    if row is None:
-        row = Project(id=admin.project_id, settings={})
-        db.add(row)
-    row.settings = {**(row.settings or {}), "redact": item.redact.model_dump()}
+    settings = await admin_store.set_project_setting(db, admin.project_id, "redact", item.redact.model_dump())
     await db.commit()
     await st.refresh()
-    return {"id": admin.project_id, "settings": row.settings}
+    return {"id": admin.project_id, "settings": settings}

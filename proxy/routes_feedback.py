@@ -17,7 +17,7 @@ from proxy.deps import DbDep, PathId, PrincipalDep, QueryId
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.redact import project_settings, redact_feedback
 from storage.feedback import feedback_to_dict, list_feedback, submit_feedback
-from storage.feedback_input import FeedbackConflict, FeedbackInputError, parse_feedback
+from storage.feedback_input import FeedbackConflict, FeedbackInputError, openapi_schema, parse_feedback
 from storage.loaders import load_trajectories_async, session_view
 from storage.trajectories import trajectory_to_dict
 
@@ -32,36 +32,8 @@ async def _json_body(request: Request) -> Any:
         raise InvalidRequest(f"the body is not valid JSON ({exc}); send a feedback object or a list") from None
 
 
-NO_NUL = "^[^\\u0000]*$"  # Postgres text cannot hold NUL; such input is refused with a 400
-_TEXT = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL}
-FEEDBACK_ITEM: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["target", "name"],
-    "anyOf": [{"required": ["value"]}, {"required": ["comment"]}],
-    "properties": {
-        "target": {"type": "object", "additionalProperties": False, "minProperties": 1, "maxProperties": 1,
-                   "properties": {"completion_id": _TEXT, "session_id": _TEXT, "client_request_id": _TEXT}},
-        "name": _TEXT,
-        "value": {"anyOf": [{"type": "number"}, {"type": "boolean"}, {"type": "string", "maxLength": 1000}]},
-        "comment": {"type": "string", "maxLength": 4000, "pattern": "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"},
-        "source": {"type": "string", "maxLength": 200, "pattern": NO_NUL},
-        "id": _TEXT,
-        "metadata": {"type": "object", "maxProperties": 10},
-    },
-}  # fmt: skip
-_BATCH = {"type": "array", "minItems": 1, "maxItems": 100, "items": FEEDBACK_ITEM}
-_WRAPPED = {
-    "type": "object",
-    "required": ["feedback"],
-    "additionalProperties": False,
-    "properties": {"feedback": _BATCH},
-}
 FEEDBACK_DOC: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"anyOf": [FEEDBACK_ITEM, _BATCH, _WRAPPED]}}},
-    }
+    "requestBody": {"required": True, "content": {"application/json": {"schema": openapi_schema()}}}
 }
 
 

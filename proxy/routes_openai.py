@@ -14,12 +14,12 @@ from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from proxy.calls import handle, read_json
-from proxy.deps import MAX_ID, NO_NUL, DbDep, PathId, PrincipalDep, QueryId, StateDep
+from proxy.deps import MAX_ID, DbDep, PathId, PrincipalDep, QueryId, StateDep
 from proxy.dialects import ROUTES as DIALECT_ROUTES
 from proxy.dialects.base import Dialect
 from proxy.errors import ApiError, NotFound, UpstreamError
 from proxy.responses import ORJSONResponse, error_response
-from storage.models import Completion
+from storage.models import NO_NUL, Completion
 
 router = APIRouter()
 

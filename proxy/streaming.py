@@ -29,7 +29,7 @@ from proxy import capture
 from proxy.dialects.base import Dialect, DialectStream
 from proxy.dialects.base import StreamEnd as DialectEnd
 from proxy.dialects.base import sse as dialect_sse
-from proxy.errors import ApiError
+from proxy.errors import ApiError, envelope
 from proxy.upstream import UPSTREAM_FAILURES, sse_batches
 
 
@@ -163,7 +163,7 @@ class StreamCall(Response):
         tail = b""
         if error is not None:
             kind = "timeout_error" if termination == "timeout" else "upstream_error"
-            tail = _sse({"error": {"message": error, "type": kind, "param": None, "code": status}})
+            tail = _sse(envelope(error, kind, None, status))
         return tail + b"data: [DONE]\n\n", None
 
     def _failure(self, exc: ApiError) -> bytes:

@@ -11,11 +11,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.json_schema import JsonDict
+
+from storage.models import NO_NUL
 
 MAX_COMMENT_BYTES = 16 * 1024
 MAX_METADATA_BYTES = 16 * 1024
 MAX_LABEL_CHARS = 1000
 MAX_BATCH = 1000
+# The spec states lengths in characters; a comment of this many characters fits the byte limit
+# whatever they are (4 bytes each at most in UTF-8), so everything the spec allows is accepted.
+COMMENT_CHARS = MAX_COMMENT_BYTES // 4
+NON_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"
+_ID: JsonDict = {"pattern": NO_NUL}
 TARGET_KINDS = ("completion_id", "session_id", "client_request_id")
 FIELDS = ("target", "name", "value", "comment", "source", "id", "metadata")
 
@@ -36,11 +44,11 @@ class FeedbackConflict(FeedbackInputError):
 
 
 class FeedbackTarget(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1, "maxProperties": 1})
 
-    completion_id: str | None = Field(default=None, min_length=1, max_length=200)
-    session_id: str | None = Field(default=None, min_length=1, max_length=200)
-    client_request_id: str | None = Field(default=None, min_length=1, max_length=200)
+    completion_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
+    session_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
+    client_request_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
 
     @field_validator("completion_id", "session_id", "client_request_id")
     @classmethod
@@ -71,14 +79,17 @@ class FeedbackTarget(BaseModel):
 class FeedbackIn(BaseModel):
     """One feedback item as posted; a value, a comment, or both."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"anyOf": [{"required": ["value"]}, {"required": ["comment"]}]}
+    )
 
     target: FeedbackTarget
-    name: str = Field(min_length=1, max_length=200)
-    value: Any = None
-    comment: str | None = None
-    source: str = Field(default="", max_length=200)
-    id: str | None = Field(default=None, min_length=1, max_length=200)  # idempotency key
+    name: str = Field(min_length=1, max_length=200, json_schema_extra=_ID)
+    value: Any = Field(default=None, json_schema_extra={"anyOf": [
+        {"type": "number"}, {"type": "boolean"}, {"type": "string", "maxLength": MAX_LABEL_CHARS}]})  # fmt: skip
+    comment: str | None = Field(default=None, json_schema_extra={"maxLength": COMMENT_CHARS, "pattern": NON_BLANK})
+    source: str = Field(default="", max_length=200, json_schema_extra=_ID)
+    id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)  # idempotency key
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("value")
@@ -192,3 +203,38 @@ def parse_feedback(body: Any) -> tuple[list[FeedbackIn], bool]:
         except ValidationError as exc:
             raise _explain(exc.errors()[0], where) from None
     return items, batch
+
+
+# --------------------------------------------------------------------------- the API spec
+
+
+def openapi_schema() -> dict[str, Any]:
+    """``POST /v1/feedback``'s request body schema, generated from :class:`FeedbackIn` (one item,
+    a list, or ``{"feedback": [...]}``), so the spec and the validator cannot disagree."""
+    item = _spec(FeedbackIn.model_json_schema())
+    batch = {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": item}
+    wrapped = {"type": "object", "required": ["feedback"], "additionalProperties": False,
+               "properties": {"feedback": batch}}  # fmt: skip
+    return {"anyOf": [item, batch, wrapped]}
+
+
+def _spec(schema: dict[str, Any]) -> dict[str, Any]:
+    """Nested models inlined; an optional field documented as what to send (its type, not null)."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return walk(dict(defs[node["$ref"].rsplit("/", 1)[-1]]))
+        node = {k: walk(v) for k, v in node.items() if k not in ("title", "default")}
+        options = node.get("anyOf")
+        if isinstance(options, list) and {"type": "null"} in options:
+            rest = [o for o in options if o != {"type": "null"}]
+            node.pop("anyOf")
+            node = {**rest[0], **node} if len(rest) == 1 else {**node, "anyOf": rest}
+        return node
+
+    return walk(schema)  # type: ignore[no-any-return]

@@ -170,7 +170,7 @@ def _coverage(rows: Sequence[Any], feedback: Sequence[Feedback], rule: RewardRul
     return out
 
 
-def _coverage_stmts(project_id: str, alias: str | None) -> tuple[Select[Any, Any, Any, Any], Select[Feedback]]:
+def _coverage_stmts(project_id: str, alias: str | None) -> tuple[Select[Any, Any, Any, Any, Any], Select[Feedback]]:
     sessions = sessions_subquery(project_id, alias=alias)
     rows = (
         select(

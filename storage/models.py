@@ -29,6 +29,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # Plain JSON, not JSONB: Postgres' JSONB refuses "\u0000", which a model can emit
 # (the tiny test model does), and we never query inside these documents.
 Json = JSON()
+# Text a column may hold: Postgres text cannot hold NUL, so ids, names and labels with one are
+# refused with a 400 (the pattern documents it in the API spec, the validators enforce it).
+NO_NUL = r"^[^\x00]*$"
 PENDING = text("attached_at IS NULL")
 
 NAMING = {

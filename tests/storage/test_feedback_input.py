@@ -53,3 +53,23 @@ def test_refusals_name_the_field_and_the_fix(body: Any, param: str | None, words
         parse_feedback(body)
     assert err.value.param == param
     assert words in str(err.value)
+
+
+def test_the_api_spec_is_generated_from_the_validator_and_agrees_with_it() -> None:
+    """What the spec allows is accepted, at its limits (it said 100 items and 4,000 characters)."""
+    import jsonschema
+
+    from storage.feedback_input import COMMENT_CHARS, MAX_BATCH, openapi_schema
+
+    schema = openapi_schema()
+    comment = "\U0001f600" * COMMENT_CHARS  # the spec's longest comment in 4-byte characters: the byte limit
+    assert len(comment.encode()) == MAX_COMMENT_BYTES
+    widest = {"target": {"session_id": "s" * 200}, "name": "n" * 200, "value": "v" * 1000, "comment": comment}
+    batch = [widest] * MAX_BATCH
+    jsonschema.validate(batch, schema)  # raises if the spec refuses it
+    assert len(parse_feedback(batch)[0]) == MAX_BATCH
+    for refused in ([widest] * (MAX_BATCH + 1), {**widest, "name": "a\x00b"}, {"target": {}, "name": "n", "value": 1}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(refused, schema)
+        with pytest.raises(FeedbackInputError):
+            parse_feedback(refused)

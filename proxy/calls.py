@@ -2,7 +2,7 @@
 
 Read a request top to bottom in :func:`handle`: admit (key, rate limit), parse,
 translate at the edge (a dialect, proxy/dialects/base.py), route the alias,
-resolve the session (proxy/sessions.py), then :class:`Call` forwards the
+resolve the session (proxy/sessions.py), then :class:`ProxiedCall` forwards the
 engine-facing body with capture fields forced on and either returns the reply
 (after its record is fsync'd, proxy/recording.py) or streams chunk by chunk
 (proxy/streaming.py), holding back only the terminal event until the record is on
@@ -29,7 +29,7 @@ from proxy.dialects.base import Dialect, Exchange, Stored, engine_error
 from proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
 from proxy.recording import Recording
 from proxy.routing import Route, Router
-from proxy.streaming import Finished, StreamCall, wait_disconnect
+from proxy.streaming import Finished, StreamedReply, wait_disconnect
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
 from storage.records import CallRecord, dump_json
 
@@ -85,7 +85,7 @@ def validate(body: dict[str, Any], endpoint: str) -> None:
         raise InvalidRequest("'stream' must be true or false", param="stream")
 
 
-class Call:
+class ProxiedCall:
     """One proxied call and the record it becomes.
 
     It sees only what it uses: the engine (``upstream``, ``router`` for reloading a
@@ -216,9 +216,9 @@ class Call:
         client = out if client_response is None else client_response
         return Response(orjson.dumps(client), 200, headers=self.headers, media_type="application/json")
 
-    def stream(self, resp: aiohttp.ClientResponse) -> StreamCall:
+    def stream(self, resp: aiohttp.ClientResponse) -> StreamedReply:
         """A streamed reply: forwarded event by event as it arrives, recorded by :meth:`finish_stream`."""
-        return StreamCall(
+        return StreamedReply(
             resp,
             endpoint=self.endpoint,
             wants=self.wants,
@@ -237,7 +237,7 @@ class Call:
         return Exchange(self.id, self.route.alias, int(self.created.timestamp()), self.client_request, self.body)
 
     async def finish_stream(self, end: Finished) -> None:
-        """The stream's end (the callback :class:`StreamCall` is given): record what it added up to."""
+        """The stream's end (the callback :class:`StreamedReply` is given): record what it added up to."""
         asm = end.assembled
         if end.first_event_at is not None:
             self.ttft_ms = (end.first_event_at - self.t0) * 1000
@@ -323,7 +323,7 @@ async def handle(
 
     A dialect (proxy/dialects/base.py) plugs in here and nowhere else: its request is
     translated at the edge (``to_chat``), the call then takes the chat path (routing,
-    linking, capture, one record), and :class:`Call` hands the engine's reply, or each
+    linking, capture, one record), and :class:`ProxiedCall` hands the engine's reply, or each
     chunk as it arrives, to the dialect to translate back. Its route calls
     ``handle(request, "chat", dialect=...)`` (or goes through the fast path,
     proxy/routes_openai.py); errors are answered by ``dialect.error``.
@@ -357,7 +357,7 @@ async def handle(
                                       previous.id, task)  # fmt: skip
     else:
         session = await st.linker.resolve(principal.project_id, naming, messages, keys)
-    call = Call(
+    call = ProxiedCall(
         st.upstream,
         st.router,
         st.recording,
@@ -412,7 +412,7 @@ async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any], gone:
     task.cancel()
 
 
-async def _serve(call: Call) -> Response:
+async def _serve(call: ProxiedCall) -> Response:
     resp = await call.open()
     if resp.status >= 400:
         return await call.reject(resp)

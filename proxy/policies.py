@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.errors import Unavailable
-from proxy.redact import Policy
+from proxy.redact import RedactionPolicy
 
 FILE = "policies.json"
 
@@ -31,11 +31,11 @@ class PolicyUnknown(Unavailable):
 
 
 class Policies:
-    """Each project's :class:`Policy`: from the database when it answers, else from the last copy on disk."""
+    """Each project's :class:`RedactionPolicy`: from the database when it answers, else from the last copy on disk."""
 
     def __init__(self, root: Path) -> None:
         self.path = Path(root) / FILE
-        self._policies: dict[str, Policy] = {}
+        self._policies: dict[str, RedactionPolicy] = {}
         self._written: dict[str, Any] | None = None
         self.from_database = False  # True once the database has answered this process
 
@@ -47,24 +47,24 @@ class Policies:
             return  # none yet, or unreadable: every project is unknown until the database answers
         if not self.from_database and isinstance(raw, dict):
             redact = {p: r for p, r in raw.items() if isinstance(r, dict)}
-            self._policies = {p: Policy.from_settings({"redact": r}) for p, r in redact.items()}
+            self._policies = {p: RedactionPolicy.from_settings({"redact": r}) for p, r in redact.items()}
             self._written = redact
 
     def update(self, settings: dict[str, dict[str, Any] | None]) -> None:
         """Every project's settings as the database has them now; the disk copy follows if it changed."""
         redact = {p: dict((s or {}).get("redact") or {}) for p, s in settings.items()}
-        self._policies = {p: Policy.from_settings({"redact": r}) for p, r in redact.items()}
+        self._policies = {p: RedactionPolicy.from_settings({"redact": r}) for p, r in redact.items()}
         self.from_database = True
         if redact != self._written:
             self._write(redact)
 
-    def get(self, project: str) -> Policy:
+    def get(self, project: str) -> RedactionPolicy:
         """The project's policy, or :class:`PolicyUnknown` (503) when it cannot be known."""
         policy = self._policies.get(project)
         if policy is not None:
             return policy
         if self.from_database:
-            return Policy()
+            return RedactionPolicy()
         raise PolicyUnknown(
             f"project {project!r}'s redaction policy is unknown: the database has been unreachable since this "
             "proxy started and its last known policies do not list it. Nothing is recorded unredacted: retry "

@@ -1,6 +1,6 @@
 """Where a served call's record goes: redaction, the fsync'd spool, metrics, and the link cache.
 
-:class:`Recording` is everything :class:`proxy.calls.Call` needs to keep what it
+:class:`Recording` is everything :class:`proxy.calls.ProxiedCall` needs to keep what it
 served, and nothing else: the call builds its record, this makes it durable
 (fsync'd, :mod:`proxy.spool`) before the client's final byte, and the recorder
 (:mod:`proxy.recorder`) moves it into the database later.
@@ -13,7 +13,7 @@ from typing import Any
 
 from proxy.errors import Unavailable
 from proxy.metrics import Metrics
-from proxy.redact import Policy, redact_record
+from proxy.redact import RedactionPolicy, redact_record
 from proxy.sessions import Link, Linker
 from proxy.spool import Spool, SpoolFull
 from storage.records import CallRecord
@@ -42,10 +42,10 @@ class Recording:
         self.full_policy = full_policy  # "refuse": no unrecorded serving; "serve": serve and count the drop
         self.wake_at = wake_at
         self.wake = wake  # the recorder's: set when a full batch waits
-        self.policies: dict[str, Policy] = {}  # per project, reloaded from the database (AppState.refresh)
+        self.policies: dict[str, RedactionPolicy] = {}  # per project, reloaded from the database (AppState.refresh)
 
-    def policy(self, project: str) -> Policy:
-        return self.policies.get(project) or Policy()
+    def policy(self, project: str) -> RedactionPolicy:
+        return self.policies.get(project) or RedactionPolicy()
 
     def redacted(self, project: str, fields: dict[str, Any]) -> dict[str, Any]:
         """A call's record fields under its project's redaction policy (:func:`proxy.redact.redact_record`:

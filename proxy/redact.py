@@ -33,7 +33,7 @@ TEXT_FIELDS = ("request", "response", "choices", "error", "client_request", "cli
 
 
 @dataclass(frozen=True)
-class Policy:
+class RedactionPolicy:
     store_text: bool = True
     patterns: tuple[re.Pattern[str], ...] = field(default_factory=tuple)
 
@@ -42,7 +42,7 @@ class Policy:
         return not self.store_text or bool(self.patterns)
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any] | None) -> Policy:
+    def from_settings(cls, settings: dict[str, Any] | None) -> RedactionPolicy:
         redact = (settings or {}).get("redact") or {}
         return cls(
             store_text=bool(redact.get("store_text", True)),
@@ -50,7 +50,7 @@ class Policy:
         )
 
 
-def redact_record(record: dict[str, Any], policy: Policy) -> dict[str, Any]:
+def redact_record(record: dict[str, Any], policy: RedactionPolicy) -> dict[str, Any]:
     """A copy of ``record`` with every text-bearing field redacted under ``policy``.
 
     Patterns reach token ids too (:mod:`proxy.redact_tokens`): sampled ids that spell a
@@ -97,12 +97,12 @@ def _walk_text(value: Any) -> str:
     return ""
 
 
-def _matches(value: Any, policy: Policy) -> bool:
+def _matches(value: Any, policy: RedactionPolicy) -> bool:
     text = _walk_text(value)
     return any(p.search(text) for p in policy.patterns)
 
 
-def redact_text(text: str | None, policy: Policy) -> str | None:
+def redact_text(text: str | None, policy: RedactionPolicy) -> str | None:
     """One free-text value (a feedback comment, say) under the same policy."""
     if text is None or not policy.active:
         return text
@@ -121,7 +121,7 @@ def redact_feedback(items: Sequence[FeedbackIn], settings: dict[str, Any]) -> li
     project's reward rule maps (``outcome: "success"``) is structural, like a role, and
     survives ``store_text: false``; any other label is text. Patterns apply to all of it.
     """
-    policy = Policy.from_settings(settings)
+    policy = RedactionPolicy.from_settings(settings)
     if not policy.active:
         return list(items)
     labels = rule_for(settings).labels
@@ -139,13 +139,13 @@ def redact_feedback(items: Sequence[FeedbackIn], settings: dict[str, Any]) -> li
     return out
 
 
-def _patterns(text: str, policy: Policy) -> str:
+def _patterns(text: str, policy: RedactionPolicy) -> str:
     for pattern in policy.patterns:
         text = pattern.sub(MASK, text)
     return text
 
 
-def _walk(value: Any, policy: Policy, key: str | None) -> Any:
+def _walk(value: Any, policy: RedactionPolicy, key: str | None) -> Any:
     if isinstance(value, str):
         if key in KEEP_KEYS:
             return value

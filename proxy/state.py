@@ -17,7 +17,7 @@ from proxy.metrics import Metrics
 from proxy.ratelimit import RateLimiter
 from proxy.recorder import Recorder
 from proxy.recording import Recording
-from proxy.redact import Policy
+from proxy.redact import RedactionPolicy
 from proxy.routing import Router
 from proxy.sessions import Linker
 from proxy.settings import Settings
@@ -143,7 +143,7 @@ class AppState:
         await self.router.refresh()
         async with self.sessionmaker() as db:
             rows = (await db.execute(select(Project.id, Project.settings))).all()
-        self.recording.policies = {pid: Policy.from_settings(settings) for pid, settings in rows}
+        self.recording.policies = {pid: RedactionPolicy.from_settings(settings) for pid, settings in rows}
 
     async def sweep_feedback(self) -> None:
         """Attach pending feedback whose call has landed since; export how many stay orphaned."""

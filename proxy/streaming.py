@@ -3,7 +3,7 @@
 Only the final terminal event waits for the record's fsync. If the client leaves, the
 upstream connection is closed (vLLM aborts the request) and the partial reply is
 recorded as ``client_disconnected``. The stream knows nothing of the call it belongs
-to: it hands what it assembled to a finish callback (``Call.finish_stream``).
+to: it hands what it assembled to a finish callback (``ProxiedCall.finish_stream``).
 
 What the client gets: the engine's chunks stripped back to what vLLM would have sent
 it (native chat/text completions), or, for a dialect (proxy/dialects/base.py), what
@@ -49,7 +49,7 @@ class Finished:
 Finish = Callable[[Finished], Awaitable[None]]
 
 
-class StreamCall(Response):
+class StreamedReply(Response):
     """Forwards an SSE stream chunk by chunk; cancels upstream and records the partial on disconnect."""
 
     def __init__(  # noqa: D107 - no Response body

@@ -107,7 +107,7 @@ def trajectory_id(completion_id: str, choice_index: int) -> str:
 
 
 @dataclass(frozen=True)
-class Call:
+class CallRow:
     """The columns of one completion row that assembly reads."""
 
     id: str
@@ -134,12 +134,12 @@ def column(row: Any, name: str, default: Any = None) -> Any:
     return getattr(row, name, default)
 
 
-def to_call(row: Any) -> Call:
+def to_call(row: Any) -> CallRow:
     """Normalise one completion row."""
     request = column(row, "request") or {}
     messages = request.get("messages") if isinstance(request, Mapping) else None
     choices = sorted(column(row, "choices") or [], key=lambda c: c.get("index", 0))
-    return Call(
+    return CallRow(
         id=column(row, "id"),
         project_id=column(row, "project_id", ""),
         session_id=column(row, "session_id", ""),
@@ -161,7 +161,7 @@ def to_call(row: Any) -> Call:
 # --------------------------------------------------------------------------- branches
 
 
-Path = list[tuple[Call, int | None]]  # (call, choice index); None: the call returned no choice
+Branch = list[tuple[CallRow, int | None]]  # (call, choice index); None: the call returned no choice
 
 
 def _same_message(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -170,7 +170,7 @@ def _same_message(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     )
 
 
-def extended_choice(parent: Call, child: Call) -> int:
+def extended_choice(parent: CallRow, child: CallRow) -> int:
     """Which choice of ``parent`` the child's prompt continues (matters only when n > 1)."""
     if len(parent.choices) <= 1:
         return 0
@@ -188,11 +188,11 @@ def extended_choice(parent: Call, child: Call) -> int:
     return 0
 
 
-def branches(calls: Sequence[Call]) -> list[Path]:
+def branches(calls: Sequence[CallRow]) -> list[Branch]:
     """Every root-to-leaf path of a session's call tree, one per unextended choice."""
     by_id = {c.id: c for c in calls}
-    children: dict[tuple[str, int], list[Call]] = {}
-    roots: list[Call] = []
+    children: dict[tuple[str, int], list[CallRow]] = {}
+    roots: list[CallRow] = []
     for call in calls:
         parent = by_id.get(call.parent_id) if call.parent_id else None
         if parent is None or parent.id == call.id:
@@ -203,9 +203,9 @@ def branches(calls: Sequence[Call]) -> list[Path]:
         # A call that returned nothing (rejected, upstream error) ends a branch only when
         # nothing else continues there; beside a retry it would just repeat its parent.
         children[key] = [kid for kid in kids if kid.choices] or kids
-    paths: list[Path] = []
+    paths: list[Branch] = []
     # Iterative depth-first walk: sessions can be hundreds of turns deep.
-    stack: list[tuple[Call, Path]] = [(root, []) for root in reversed(roots)]
+    stack: list[tuple[CallRow, Branch]] = [(root, []) for root in reversed(roots)]
     seen: set[str] = set()
     while stack:
         call, prefix = stack.pop()
@@ -213,7 +213,7 @@ def branches(calls: Sequence[Call]) -> list[Path]:
             continue
         seen.add(call.id)
         indices: list[int | None] = list(range(len(call.choices))) or [None]
-        pending: list[tuple[Call, Path]] = []
+        pending: list[tuple[CallRow, Branch]] = []
         for k in indices:
             path = [*prefix, (call, k)]
             kids = children.get((call.id, k), []) if k is not None else []
@@ -227,7 +227,7 @@ def branches(calls: Sequence[Call]) -> list[Path]:
 # --------------------------------------------------------------------------- alignment
 
 
-def infer_end_of_turn(calls: Sequence[Call]) -> frozenset[int]:
+def infer_end_of_turn(calls: Sequence[CallRow]) -> frozenset[int]:
     """End-of-turn token candidates, from the session's own prompts (no tokenizer).
 
     A chat template closes every message with the same token. Between a call and
@@ -297,7 +297,7 @@ def locate_turn_end(
     return best[2], best[1]
 
 
-def _assistant_message(call: Call, choice: Mapping[str, Any]) -> dict[str, Any]:
+def _assistant_message(call: CallRow, choice: Mapping[str, Any]) -> dict[str, Any]:
     message = choice.get("message")
     if isinstance(message, Mapping):
         return dict(message)
@@ -311,7 +311,7 @@ def _dedupe(items: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def build_trajectory(path: Path, *, render: Render | None = None, end_of_turn: Collection[int] = ()) -> Trajectory:
+def build_trajectory(path: Branch, *, render: Render | None = None, end_of_turn: Collection[int] = ()) -> Trajectory:
     """One trajectory from one root-to-leaf path."""
     first, last = path[0][0], path[-1][0]
     tokens: list[int] = []

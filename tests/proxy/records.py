@@ -1,4 +1,4 @@
-"""Call records as ``Call.save`` writes them, for the spool and recorder tests.
+"""Call records as ``ProxiedCall.save`` writes them, for the spool and recorder tests.
 
 JSON nulls, a NUL escaped inside JSON text (models emit it), non-ASCII text,
 integers and floats; ``over`` replaces any field, JSON ones given as Python values.

@@ -17,7 +17,7 @@ import orjson
 import pytest
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from proxy.calls import Call
+from proxy.calls import ProxiedCall
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored, StreamEnd, sse
 from proxy.errors import ApiError
 from proxy.metrics import Metrics
@@ -97,11 +97,11 @@ async def parts(stub_upstream: str, tmp_path: Path) -> AsyncIterator[tuple[Upstr
     await engine.dispose()
 
 
-def new_call(parts: tuple[Upstream, Router, Recording, Spool], client: dict[str, Any]) -> Call:
+def new_call(parts: tuple[Upstream, Router, Recording, Spool], client: dict[str, Any]) -> ProxiedCall:
     upstream, router, recording, _ = parts
     body = SHOUT.to_chat(client, None)  # the edge translation
     keys = prefix_keys(body["messages"])
-    return Call(upstream, router, recording, project="default", endpoint="chat", body=body,
+    return ProxiedCall(upstream, router, recording, project="default", endpoint="chat", body=body,
                 route=Route("m", "stub-model", None, "stub-model"), naming=Naming("ses_seam", None, (), None, "header"),
                 session=SessionRef("ses_seam", "header", None, None), prompt_key=keys[-1],
                 dialect=SHOUT, client_request=client)  # fmt: skip

@@ -1,6 +1,6 @@
 """The recorder's two write paths (Postgres COPY, portable executemany) store the same rows.
 
-The records are shaped as ``Call.save`` writes them (tests/proxy/records.py). Also: a replayed
+The records are shaped as ``ProxiedCall.save`` writes them (tests/proxy/records.py). Also: a replayed
 segment (already stored) writes nothing twice, pending feedback attaches on either
 path, and a record the database refuses is quarantined without holding back the rest.
 """

@@ -17,7 +17,7 @@ from sqlalchemy import MetaData, select
 from sqlalchemy.orm import Session
 
 from engine.launcher import Engine
-from proxy.redact import Policy, redact_record
+from proxy.redact import RedactionPolicy, redact_record
 from storage.db import sync_engine
 from tests.proxy.conftest import ProxyFactory
 
@@ -51,14 +51,14 @@ def test_a_record_keeps_no_id_of_a_match_and_no_pieces() -> None:
                      "message": {"role": "assistant", "content": "Paris!"}}],
     }  # fmt: skip
     sent = repr(record["response"])
-    out = redact_record(record, Policy(patterns=tuple(re.compile(p) for p in PATTERNS)))
+    out = redact_record(record, RedactionPolicy(patterns=tuple(re.compile(p) for p in PATTERNS)))
     assert out["choices"][0]["token_ids"] == [1, 2, REDACTED_ID, 4] and out["choices"][0]["redacted"] == 1
     assert out["choices"][1]["token_ids"] == [REDACTED_ID] * 2  # no pieces: nothing of a matching choice is kept
     assert out["prompt_token_ids"] is None and all(c["redacted_prompt"] for c in out["choices"])
     assert "Paris" not in repr(out) and PLANTED not in repr(out) and "pieces" not in repr(out)
     assert repr(record["response"]) == sent  # the client's reply is not touched
     plain = {"choices": [{"index": 0, "token_ids": [1], "pieces": chat[:1]}]}
-    assert "pieces" not in redact_record(plain, Policy())["choices"][0]
+    assert "pieces" not in redact_record(plain, RedactionPolicy())["choices"][0]
 
 
 def _int_lists(value: Any) -> list[list[int]]:

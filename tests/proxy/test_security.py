@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from proxy.errors import RateLimited
 from proxy.ratelimit import RateLimiter
-from proxy.redact import MASK, Policy, redact_record
+from proxy.redact import MASK, RedactionPolicy, redact_record
 from storage.db import sync_engine
 from tests.proxy.conftest import Proxy, ProxyFactory, make_key
 
@@ -54,11 +54,11 @@ def test_redaction_reaches_every_text_field_and_keeps_token_ids() -> None:
         "choices": [{"token_ids": [1, 2], "logprobs": [-0.1, -0.2], "message": {"content": SECRET}}],
         "error": None, "prompt_token_ids": [5, 6],
     }  # fmt: skip
-    patterns = redact_record(record, Policy(patterns=(re.compile(r"sk-[A-Za-z0-9]+"),)))
+    patterns = redact_record(record, RedactionPolicy(patterns=(re.compile(r"sk-[A-Za-z0-9]+"),)))
     assert SECRET not in str(patterns) and "key [redacted] here" in str(patterns)
     # Patterns reach ids too: this choice spelled the secret (no per-token pieces: all of it), so did the prompt.
     assert patterns["choices"][0]["token_ids"] == [-1, -1] and patterns["prompt_token_ids"] is None
-    none = redact_record(record, Policy(store_text=False))
+    none = redact_record(record, RedactionPolicy(store_text=False))
     assert SECRET not in str(none) and SECRET[:5] not in str(none)
     assert none["choices"][0]["token_ids"] == [1, 2] and none["prompt_token_ids"] == [5, 6]
     assert none["request"]["messages"][0] == {"role": "user", "content": MASK}

@@ -16,7 +16,7 @@ from proxy import capture
 from proxy.dialects.anthropic import AnthropicDialect
 from proxy.dialects.anthropic_stream import PING
 from proxy.dialects.base import Exchange
-from proxy.streaming import StreamCall
+from proxy.streaming import StreamedReply
 
 
 def chunk(**fields: Any) -> bytes:
@@ -60,7 +60,7 @@ def test_a_silent_engine_gets_pings_between_whole_events() -> None:
         dialect = AnthropicDialect()
         dialect.ping_interval_s = 0.01
         ex = Exchange(id="msg_1", model="m", created=0, request={}, chat={})
-        call = StreamCall(Silent(gate), endpoint="chat", wants=capture.Wants(False, False, False, True), alias="m",  # type: ignore[arg-type]
+        call = StreamedReply(Silent(gate), endpoint="chat", wants=capture.Wants(False, False, False, True), alias="m",  # type: ignore[arg-type]
                           headers={}, dialect=(dialect, dialect.stream(ex)), fingerprints={}, base="b",
                           inflight=set(), finish=finish)  # fmt: skip
         streaming = asyncio.create_task(call._stream(send))

@@ -24,7 +24,10 @@ Default reward rule (docs/architecture.md, "The reward rule"):
   ``upstream_error`` is masked; one ended by ``timeout`` or
   ``client_disconnected`` is a failure unless its last call carries a grade of
   its own (the harness knew better), so failures cannot vanish by going silent.
-* Comments alone give no scalar unless the rule has a ``judge``.
+* Comments alone give no scalar. A judge's grades (feedback of source ``judge``) never
+  outrank a harness or human grade on the same trajectory, however recent, never make a
+  proxy-seen failure vanish, and count only while the project's judge is calibrated
+  (``judge_accepted``); otherwise the trajectory is excluded as ``judge_uncalibrated``.
 * No grade ⇒ ``reward`` None with ``reward_detail["excluded"] = "ungraded"``;
   masked ⇒ None with ``"infra_error"``. Never 0.
 """
@@ -40,6 +43,9 @@ from typing import Any, Protocol, TypeVar
 
 from storage.trajectories import UNUSABLE_FLAGS, Trajectory, column
 
+JUDGE_SOURCE = "judge"  # the feedback source of every judge grade
+JUDGE_TAG = "judge"  # the tag of the judge's own model calls: never trained on
+
 
 class Exclusion(StrEnum):
     """Why a trajectory (or a text-feedback example) is not trained on or exported; each is counted."""
@@ -54,6 +60,7 @@ class Exclusion(StrEnum):
     INFRA_ERROR = "infra_error"  # masked by the reward rule
     UNGRADED = "ungraded"
     JUDGE_UNCALIBRATED = "judge_uncalibrated"  # a judge grade below the agreement gate
+    JUDGE_CALL = "judge_call"  # the judge's own model calls (tagged "judge")
     TOO_LONG = "too_long"  # the trainer's screen
     MISALIGNED = "misaligned"
     REDACTED = "redacted"  # token ids masked by the proxy's redaction
@@ -72,6 +79,8 @@ def training_exclusion(traj: Trajectory, used: Collection[str]) -> Exclusion | N
     """Why a stored trajectory may not be trained on, or None. First reason wins."""
     if "eval" in traj.tags:
         return Exclusion.EVAL
+    if JUDGE_TAG in traj.tags:
+        return Exclusion.JUDGE_CALL
     if traj.id in used:
         return Exclusion.ALREADY_USED
     flag = next((f for f in UNUSABLE_FLAGS if f in traj.flags), None)
@@ -179,7 +188,8 @@ class RewardRule:
     failure: float = 0.0  # what a proxy-seen timeout or disconnect is worth
     proxy_failures: tuple[str, ...] = ("timeout", "client_disconnected")
     proxy_masked: tuple[str, ...] = ("upstream_error",)
-    judge: Callable[[str], float | None] | None = None  # comment → score, when configured
+    judge_source: str = JUDGE_SOURCE  # feedback from this source is the judge's: ranked below every other
+    judge_accepted: bool = False  # the project's judge passes its agreement gate (storage.judge_store)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | None) -> RewardRule:
@@ -221,8 +231,6 @@ class RewardRule:
             if label in table:
                 scalar = table[label]
                 return MASKED if scalar is None else float(scalar)
-        if value is None and comment and self.judge is not None:
-            return self.judge(comment)
         return None
 
     def rank(self, name: str) -> int:
@@ -321,7 +329,10 @@ def resolve_reward(
     masked = [g for g, s in scored if s is MASKED]
     if masked:
         return None, {**detail, "excluded": Exclusion.INFRA_ERROR, "by": masked[0].describe()}
-    values = [(g, s) for g, s in scored if isinstance(s, float)]
+    # A judge grade never outranks a harness or human grade, however recent: it is only heard
+    # when nobody else gave the trajectory a scalar, and only while the judge is calibrated.
+    judged = [(g, s) for g, s in scored if isinstance(s, float) and g.source == rule.judge_source]
+    values = [(g, s) for g, s in scored if isinstance(s, float) and g.source != rule.judge_source]
 
     leaf = traj.completion_ids[-1] if traj.completion_ids else None
     failed_by = next((t for t in rule.proxy_failures if t in traj.flags), None)
@@ -337,6 +348,11 @@ def resolve_reward(
         if own:
             g, s = _pick(own, rule)
             return s, {**detail, **g.describe(), "reward": s}
+    if judged:
+        g, s = _pick(judged, rule)
+        if not rule.judge_accepted:
+            return None, {**detail, "excluded": Exclusion.JUDGE_UNCALIBRATED, "by": g.describe()}
+        return s, {**detail, **g.describe(), "reward": s}
     return None, {**detail, "excluded": Exclusion.UNGRADED}
 
 
@@ -348,5 +364,10 @@ def apply_rewards(trajectories: Iterable[Trajectory], feedback: Iterable[Any], r
 
 
 def is_graded(grades: Iterable[Grade], rule: RewardRule = DEFAULT_RULE) -> bool:
-    """Whether any current item gives a scalar (or masks): a session with none is "ungraded"."""
-    return any(rule.score(g.name, g.value, g.comment) is not None for g in current(grades))
+    """Whether any current item gives a scalar (or masks): a session with none is "ungraded".
+
+    The judge's grades do not count: the ungraded share watches what harnesses and people grade.
+    """
+    return any(
+        rule.score(g.name, g.value, g.comment) is not None for g in current(grades) if g.source != rule.judge_source
+    )

@@ -16,10 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from storage.grading import Exclusion
+from storage.grading import JUDGE_SOURCE, JUDGE_TAG, Exclusion
 
-JUDGE_SOURCE = "judge"  # the feedback source of every judge grade
-JUDGE_TAG = "judge"  # the tag of the judge's own model calls: never trained on
+__all__ = ["JUDGE_SOURCE", "JUDGE_TAG"]  # defined beside the reward rule that ranks them
 JUDGE_UNCALIBRATED = Exclusion.JUDGE_UNCALIBRATED  # a judge grade below the agreement gate
 DEFAULT_MIN_AGREEMENT = 0.6
 # Project setting (settings["implicit_feedback"], off by default): the next user turn of a multi-turn

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -28,6 +29,7 @@ from storage.grading import (
     resolve_grades,
     training_exclusion,
 )
+from storage.judge_store import judge_state, judge_state_async
 from storage.models import Completion, Feedback, Project, Session, UsedTrajectory
 from storage.trajectories import Render, Trajectory, assemble
 
@@ -94,6 +96,18 @@ def rule_for(settings: dict[str, Any] | None) -> RewardRule:
     return RewardRule.from_config(config) if config else DEFAULT_RULE
 
 
+def project_rule(db: DbSession, project_id: str) -> RewardRule:
+    """The project's reward rule, told whether its judge passes the agreement gate right now."""
+    settings = db.scalar(settings_stmt(project_id)) or {}
+    return replace(rule_for(settings), judge_accepted=judge_state(db, project_id, settings).verdict.accepted)
+
+
+async def project_rule_async(db: AsyncSession, project_id: str) -> RewardRule:
+    """:func:`project_rule` for the proxy's routes."""
+    rule = rule_for(await db.scalar(settings_stmt(project_id)))
+    return replace(rule, judge_accepted=(await judge_state_async(db, project_id)).verdict.accepted)
+
+
 def build(
     completions: Sequence[Any], feedback: Iterable[Feedback], *, rule: RewardRule = DEFAULT_RULE,
     render: Render | None = None, end_of_turn: Collection[int] | None = None,
@@ -114,7 +128,7 @@ def load_with_calls(
 ) -> tuple[list[Completion], list[Trajectory]]:  # fmt: skip
     """The chosen sessions' calls (all of the project's when none is chosen) and their graded trajectories."""
     sessions = sessions_subquery(project_id, session_ids=session_ids, alias=alias, since=since)
-    rule = rule or rule_for(db.scalar(settings_stmt(project_id)))
+    rule = rule or project_rule(db, project_id)
     completions = list(db.scalars(completions_stmt(project_id, sessions)))
     feedback = list(db.scalars(feedback_stmt(project_id, sessions)))
     return completions, build(completions, feedback, rule=rule, render=render, end_of_turn=end_of_turn)
@@ -196,7 +210,7 @@ def ungraded_share(
     A policy that learns to make its failures vanish shows up here first.
     """
     rows_stmt, fb_stmt = _coverage_stmts(project_id, alias)
-    rule = rule or rule_for(db.scalar(settings_stmt(project_id)))
+    rule = rule or project_rule(db, project_id)
     return _coverage(list(db.execute(rows_stmt)), list(db.scalars(fb_stmt)), rule)
 
 
@@ -208,7 +222,7 @@ async def ungraded_share_async(
 ) -> dict[int | None, dict[str, Any]]:
     """:func:`ungraded_share` for the proxy (metrics, admin routes)."""
     rows_stmt, fb_stmt = _coverage_stmts(project_id, alias)
-    rule = rule or rule_for(await db.scalar(settings_stmt(project_id)))
+    rule = rule or await project_rule_async(db, project_id)
     return _coverage(list(await db.execute(rows_stmt)), list(await db.scalars(fb_stmt)), rule)
 
 
@@ -218,7 +232,7 @@ async def load_trajectories_async(
 ) -> list[Trajectory]:  # fmt: skip
     """Graded trajectories of the chosen sessions (the proxy has no tokenizer: ids and inference only)."""
     sessions = sessions_subquery(project_id, session_ids=session_ids, alias=alias)
-    rule = rule or rule_for(await db.scalar(settings_stmt(project_id)))
+    rule = rule or await project_rule_async(db, project_id)
     completions = list(await db.scalars(completions_stmt(project_id, sessions)))
     feedback = list(await db.scalars(feedback_stmt(project_id, sessions)))
     return build(completions, feedback, rule=rule)

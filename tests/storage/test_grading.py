@@ -118,9 +118,10 @@ def test_configured_rule() -> None:
     assert resolve_reward(traj("c1"), [fb("score", 0.3), fb("verdict", "bad")], rule)[0] == -1.0
 
 
-def test_judge_scores_comments_when_configured() -> None:
-    rule = RewardRule(judge=lambda text: 1.0 if "great" in text else 0.0)
-    assert resolve_reward(traj("c1"), [fb("comment", comment="great job")], rule)[0] == 1.0
+def test_a_comment_alone_gives_no_scalar() -> None:
+    """The rule's judge callable is gone: a judge posts its grades as feedback (tests/storage/test_judge_grades.py)."""
+    reward, detail = resolve_reward(traj("c1"), [fb("comment", comment="great job")])
+    assert reward is None and detail["excluded"] == "ungraded"
 
 
 def test_apply_rewards_fills_every_trajectory() -> None:

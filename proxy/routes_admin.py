@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.deps import AdminDep, DbDep, PathId, QueryId, StateDep
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from storage import admin as admin_store
+from storage.grading import RewardRule
+from storage.judge_config import JudgeSettingsError, parse_judge_settings
+from storage.judge_store import judge_state_async
 from storage.keys import create_key
 from storage.models import NO_NUL, ApiKey
 
@@ -150,8 +153,52 @@ class RedactIn(BaseModel):
 
 
 class ProjectIn(BaseModel):
+    """Per-project policy; each given field replaces that setting, the others stay."""
+
     model_config = ConfigDict(extra="forbid")
-    redact: RedactIn
+    redact: RedactIn | None = None
+    judge: dict[str, Any] | None = Field(
+        default=None, description="the project's judge: rubric, mode, endpoint, gate (docs/learning.md); null: none"
+    )
+    reward: dict[str, Any] | None = Field(
+        default=None, description='the reward rule, e.g. {"numeric": ["score"]}; null: the default rule'
+    )
+    implicit_feedback: bool | None = Field(
+        default=None, description="read the user's next message as feedback on the answer before it"
+    )
+
+
+REWARD_KEYS = ("name", "numeric", "booleans", "labels", "priority", "failure", "proxy_failures", "proxy_masked")
+
+
+def _checked(item: ProjectIn) -> dict[str, Any]:
+    """The settings to write, each validated; errors name the field."""
+    given = {name: getattr(item, name) for name in item.model_fields_set}
+    if not given:
+        raise InvalidRequest("give at least one of redact, judge, reward, implicit_feedback", param="settings")
+    if item.redact is not None:
+        for i, pattern in enumerate(item.redact.patterns):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise InvalidRequest(
+                    f"redact.patterns[{i}] is not a valid regex: {exc}", param="redact.patterns"
+                ) from exc
+        given["redact"] = item.redact.model_dump()
+    if item.judge is not None:
+        try:
+            given["judge"] = parse_judge_settings(item.judge).model_dump(mode="json", exclude_unset=True)  # type: ignore[union-attr]
+        except JudgeSettingsError as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from None
+    if item.reward is not None:
+        unknown = sorted(set(item.reward) - set(REWARD_KEYS))
+        if unknown:
+            raise InvalidRequest(f"reward.{unknown[0]} is not a setting; use {', '.join(REWARD_KEYS)}", param="reward")
+        try:
+            RewardRule.from_config(item.reward)
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InvalidRequest(f"reward: {exc}", param="reward") from None
+    return given
 
 
 @router.get("/project")
@@ -161,13 +208,16 @@ async def get_project(admin: AdminDep, db: DbDep) -> dict[str, Any]:
 
 @router.put("/project")
 async def set_project(item: ProjectIn, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
-    """Project policy (redaction); every proxy replica applies it within a second."""
-    for i, pattern in enumerate(item.redact.patterns):
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise InvalidRequest(f"redact.patterns[{i}] is not a valid regex: {exc}", param="redact.patterns") from exc
-    settings = await admin_store.set_project_setting(db, admin.project_id, "redact", item.redact.model_dump())
+    """Project policy (redaction, judge, reward rule, implicit feedback); every replica follows within a second."""
+    settings: dict[str, Any] = {}
+    for key, value in _checked(item).items():
+        settings = await admin_store.set_project_setting(db, admin.project_id, key, value)
     await db.commit()
     await st.refresh()
     return {"id": admin.project_id, "settings": settings}
+
+
+@router.get("/judge")
+async def get_judge(admin: AdminDep, db: DbDep) -> dict[str, Any]:
+    """The project's judge: its configuration's fingerprint, newest calibration, and whether its grades count."""
+    return {"id": admin.project_id, **(await judge_state_async(db, admin.project_id)).to_dict()}

@@ -30,6 +30,8 @@ from proxy.dialects.responses_out import (
 )
 from proxy.errors import ApiError
 
+TEXT_DELTA = "response.output_text.delta"
+NO_LOGPROBS = b',"logprobs":[]'
 TERMINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
 
 
@@ -74,27 +76,44 @@ class ResponsesStream(DialectStream):
         return self._event("response.created", response=start) + self._event("response.in_progress", response=start)
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
+        choices = chunk.get("choices")
+        if not choices:
+            return b""  # the usage chunk: its numbers reach close() through the end
         out: list[bytes] = []
-        for choice in chunk.get("choices") or ():
+        for choice in choices:
             if choice.get("index", 0) != 0:
                 continue  # Responses has no n > 1
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
-            if reasoning:
-                out += self._switch("reasoning")
-                out.append(self._delta("response.reasoning_text.delta", reasoning))
-            if delta.get("content"):
-                out += self._switch("message")
-                lps = logprobs_out(choice.get("logprobs"), self.top) if self.logprobs else []
-                assert self.current is not None
-                self.current.logprobs += lps
-                out.append(self._delta("response.output_text.delta", delta["content"], lps))
-            for call in delta.get("tool_calls") or ():
-                out += self._call_delta(call)
+            delta = choice.get("delta")
+            if delta:
+                content = delta.get("content")
+                if content:  # the common case first: one text token
+                    cur = self.current
+                    if cur is None or cur.kind != "message":
+                        out += self._switch("message")
+                        cur = self.current
+                        assert cur is not None
+                    if self.logprobs:
+                        lps = logprobs_out(choice.get("logprobs"), self.top)
+                        cur.logprobs += lps
+                        out.append(self._delta(TEXT_DELTA, content, b',"logprobs":' + orjson.dumps(lps)))
+                    else:
+                        out.append(self._delta(TEXT_DELTA, content, NO_LOGPROBS))
+                if len(delta) > 1 or not content:  # anything else in it: reasoning, tool calls
+                    out += self._other_delta(delta)
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
                 out += self._close_item("incomplete" if self.finish_reason == "length" else "completed")
         return b"".join(out)
+
+    def _other_delta(self, delta: dict[str, Any]) -> list[bytes]:
+        out: list[bytes] = []
+        reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+        if reasoning:
+            out += self._switch("reasoning")
+            out.append(self._delta("response.reasoning_text.delta", reasoning))
+        for call in delta.get("tool_calls") or ():
+            out += self._call_delta(call)
+        return out
 
     def close(self, end: StreamEnd) -> bytes:
         out = self._close_item("incomplete")  # still open: the stream broke off
@@ -145,7 +164,7 @@ class ResponsesStream(DialectStream):
             out.append(self._delta("response.function_call_arguments.delta", fn["arguments"]))
         return out
 
-    def _delta(self, kind: str, text: str, logprobs: list[dict[str, Any]] | None = None) -> bytes:
+    def _delta(self, kind: str, text: str, extra: bytes = b"") -> bytes:
         """One delta event of the open item, from a per-item template: the one event most engine
         chunks become, so built without a dict (about half the cost of :meth:`_event`)."""
         cur = self.current
@@ -158,7 +177,6 @@ class ResponsesStream(DialectStream):
             head = cur.heads[kind] = (b"event: " + name + b'\ndata: {"type":"' + name + b'","item_id":"'
                                       + cur.id.encode() + b'","output_index":' + str(cur.index).encode() + where
                                       + b',"delta":')  # fmt: skip
-        extra = b"" if logprobs is None else b',"logprobs":' + orjson.dumps(logprobs)
         seq, self.seq = self.seq, self.seq + 1
         return head + orjson.dumps(text) + extra + b',"sequence_number":' + str(seq).encode() + b"}\n\n"
 

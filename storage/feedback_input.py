@@ -27,6 +27,8 @@ _ID: JsonDict = {"pattern": NO_NUL}
 TARGET_KINDS = ("completion_id", "session_id", "client_request_id")
 FIELDS = ("target", "name", "value", "comment", "source", "id", "metadata")
 
+CORRECTION = "correction"  # the feedback kind whose comment is the corrected answer (docs/learning.md)
+
 
 class FeedbackInputError(ValueError):
     """Feedback the API refuses; ``param`` names the field, the message says the fix."""
@@ -140,6 +142,10 @@ class FeedbackIn(BaseModel):
 
     @model_validator(mode="after")
     def _value_or_comment(self) -> FeedbackIn:
+        if self.name == CORRECTION and (self.value is not None or not (self.comment and self.comment.strip())):
+            # A correction is text the answer should have been: it trains by SFT and self-distillation,
+            # never as a scalar, so a value would be silently meaningless.
+            raise ValueError('a correction is the corrected answer in "comment" and has no "value"')
         if self.value is None and not (self.comment and self.comment.strip()):
             raise ValueError('give a value (number, boolean or label), a comment, or both, e.g. "value": true')
         return self

@@ -21,6 +21,11 @@ def test_accepts_one_item_and_both_batch_forms() -> None:
     assert parse_feedback([labelled, {**OK, "value": 0.5}])[0][0].id == "k"
 
 
+def test_a_correction_is_text_in_the_comment() -> None:
+    items, _ = parse_feedback({"target": {"completion_id": "c"}, "name": "correction", "comment": "ANSWER: 5"})
+    assert (items[0].name, items[0].value, items[0].comment) == ("correction", None, "ANSWER: 5")
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
@@ -46,6 +51,8 @@ def test_accepts_one_item_and_both_batch_forms() -> None:
         ({"feedback": [OK, {**OK, "value": [1]}]}, "feedback[1].value", "number"),
         ({"feedback": [OK, {"target": {"session_id": "s"}, "name": "n"}]}, "feedback[1].value", "give a value"),
         ([OK, 3], "feedback[1]", "feedback object"),
+        ({"target": {"completion_id": "c"}, "name": "correction", "value": "ANSWER: 5"}, "value", "has no"),
+        ({"target": {"completion_id": "c"}, "name": "correction", "comment": " "}, "value", "corrected answer"),
     ],
 )
 def test_refusals_name_the_field_and_the_fix(body: Any, param: str | None, words: str) -> None:

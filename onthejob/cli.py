@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--out", default="demo-out")
     p.add_argument("--model", default="default")
+    p.add_argument(
+        "--feedback", choices=["numeric", "comments", "corrections", "none"], default="numeric",
+        help="how training traffic is graded: numbers (default), comments only, corrections only, or not at all",
+    )  # fmt: skip
     p.set_defaults(handler=commands.demo)
 
     db = sub.add_parser("db", help="database schema")

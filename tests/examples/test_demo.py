@@ -52,6 +52,9 @@ def test_config_comes_from_the_cli_flags() -> None:
     assert cfg.heldout == DemoConfig().heldout
     default = DemoConfig.from_args(build_parser().parse_args(["demo"]))
     assert default.model == "default" and default.rounds == args_default("rounds")
+    assert default.feedback == "numeric"
+    arm = DemoConfig.from_args(build_parser().parse_args(["demo", "--feedback", "comments"]))
+    assert arm.feedback == "comments"
 
 
 def args_default(name: str) -> Any:

@@ -19,8 +19,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 MANIFEST = "onthejob-model.json"
 CHATML_TEMPLATE = (
@@ -79,7 +81,7 @@ def resolve_model(spec: str = "default") -> ModelInfo:
     return ModelInfo(path=path.resolve(), name=name, sha256=weights_sha256(path))
 
 
-def _cached(name: str, build: callable[[Path], None]) -> ModelInfo:  # type: ignore[valid-type]
+def _cached(name: str, build: Callable[[Path], None]) -> ModelInfo:
     """Build into a temp folder and rename into place, so a crash never leaves half a model."""
     target = cache_dir() / name
     manifest = target / MANIFEST
@@ -118,7 +120,7 @@ def _convert_smollm2(out: Path) -> None:
 
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     # The dequantised weights are plain tensors now; drop the GGUF quantizer so
     # save_pretrained writes ordinary safetensors that vLLM and PEFT both read.
     if hasattr(model, "hf_quantizer"):
@@ -130,7 +132,7 @@ def _convert_smollm2(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def _byte_tokenizer() -> object:
+def _byte_tokenizer() -> Any:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -155,7 +157,8 @@ def _build_tiny(out: Path) -> None:
 
     tokenizer = _byte_tokenizer()
     vocab_size = 320  # 256 bytes + 3 specials, padded so the embedding shape is tidy
-    config = Qwen2Config(
+    # A plain dict: transformers' typed signature of Qwen2Config lacks head_dim, which it accepts.
+    settings: dict[str, Any] = dict(
         vocab_size=vocab_size,
         hidden_size=256,
         intermediate_size=512,
@@ -165,13 +168,14 @@ def _build_tiny(out: Path) -> None:
         head_dim=64,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),  # type: ignore[attr-defined]
-        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),  # type: ignore[attr-defined]
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         bos_token_id=None,
         dtype="float32",
     )
+    config = Qwen2Config(**settings)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = config.eos_token_id
     model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)  # type: ignore[attr-defined]
+    tokenizer.save_pretrained(out)

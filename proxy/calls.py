@@ -375,7 +375,7 @@ async def handle(
     # Serve inline; one watcher task cancels us if the client leaves before its reply (or first chunk).
     me = asyncio.current_task()
     assert me is not None
-    st.inflight.add(me)  # type: ignore[arg-type]
+    st.inflight.add(me)
     gone = asyncio.Event()
     watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, me, gone))
     try:
@@ -388,7 +388,7 @@ async def handle(
         return Response(status_code=499)
     finally:
         watcher.cancel()
-        st.inflight.discard(me)  # type: ignore[arg-type]
+        st.inflight.discard(me)
 
 
 async def _previous(st: AppState, project: str, dialect: Dialect, body: dict[str, Any]) -> Stored | None:

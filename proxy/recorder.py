@@ -53,7 +53,7 @@ class Recorder:
         self._projects: set[str] = set()
         # On Postgres the recorder writes through its own psycopg connection (storage/bulk.py).
         url = getattr(sessionmaker.kw.get("bind"), "url", None)
-        self._pg_url = (
+        self._pg_url: str | None = (
             url.set(drivername="postgresql").render_as_string(hide_password=False)
             if url is not None and url.get_backend_name() == "postgresql"
             else None
@@ -139,15 +139,18 @@ class Recorder:
         # One session row per session: the batch's last call of it.
         sessions = list({(r.project_id, r.session_id): r for r in records}.values())
         projects = {r.project_id for r in records}
-        if not (self._pg_url and await self._write_pg(records, sessions, projects)):
+        pg_url = self._pg_url
+        if not (pg_url and await self._write_pg(pg_url, records, sessions, projects)):
             await self._write_portable(records, sessions, projects)
         self._projects |= projects
 
-    async def _write_pg(self, completions: list[CallRecord], sessions: list[CallRecord], projects: set[str]) -> bool:
+    async def _write_pg(
+        self, url: str, completions: list[CallRecord], sessions: list[CallRecord], projects: set[str]
+    ) -> bool:
         """Postgres: one transaction on the recorder's own connection. False: take the portable path."""
         conn = self._pg_conn
         if conn is None or conn.closed:
-            conn = self._pg_conn = await psycopg.AsyncConnection.connect(self._pg_url, connect_timeout=5)
+            conn = self._pg_conn = await psycopg.AsyncConnection.connect(url, connect_timeout=5)
         try:
             async with conn.transaction():
                 if projects - self._projects:

@@ -87,12 +87,12 @@ class StreamedReply(Response):
         task = asyncio.current_task()
         inflight = self.inflight
         if task is not None:
-            inflight.add(task)  # type: ignore[arg-type]
+            inflight.add(task)
         try:
             await self._serve(receive, send)
         finally:
             if task is not None:
-                inflight.discard(task)  # type: ignore[arg-type]
+                inflight.discard(task)
 
     async def _serve(self, receive: Receive, send: Send) -> None:
         streamer = asyncio.create_task(self._stream(send))

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from storage.models import NO_NUL
 

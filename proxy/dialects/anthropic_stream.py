@@ -28,7 +28,7 @@ DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","
 
 def sse(event: dict[str, Any]) -> bytes:
     """One event as Anthropic frames it: a named SSE event whose data repeats the type."""
-    return b"event: " + event["type"].encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
 
 class MessageStream(DialectStream):

@@ -81,6 +81,8 @@ def validate(body: dict[str, Any], endpoint: str) -> None:
             raise InvalidRequest("'messages' must be a non-empty list of message objects", param="messages")
     elif body.get("prompt") in (None, "", []):
         raise InvalidRequest("'prompt' is required for /v1/completions", param="prompt")
+    else:
+        capture.check_one_prompt(body["prompt"])
     if "stream" in body and not isinstance(body["stream"], bool):
         raise InvalidRequest("'stream' must be true or false", param="stream")
 
@@ -271,7 +273,9 @@ class ProxiedCall:
             return
         self.saved = True
         recording = self.recording
-        recording.count(termination)
+        dialect = self.dialect.name if self.dialect else self.endpoint
+        seconds = time.perf_counter() - self.t0
+        recording.finished(self.endpoint, dialect, status, termination, seconds, self.ttft_ms, usage)
         if not recording.enabled:
             return
         choices = choices or []
@@ -289,7 +293,7 @@ class ProxiedCall:
             client_request_id=self.naming.client_request_id,
             upstream_id=upstream_id,
             endpoint=self.endpoint,
-            dialect=self.dialect.name if self.dialect else self.endpoint,
+            dialect=dialect,
             client_request=dump_json(text["client_request"]),
             client_response=dump_json(text["client_response"]),
             alias=self.route.alias,
@@ -309,7 +313,7 @@ class ProxiedCall:
             link_key=keys[0] if keys else None,
             parent_id=session.parent_id,
             created_at=self.created.isoformat(),
-            latency_ms=(time.perf_counter() - self.t0) * 1000,
+            latency_ms=seconds * 1000,
             ttft_ms=self.ttft_ms,
             session_source=session.source,
         )
@@ -346,6 +350,7 @@ async def handle(
         body, client_request = dialect.to_chat(client_body, previous), client_body
     validate(body, endpoint)
     st.recording.check_room()
+    st.recording.check_policy(principal.project_id)
     route = st.router.resolve(principal.project_id, body.get("model"))
     naming = sessions.naming(headers, client_body, path_session)
     messages = body.get("messages") if endpoint == "chat" else None
@@ -372,6 +377,7 @@ async def handle(
         client_request=client_request,
         inflight=st.inflight,
     )
+    request.scope["onthejob.call"] = call.id  # from here on the call counts itself (proxy/routes_openai.py)
     # Serve inline; one watcher task cancels us if the client leaves before its reply (or first chunk).
     me = asyncio.current_task()
     assert me is not None

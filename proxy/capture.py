@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.errors import InvalidRequest
+
 FINISH_TO_TERMINATION = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "upstream_error"}
 SAMPLING_DEFAULTS: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 SAMPLING_KEYS = (
@@ -69,6 +71,20 @@ def prepare(body: dict[str, Any], endpoint: str, served_model: str) -> tuple[dic
     if stream:
         out["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     return out, wants
+
+
+def check_one_prompt(prompt: Any) -> None:
+    """A completions ``prompt`` must be one prompt (a string, token ids, or a list holding one of those).
+
+    One call is one recorded turn with one prompt's token ids; several prompts in one call
+    would be recorded under the first one's ids. Refused (400) rather than split.
+    """
+    if isinstance(prompt, list) and not all(isinstance(x, int) for x in prompt) and len(prompt) > 1:
+        raise InvalidRequest(
+            f"'prompt' holds {len(prompt)} prompts: send one prompt per call (a string, a list of token ids, "
+            "or a list holding one of those); for several samples of one prompt use 'n'",
+            param="prompt",
+        )
 
 
 def sampling_params(body: dict[str, Any]) -> dict[str, Any]:

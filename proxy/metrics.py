@@ -47,6 +47,11 @@ class Metrics:
         self.feedback_orphans = Gauge(
             "onthejob_feedback_orphans", "Pending feedback older than its TTL (target never landed)", registry=r
         )
+        self.ambiguous_links = Counter(
+            "onthejob_ambiguous_links",
+            "Calls whose prefix matched more than one live session: started a new one (ambiguous_link)",
+            registry=r,
+        )
         self.adapter_loads = Counter("onthejob_adapter_loads", "Adapter loads into engines", ["result"], registry=r)
         self._terminations: dict[str, Any] = {}
         self._calls: dict[tuple[str, ...], tuple[Any, ...]] = {}

@@ -13,7 +13,8 @@ from typing import Any
 
 from proxy.errors import Unavailable
 from proxy.metrics import Metrics
-from proxy.redact import RedactionPolicy, redact_record
+from proxy.policies import Policies
+from proxy.redact import redact_record
 from proxy.sessions import Link, Linker
 from proxy.spool import Spool, SpoolFull
 from storage.records import CallRecord
@@ -34,6 +35,7 @@ class Recording:
         full_policy: str,
         wake_at: int,
         wake: asyncio.Event,
+        policies: Policies,
     ) -> None:
         self.spool = spool
         self.linker = linker
@@ -42,15 +44,17 @@ class Recording:
         self.full_policy = full_policy  # "refuse": no unrecorded serving; "serve": serve and count the drop
         self.wake_at = wake_at
         self.wake = wake  # the recorder's: set when a full batch waits
-        self.policies: dict[str, RedactionPolicy] = {}  # per project, reloaded from the database (AppState.refresh)
+        self.policies = policies  # per project, from the database (AppState.refresh) or the last copy on disk
 
-    def policy(self, project: str) -> RedactionPolicy:
-        return self.policies.get(project) or RedactionPolicy()
+    def check_policy(self, project: str) -> None:
+        """Refuse a call up front (503) whose record could not be redacted: its project's policy is unknown."""
+        if self.enabled:
+            self.policies.get(project)
 
     def redacted(self, project: str, fields: dict[str, Any]) -> dict[str, Any]:
         """A call's record fields under its project's redaction policy (:func:`proxy.redact.redact_record`:
         text, and token ids a pattern spells); the choices' transient ``pieces`` are consumed either way."""
-        return redact_record(fields, self.policy(project))
+        return redact_record(fields, self.policies.get(project))
 
     def check_room(self) -> None:
         """Refuse a call up front when it could not be recorded (spool full under the refuse policy)."""
@@ -60,8 +64,17 @@ class Recording:
                 "the recording spool is full (database unreachable for too long?); retry later", code="spool_full"
             )
 
-    def count(self, termination: str) -> None:
+    def finished(
+        self, route: str, dialect: str, status: int, termination: str, seconds: float, ttft_ms: float | None,
+        usage: dict[str, Any] | None,
+    ) -> None:  # fmt: skip
+        """Count and time a call as it ends (recorded or not)."""
         self.metrics.termination(termination).inc()
+        usage = usage if isinstance(usage, dict) else {}
+        self.metrics.observe_call(
+            route, dialect, status, termination, seconds, ttft_ms / 1000 if ttft_ms is not None else None,
+            usage.get("prompt_tokens"), usage.get("completion_tokens"),
+        )  # fmt: skip
 
     async def keep(self, record: CallRecord, link_keys: list[str | None]) -> None:
         """Fsync ``record`` (already :meth:`redacted`); then follow-ups can link to it by ``link_keys``."""

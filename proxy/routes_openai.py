@@ -72,6 +72,9 @@ async def serve_call(
     try:
         response = await handle(Request(scope, receive, send), endpoint, path_session, dialect)
     except ApiError as exc:
+        if "onthejob.call" not in scope:  # refused before it became a call (key, body, limit, spool)
+            state = scope["app"].state.onthejob
+            state.metrics.observe_refusal(endpoint, dialect.name if dialect else endpoint, exc.status)
         response = _error(exc, dialect)
     except ClientDisconnect:
         return  # gone while sending its body: nobody to answer, nothing was forwarded

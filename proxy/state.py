@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from proxy.auth import Auth
 from proxy.metrics import Metrics
+from proxy.policies import Policies
 from proxy.ratelimit import RateLimiter
 from proxy.recorder import Recorder
 from proxy.recording import Recording
-from proxy.redact import RedactionPolicy
 from proxy.routing import Router
 from proxy.sessions import Linker
 from proxy.settings import Settings
@@ -64,6 +64,8 @@ class AppState:
         spool = Spool(folder, settings.spool_max_bytes)
         recorder = Recorder(spool, maker, metrics, settings.drain_batch)
         linker = Linker(spool, maker)
+        policies = Policies(settings.spool_dir)  # the last known redaction policies, until the database answers
+        policies.load()
         return cls(
             settings=settings,
             engine=engine,
@@ -89,6 +91,7 @@ class AppState:
                 full_policy=settings.spool_full_policy,
                 wake_at=settings.drain_batch,
                 wake=recorder.wake,
+                policies=policies,
             ),
             spool_lock=lock_fd,
         )
@@ -143,7 +146,7 @@ class AppState:
         await self.router.refresh()
         async with self.sessionmaker() as db:
             rows = (await db.execute(select(Project.id, Project.settings))).all()
-        self.recording.policies = {pid: RedactionPolicy.from_settings(settings) for pid, settings in rows}
+        self.recording.policies.update(dict(rows))  # and kept beside the spool for a start without the database
 
     async def sweep_feedback(self) -> None:
         """Attach pending feedback whose call has landed since; export how many stay orphaned."""

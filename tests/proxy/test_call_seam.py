@@ -21,6 +21,7 @@ from proxy.calls import ProxiedCall
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored, StreamEnd, sse
 from proxy.errors import ApiError
 from proxy.metrics import Metrics
+from proxy.policies import Policies
 from proxy.recording import Recording
 from proxy.routing import Route, Router
 from proxy.sessions import Linker, Naming, SessionRef, prefix_keys
@@ -89,8 +90,10 @@ async def parts(stub_upstream: str, tmp_path: Path) -> AsyncIterator[tuple[Upstr
     maker = async_sessionmaker(engine, expire_on_commit=False)
     metrics = Metrics()
     spool = Spool(tmp_path / "spool", 10**9)
+    policies = Policies(tmp_path)
+    policies.update({})  # the database answered: no project asked for redaction
     recording = Recording(spool, Linker(spool, maker), metrics, enabled=True, full_policy="refuse", wake_at=10**6,
-                          wake=asyncio.Event())  # fmt: skip
+                          wake=asyncio.Event(), policies=policies)  # fmt: skip
     yield upstream, Router(maker, upstream, metrics, "default"), recording, spool
     spool.close()
     await upstream.close()

@@ -354,7 +354,7 @@ async def handle(
     route = st.router.resolve(principal.project_id, body.get("model"))
     naming = sessions.naming(headers, client_body, path_session)
     messages = body.get("messages") if endpoint == "chat" else None
-    keys = sessions.prefix_keys(messages) if messages else []
+    keys = sessions.prefix_keys(messages, sessions.link_scope(principal.key_id, naming.end_user)) if messages else []
     if previous is not None and naming.session_id in (None, previous.session_id):
         # Continued by id: the stored call's session, with it as parent (whatever the prefix says).
         task = naming.task_id or previous.task_id
@@ -362,6 +362,8 @@ async def handle(
                                       previous.id, task)  # fmt: skip
     else:
         session = await st.linker.resolve(principal.project_id, naming, messages, keys)
+        if session.source == "ambiguous_link":
+            st.metrics.ambiguous_links.inc()
     call = ProxiedCall(
         st.upstream,
         st.router,

@@ -10,6 +10,14 @@ sampled ids.
 Everything about finding a call's session is here: :class:`Linker` looks in this
 worker's memory, then in sibling workers' spools (records not yet drained), then
 in the database.
+
+Linking never crosses callers: the key chain starts from a *scope*, the API key
+and the end user the client names (``user``, ``metadata.user_id``,
+``metadata.end_user``), so two users of one harness with a fixed opening never
+share a key, even when greedy decoding gives them the same first reply. Within a
+scope, a key two sessions produced is *ambiguous*: a call continuing it is not
+linked but starts a new session with source ``ambiguous_link``. Memory and the
+database judge ambiguity; a sibling spool's first match is taken as found.
 """
 
 from __future__ import annotations
@@ -41,7 +49,8 @@ class Naming:
     task_id: str | None
     tags: tuple[str, ...]
     client_request_id: str | None
-    source: str  # header | metadata | path | (resolved later) linked | new
+    source: str  # header | metadata | path | (resolved later) linked | new | ambiguous_link
+    end_user: str | None = None  # ``user``, ``metadata.user_id`` or ``metadata.end_user``: linking stays within it
 
 
 def naming(headers: Any, body: dict[str, Any], path_session: str | None) -> Naming:
@@ -62,7 +71,16 @@ def naming(headers: Any, body: dict[str, Any], path_session: str | None) -> Nami
     for field, value in (("metadata.session_id", session), ("metadata.task_id", task)):
         if value and ("\x00" in value or len(value) > 200):
             raise InvalidRequest(f"{field} must be at most 200 characters with no NUL character", param=field)
-    return Naming(session or None, task, tags, headers.get("x-client-request-id"), source)
+    user = body.get("user") or meta.get("user_id") or meta.get("end_user")
+    end_user = str(user) if isinstance(user, str | int) and not isinstance(user, bool) else None
+    return Naming(session or None, task, tags, headers.get("x-client-request-id"), source, end_user)
+
+
+def link_scope(key_id: str | None, end_user: str | None) -> str | None:
+    """Where a conversation's key chain starts: one API key and one end user (None: neither is known)."""
+    if key_id is None and end_user is None:
+        return None
+    return hashlib.sha256(orjson.dumps(["scope", key_id, end_user])).hexdigest()
 
 
 def _content_text(content: Any) -> str:
@@ -111,11 +129,11 @@ def normalise(message: dict[str, Any]) -> bytes:
     )
 
 
-def prefix_keys(messages: list[dict[str, Any]]) -> list[str]:
-    """Chained hashes: keys[j] identifies messages[: j + 1]."""
+def prefix_keys(messages: list[dict[str, Any]], scope: str | None = None) -> list[str]:
+    """Chained hashes: keys[j] identifies messages[: j + 1] within ``scope`` (:func:`link_scope`)."""
     keys: list[str] = []
     for message in messages:
-        keys.append(extend_key(keys[-1] if keys else None, message))
+        keys.append(extend_key(keys[-1] if keys else scope, message))
     return keys
 
 
@@ -142,24 +160,32 @@ class Link:
     task_id: str | None
 
 
+AMBIGUOUS = Link("", "", None)  # a key more than one session produced: which one goes on is unknowable
+
+
 class LinkCache:
-    """Recent link keys in memory (project, key) → Link; the database answers the rest."""
+    """Recent link keys in memory (project, key) → Link (or AMBIGUOUS); the database answers the rest."""
 
     def __init__(self, size: int = 100_000) -> None:
         self.size = size
         self._items: OrderedDict[tuple[str, str], Link] = OrderedDict()
 
     def put(self, project: str, key: str, link: Link) -> None:
+        known = self._items.get((project, key))
+        if known is not None and known.session_id != link.session_id:
+            link = AMBIGUOUS
         self._items[(project, key)] = link
         self._items.move_to_end((project, key))
         while len(self._items) > self.size:
             self._items.popitem(last=False)
 
     def longest(self, project: str, keys: list[str], session: str | None) -> Link | None:
-        """The link for the longest prefix we know (within ``session`` if given)."""
+        """The link for the longest prefix we know (within ``session`` if given), or AMBIGUOUS."""
         for key in reversed(keys):
             link = self._items.get((project, key))
-            if link is not None and (session is None or link.session_id == session):
+            if link is None or (link is AMBIGUOUS and session is not None):
+                continue
+            if session is None or link.session_id == session:
                 return link
         return None
 
@@ -203,6 +229,8 @@ class Linker:
                     link = self._spool_link(project, candidates, naming.session_id)
                 if link is None:
                     link = await self._db_link(project, candidates, naming.session_id)
+        if link is AMBIGUOUS:
+            return SessionRef(new_session_id(), "ambiguous_link", None, naming.task_id)
         task = naming.task_id or (link.task_id if link else None)
         if naming.session_id:
             return SessionRef(naming.session_id, naming.source, link.completion_id if link else None, task)
@@ -235,4 +263,8 @@ class Linker:
             return None
         rank = {k: i for i, k in enumerate(keys)}
         best = max(rows, key=lambda r: rank[r.link_key], default=None)
-        return Link(best.session_id, best.id, best.task_id) if best else None
+        if best is None:
+            return None
+        if len({r.session_id for r in rows if r.link_key == best.link_key}) > 1:
+            return AMBIGUOUS
+        return Link(best.session_id, best.id, best.task_id)

@@ -62,9 +62,9 @@ async def resolve_target(db: AsyncSession, project_id: str, kind: str, target_id
 
 def _same(row: Feedback, item: FeedbackIn) -> bool:
     same_value = isinstance(row.value, bool) == isinstance(item.value, bool) and row.value == item.value
-    return same_value and (row.target_kind, row.target_id, row.name, row.comment, row.source, row.meta) == (
-        item.target.kind, item.target.id, item.name, item.comment, item.source, item.metadata,
-    )  # fmt: skip
+    return same_value and (row.target_kind, row.target_id, row.choice, row.name, row.comment, row.source,
+                           row.meta) == (item.target.kind, item.target.id, item.target.choice, item.name,
+                                         item.comment, item.source, item.metadata)  # fmt: skip
 
 
 async def _by_key(db: AsyncSession, project_id: str, key: str) -> Feedback | None:
@@ -119,7 +119,7 @@ async def submit_feedback(db: AsyncSession, project_id: str, items: Sequence[Fee
         now = utcnow()
         row = Feedback(
             id=fid, project_id=project_id, idempotency_key=item.id or fid,
-            target_kind=item.target.kind, target_id=item.target.id,
+            target_kind=item.target.kind, target_id=item.target.id, choice=item.target.choice,
             completion_id=completion_id, session_id=session_id,
             name=item.name, value=item.value, comment=item.comment, source=item.source, meta=item.metadata,
             created_at=now, attached_at=now if session_id is not None else None,
@@ -200,7 +200,7 @@ def _winner_key(row: Feedback) -> tuple[Any, ...]:
         if row.session_id
         else (row.target_kind, row.target_id)
     )
-    return (*target, row.source, row.name)
+    return (*target, row.choice, row.source, row.name)
 
 
 def current_ids(rows: Iterable[Feedback]) -> set[str]:
@@ -217,7 +217,7 @@ def feedback_to_dict(row: Feedback, *, current: bool = True) -> dict[str, Any]:
     return {
         "id": row.id,
         "object": "feedback",
-        "target": {row.target_kind: row.target_id},
+        "target": {row.target_kind: row.target_id, **({"choice": row.choice} if row.choice is not None else {})},
         "name": row.name,
         "value": row.value,
         "comment": row.comment,

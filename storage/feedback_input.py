@@ -51,6 +51,8 @@ class FeedbackTarget(BaseModel):
     completion_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
     session_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
     client_request_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
+    # One choice of an n > 1 call (its index); None: the whole call. Preference pairs need it.
+    choice: int | None = Field(default=None, ge=0, le=1023, strict=True)
 
     @field_validator("completion_id", "session_id", "client_request_id")
     @classmethod
@@ -66,6 +68,10 @@ class FeedbackTarget(BaseModel):
             raise ValueError(
                 f"give exactly one of target.completion_id (the x-request-id of the call), "
                 f"target.session_id or target.client_request_id; got {len(given)}"
+            )
+        if self.choice is not None and self.session_id is not None:
+            raise ValueError(
+                "target.choice names one choice of a call: give it with completion_id or client_request_id"
             )
         return self
 

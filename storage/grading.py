@@ -252,10 +252,13 @@ class Grade:
     comment: str | None
     source: str
     created_at: datetime
+    choice: int | None = None  # one choice of an n > 1 call; None: the whole call (or session)
 
     @property
-    def scope(self) -> tuple[str, str | None]:
-        return ("completion", self.completion_id) if self.completion_id else ("session", self.session_id)
+    def scope(self) -> tuple[str, str | None, int | None]:
+        if self.completion_id is None:
+            return ("session", self.session_id, None)
+        return ("completion" if self.choice is None else "choice", self.completion_id, self.choice)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -265,6 +268,7 @@ class Grade:
             "source": self.source,
             "scope": self.scope[0],
             "completion_id": self.completion_id,
+            **({"choice": self.choice} if self.choice is not None else {}),
         }
 
 
@@ -282,6 +286,7 @@ def to_grade(row: Any) -> Grade:
         comment=column(row, "comment"),
         source=str(column(row, "source", "") or ""),
         created_at=created,
+        choice=column(row, "choice"),
     )
 
 
@@ -315,9 +320,13 @@ def resolve_reward(
     """The reward of one trajectory and how it was derived (``reward_detail``)."""
     detail: dict[str, Any] = {"rule": rule.name}
     calls = set(traj.completion_ids)
+    taken = {(t.completion_id, t.choice_index) for t in traj.turns}  # the choice of each call it continues
     grades = [g if isinstance(g, Grade) else to_grade(g) for g in feedback]
     mine = [
-        g for g in grades if (g.completion_id in calls) or (g.completion_id is None and g.session_id == traj.session_id)
+        g
+        for g in grades
+        if (g.completion_id in calls and (g.choice is None or (g.completion_id, g.choice) in taken))
+        or (g.completion_id is None and g.session_id == traj.session_id)
     ]
     scored: list[tuple[Grade, Scalar]] = [(g, rule.score(g.name, g.value, g.comment)) for g in current(mine)]
     scored = [(g, s) for g, s in scored if s is not None]
@@ -345,6 +354,7 @@ def resolve_reward(
         return s, {**detail, **g.describe(), "reward": s}
     for cid in reversed(traj.completion_ids):
         own = [(g, s) for g, s in values if g.completion_id == cid]
+        own = [(g, s) for g, s in own if g.choice is not None] or own  # a grade of this very choice first
         if own:
             g, s = _pick(own, rule)
             return s, {**detail, **g.describe(), "reward": s}

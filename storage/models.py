@@ -172,6 +172,7 @@ class Feedback(Base):
     target_id: Mapped[str] = mapped_column(String(200))
     completion_id: Mapped[str | None] = mapped_column(String(64), default=None)  # resolved
     session_id: Mapped[str | None] = mapped_column(String(200), default=None)  # resolved
+    choice: Mapped[int | None] = mapped_column(Integer, default=None)  # one choice of an n > 1 call; None: all
     name: Mapped[str] = mapped_column(String(200))
     value: Mapped[Any] = mapped_column(Json, default=None)
     comment: Mapped[str | None] = mapped_column(Text, default=None)

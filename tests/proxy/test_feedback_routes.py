@@ -254,3 +254,35 @@ async def test_feedback_text_goes_through_the_projects_redaction_policy(client: 
     by_project = {f.project_id: f for f in rows if f.name == "outcome"}
     assert by_project[patterns].comment == "leaked [redacted] in the answer"
     assert by_project[no_text].comment == "[redacted]" and by_project[no_text].value == "success"
+
+
+async def test_feedback_on_one_choice_grades_that_choice_and_makes_a_preference_pair(
+    client: httpx.AsyncClient, pg_url: str, tmp_path: Any
+) -> None:
+    import json
+
+    from onthejob.cli import main
+
+    cid = f"cmpl-{uuid.uuid4().hex[:12]}"
+    eng = sync_engine(pg_url)
+    with Session(eng) as db:
+        p = new_project(db)
+        ask = [{"role": "user", "content": "What is 2+3?"}]
+        insert(db, row(cid, P1, [choice([53, 2], index=0, content="5"), choice([54, 2], index=1, content="six")],
+                       project=p, session="n2", messages=ask))  # fmt: skip
+        db.commit()
+    eng.dispose()
+    for k, value in ((0, 1.0), (1, 0.0)):
+        r = await client.post("/v1/feedback", json=fb({"completion_id": cid, "choice": k}, "reward", value),
+                              headers=as_(p))  # fmt: skip
+        assert r.status_code == 201, r.text
+        assert r.json()["target"] == {"completion_id": cid, "choice": k}
+    bad = await client.post("/v1/feedback", json=fb({"session_id": "n2", "choice": 0}), headers=as_(p))
+    assert bad.status_code == 400 and "choice" in bad.text
+    got = (await client.get("/v1/sessions/n2/trajectories", headers=as_(p))).json()["data"]
+    assert {t["id"]: t["reward"] for t in got} == {f"{cid}:0": 1.0, f"{cid}:1": 0.0}
+    out = tmp_path / "dpo.jsonl"
+    assert main(["export", "--format", "dpo", "--project", p, "--db", pg_url, "-o", str(out)]) == 0
+    (pair,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert pair["prompt"] == ask
+    assert pair["chosen"][0]["content"] == "5" and pair["rejected"][0]["content"] == "six"

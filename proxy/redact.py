@@ -29,6 +29,8 @@ MASK = "[redacted]"
 # Structural strings that carry no user text; kept so records stay readable.
 KEEP_KEYS = frozenset({"role", "model", "id", "object", "finish_reason", "type", "system_fingerprint",
                        "tool_choice", "service_tier", "tool_call_id", "stop_reason"})  # fmt: skip
+# Lists of numbers (ids, a captured choice's logprobs): nothing for a text policy to walk.
+NUMBERS = frozenset({"token_ids", "prompt_token_ids", "logprobs"})
 TEXT_FIELDS = ("request", "response", "choices", "error", "client_request", "client_response")
 
 
@@ -155,6 +157,8 @@ def _walk(value: Any, policy: RedactionPolicy, key: str | None) -> Any:
     if isinstance(value, dict):
         return {k: _walk(v, policy, k) for k, v in value.items()}
     if isinstance(value, list):
+        if key in NUMBERS:
+            return value
         if key == "bytes" and not policy.store_text:
             return None  # the raw UTF-8 of each sampled token
         if key == "bytes" and policy.patterns:

@@ -70,6 +70,9 @@ def redact_choice(choice: dict[str, Any], patterns: Sequence[re.Pattern[str]], t
     pieces = choice.pop("pieces", None)
     if not ids:
         return []
+    quick = _token_text(pieces, len(ids))
+    if quick is not None and not any(p.search(quick) for p in patterns):
+        return []  # the tokens' own text spells no match: nothing to find byte by byte
     spelled = piece_bytes(pieces, len(ids))
     if spelled is None:
         if text is None or not any(p.search(text) for p in patterns):
@@ -84,6 +87,17 @@ def redact_choice(choice: dict[str, Any], patterns: Sequence[re.Pattern[str]], t
         choice["token_ids"] = masked
         choice["redacted"] = len(positions)
     return positions
+
+
+def _token_text(pieces: Sequence[Any] | None, n: int) -> str | None:
+    """The text the pieces spell when each is whole characters (the common case); None when unsure."""
+    if not pieces or len(pieces) != n:
+        return None
+    try:
+        text = "".join([p["token"] for p in pieces] if isinstance(pieces[0], dict) else pieces)
+    except (KeyError, TypeError):
+        return None
+    return None if "bytes:" in text else text  # vLLM's form for a partial character: go byte by byte
 
 
 def mask_logprob_entries(response: Any, index: int, positions: Sequence[int]) -> None:

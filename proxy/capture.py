@@ -79,7 +79,8 @@ def check_one_prompt(prompt: Any) -> None:
     One call is one recorded turn with one prompt's token ids; several prompts in one call
     would be recorded under the first one's ids. Refused (400) rather than split.
     """
-    if isinstance(prompt, list) and not all(isinstance(x, int) for x in prompt) and len(prompt) > 1:
+    several = isinstance(prompt, list) and any(isinstance(x, str | list | dict) for x in prompt)  # else: ids
+    if several and len(prompt) > 1:
         raise InvalidRequest(
             f"'prompt' holds {len(prompt)} prompts: send one prompt per call (a string, a list of token ids, "
             "or a list holding one of those); for several samples of one prompt use 'n'",

@@ -32,8 +32,11 @@ def _doc(required: dict[str, Any]) -> dict[str, Any]:
 
 MODEL = {"type": "string", "minLength": 1, "description": "an alias from GET /v1/models"}
 CHAT_DOC = _doc({"model": MODEL, "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}}})
-COMPLETIONS_DOC = _doc({"model": MODEL, "prompt": {"oneOf": [{"type": "string", "minLength": 1},
-                                                              {"type": "array", "minItems": 1}]}})  # fmt: skip
+_IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}
+# One prompt per call (proxy/capture.py check_one_prompt): text, token ids, or a list holding one of those.
+COMPLETIONS_DOC = _doc({"model": MODEL, "prompt": {"anyOf": [
+    {"type": "string", "minLength": 1}, _IDS,
+    {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [{"type": "string"}, _IDS]}}]}})  # fmt: skip
 TOKENIZER_DOC = _doc({"model": MODEL})
 
 

@@ -52,7 +52,14 @@ class FeedbackTarget(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
     client_request_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
     # One choice of an n > 1 call (its index); None: the whole call. Preference pairs need it.
-    choice: int | None = Field(default=None, ge=0, le=1023, strict=True)
+    choice: int | None = Field(default=None, ge=0, le=1023)
+
+    @field_validator("choice", mode="before")
+    @classmethod
+    def _choice_is_a_number(cls, v: Any) -> Any:
+        if isinstance(v, bool | str):  # JSON's 2 and 2.0 are one integer; true and "2" are no index
+            raise ValueError("target.choice is the index of a choice: a whole number such as 0 or 1")
+        return v
 
     @field_validator("completion_id", "session_id", "client_request_id")
     @classmethod

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -94,9 +96,16 @@ def test_sigterm_finishes_streams_in_flight_and_flushes(start_proxy: ProxyFactor
     assert result["id"] in _ids_in_db(db_url), "the spool was not flushed on shutdown"
 
 
-def test_full_spool_refuses_rather_than_serving_unrecorded(start_proxy: ProxyFactory, stub_upstream: str) -> None:
+def test_full_spool_refuses_rather_than_serving_unrecorded(
+    start_proxy: ProxyFactory, stub_upstream: str, tmp_path: Path
+) -> None:
     dead_db = f"postgresql://postgres@127.0.0.1:{free_port()}/nothing"  # nothing listens there: it never drains
-    proxy = start_proxy(stub_upstream, dead_db, env={"ONTHEJOB_SPOOL_MAX_BYTES": "20000"})
+    spool = tmp_path / "spool-full"
+    spool.mkdir()
+    # The last known policies, as an earlier run beside this spool left them: the default project redacts
+    # nothing. Without them a proxy that never reached its database refuses every call (redaction fails closed).
+    (spool / "policies.json").write_text(json.dumps({"default": {}}))
+    proxy = start_proxy(stub_upstream, dead_db, spool=spool, env={"ONTHEJOB_SPOOL_MAX_BYTES": "20000"})
     body = {"model": "stub-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
     statuses = []
     for _ in range(40):

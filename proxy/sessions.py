@@ -164,17 +164,26 @@ AMBIGUOUS = Link("", "", None)  # a key more than one session produced: which on
 
 
 class LinkCache:
-    """Recent link keys in memory (project, key) → Link (or AMBIGUOUS); the database answers the rest."""
+    """Recent link keys in memory: (project, key) → the sessions that produced it (a few, newest last).
+
+    A named session finds its own link under a key whatever other sessions produced it;
+    an unnamed call gets AMBIGUOUS when more than one did. The database answers the rest.
+    """
+
+    PER_KEY = 4  # sessions kept per key; more only confirm the key is ambiguous
 
     def __init__(self, size: int = 100_000) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, str], Link] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], dict[str, Link]] = OrderedDict()
 
     def put(self, project: str, key: str, link: Link) -> None:
-        known = self._items.get((project, key))
-        if known is not None and known.session_id != link.session_id:
-            link = AMBIGUOUS
-        self._items[(project, key)] = link
+        links = self._items.get((project, key))
+        if links is None:
+            links = self._items[(project, key)] = {}
+        links.pop(link.session_id, None)
+        links[link.session_id] = link
+        if len(links) > self.PER_KEY:
+            del links[next(iter(links))]
         self._items.move_to_end((project, key))
         while len(self._items) > self.size:
             self._items.popitem(last=False)
@@ -182,11 +191,14 @@ class LinkCache:
     def longest(self, project: str, keys: list[str], session: str | None) -> Link | None:
         """The link for the longest prefix we know (within ``session`` if given), or AMBIGUOUS."""
         for key in reversed(keys):
-            link = self._items.get((project, key))
-            if link is None or (link is AMBIGUOUS and session is not None):
+            links = self._items.get((project, key))
+            if not links:
                 continue
-            if session is None or link.session_id == session:
-                return link
+            if session is not None:
+                if session in links:
+                    return links[session]
+                continue
+            return AMBIGUOUS if len(links) > 1 else next(iter(links.values()))
         return None
 
 

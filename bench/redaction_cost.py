@@ -17,7 +17,7 @@ import re
 import time
 from typing import Any
 
-from proxy.redact import Policy, redact_record
+from proxy.redact import RedactionPolicy, redact_record
 
 SECRET = "sk-PLANTEDbench0123456789"
 PATTERNS = (re.compile(r"sk-[A-Za-z0-9]{8,}"), re.compile(r"\b\d{3}-\d{2}-\d{4}\b"))
@@ -43,7 +43,7 @@ def make_record(tokens: int, spell_secret: bool) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def per_call_us(record: dict[str, Any], policy: Policy, calls: int, repeats: int = 5) -> float:
+def per_call_us(record: dict[str, Any], policy: RedactionPolicy, calls: int, repeats: int = 5) -> float:
     """The best of ``repeats`` batches (a shared machine's noise only ever adds time)."""
     best = float("inf")
     for _ in range(repeats):
@@ -62,10 +62,10 @@ def main() -> None:
     args = parser.parse_args()
     plain, spelled = make_record(args.tokens, False), make_record(args.tokens, True)
     cases = [
-        ("no policy", plain, Policy()),
-        ("store_text false", plain, Policy(store_text=False)),
-        ("patterns, no match", plain, Policy(patterns=PATTERNS)),
-        ("patterns, reply spells a secret", spelled, Policy(patterns=PATTERNS)),
+        ("no policy", plain, RedactionPolicy()),
+        ("store_text false", plain, RedactionPolicy(store_text=False)),
+        ("patterns, no match", plain, RedactionPolicy(patterns=PATTERNS)),
+        ("patterns, reply spells a secret", spelled, RedactionPolicy(patterns=PATTERNS)),
     ]
     base = None
     print(f"redact_record per call, {args.tokens} sampled tokens, ~4 KB of prompt text, best of 5 x {args.calls} calls")
@@ -73,7 +73,7 @@ def main() -> None:
         us = per_call_us(record, policy, args.calls)
         base = base or us
         print(f"  {name:32s} {us:9.1f} us   {us / base:6.1f}x")
-    out = redact_record(copy.deepcopy(spelled), Policy(patterns=PATTERNS))
+    out = redact_record(copy.deepcopy(spelled), RedactionPolicy(patterns=PATTERNS))
     print(f"  masked ids in the spelled reply: {out['choices'][0].get('redacted')}, prompt ids kept: "
           f"{out['prompt_token_ids'] is not None}")  # fmt: skip
 

@@ -46,7 +46,14 @@ class FeedbackConflict(FeedbackInputError):
 
 
 class FeedbackTarget(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1, "maxProperties": 1})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [  # one id; choice only beside a call's
+        {"required": ["completion_id"], "not": {"anyOf": [{"required": ["session_id"]},
+                                                          {"required": ["client_request_id"]}]}},
+        {"required": ["client_request_id"], "not": {"anyOf": [{"required": ["session_id"]},
+                                                              {"required": ["completion_id"]}]}},
+        {"required": ["session_id"], "not": {"anyOf": [{"required": ["completion_id"]},
+                                                       {"required": ["client_request_id"]}, {"required": ["choice"]}]}},
+    ]})  # fmt: skip
 
     completion_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
     session_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)

@@ -155,7 +155,8 @@ class RedactIn(BaseModel):
 class ProjectIn(BaseModel):
     """Per-project policy; each given field replaces that setting, the others stay."""
 
-    model_config = ConfigDict(extra="forbid")
+    # An empty body changes nothing and is refused: the schema says so too (schemathesis holds us to it).
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
     redact: RedactIn | None = None
     judge: dict[str, Any] | None = Field(
         default=None, description="the project's judge: rubric, mode, endpoint, gate (docs/learning.md); null: none"

@@ -40,10 +40,11 @@ REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload")
 
 
 TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "additionalProperties": True,
-              "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}}}  # fmt: skip
+              "properties": {"type": {"enum": ["text"]}, "text": {"type": "string", "minLength": 1}}}  # fmt: skip
 TEXT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK}]}
+CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
 MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": True,
-           "properties": {"role": {"enum": list(ROLES)}, "content": TEXT}}  # fmt: skip
+           "properties": {"role": {"enum": list(ROLES)}, "content": CONTENT}}  # fmt: skip
 # The OpenAPI documentation of a request: the text-only core (tool blocks and tools are accepted too,
 # checked here with the field named, beyond what a schema can say: a tool_result needs its tool_use).
 COUNT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True, "required": ["model", "messages"],
@@ -78,6 +79,9 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     previous_tool_ids: set[str] = set()
     for i, message in enumerate(messages):
         previous_tool_ids = _message(message, f"messages.{i}", previous_tool_ids, chat_messages)
+    if not chat_messages:
+        # Every message had an empty content list: there is nothing to answer (the engine would 400 too).
+        raise _fail("messages", "hold no content: give at least one non-empty message")
     out: dict[str, Any] = {"model": model, "messages": chat_messages, "max_tokens": max_tokens}
     if chat_messages[-1]["role"] == "assistant" and isinstance(chat_messages[-1].get("content"), str):
         # A final assistant turn is a prefill: Anthropic continues it rather than starting a new turn.

@@ -15,6 +15,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis.checks import positive_data_acceptance
 
 from tests.proxy.conftest import Proxy, ProxyFactory
 
@@ -55,13 +56,17 @@ def test_api_answers_within_its_spec(api_schema: Any) -> None:
     operations = [result.ok() for result in api_schema.get_all_operations()]
     assert len(operations) >= 20
     for operation in operations:
+        # PUT /v1/admin/project's judge and reward settings have rules JSON Schema cannot state (a judge's
+        # scale must rise, its threshold lie inside it; reward keys are checked by the rule itself), so a
+        # schema-valid body may be refused there: every other check still runs on it.
+        excluded = [positive_data_acceptance] if operation.path == "/v1/admin/project" else []
 
         @given(case=operation.as_strategy())
         @settings(
             max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True
         )
         def check(case: Any) -> None:
-            case.call_and_validate(timeout=30)
+            case.call_and_validate(timeout=30, excluded_checks=excluded)  # noqa: B023 - called in this iteration
 
         check()
 

@@ -196,6 +196,7 @@ def test_server_tools_are_dropped_not_refused() -> None:
         ({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "max_tokens"),
         (body(max_tokens=0), "max_tokens"),
         (body(messages=[]), "messages"),
+        (body(messages=[{"role": "user", "content": []}]), "messages"),
         (body(messages=[{"role": "system", "content": "x"}]), "messages.0.role"),
         (
             body(

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
 
 from engine.launcher import Engine, EngineConfig
 from engine.weights import ModelInfo, resolve_model
+from storage.db import sync_engine
 from storage.migrate import upgrade
 
 PG_ADMIN_URL = os.environ.get("DATABASE_TEST_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -60,6 +62,15 @@ def pg_factory() -> Iterator[object]:
 def pg_url(pg_factory: object) -> str:
     """One migrated Postgres database shared by the session's tests."""
     return pg_factory()  # type: ignore[operator,no-any-return]
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[Session]:
+    """A synchronous ORM session on the shared test database."""
+    eng = sync_engine(pg_url)
+    with Session(eng) as session:
+        yield session
+    eng.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from judge.client import JudgeClient
 from judge.post import post_feedback
 from judge.run import judge_once
-from storage.db import sync_engine
 from storage.judge_store import judge_state
 from storage.models import Feedback, JudgeCalibration
 from tests.judge.scripted import RIGHT, scripted_judge
@@ -26,14 +25,6 @@ pytestmark = pytest.mark.anyio
 JUDGE = {"rubric": "Right answer on an 'ANSWER: N' line, briefly.", "scale": [0, 100], "min_labelled": 4,
          "self_evaluation": True}  # fmt: skip
 QUESTION = [{"role": "user", "content": "A box holds 3 rows of 4 eggs. How many eggs?"}]
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Session]:
-    eng = sync_engine(pg_url)
-    with Session(eng) as session:
-        yield session
-    eng.dispose()
 
 
 def _session(db: Session, project: str, name: str, answer: str, **kw: Any) -> str:

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import pytest
 from sqlalchemy.orm import Session
 
-from storage.db import sync_engine
 from storage.grading import DEFAULT_RULE, Exclusion, resolve_reward, to_grade, training_exclusion
 from storage.judge_config import JudgeSettings
 from storage.judge_store import record_calibration
@@ -62,14 +59,6 @@ def test_a_judge_never_rescues_a_failure_the_proxy_saw() -> None:
 
 def test_the_judges_own_calls_are_never_trained_on() -> None:
     assert training_exclusion(make_trajectory("j", [1, 2], [3], tags=["judge"]), set()) == Exclusion.JUDGE_CALL
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Session]:
-    eng = sync_engine(pg_url)
-    with Session(eng) as session:
-        yield session
-    eng.dispose()
 
 
 def _call(db: Session, p: str, session: str) -> None:

@@ -4,25 +4,14 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from sqlalchemy.orm import Session
 
-from storage.db import sync_engine
 from storage.loaders import load_training_batch, load_trajectories, ungraded_share
 from storage.models import TrainingRun, TrainingStep, UsedTrajectory
 from tests.storage.rows import choice, feedback_row, insert, new_project, row
 from tests.storage.test_trajectories import P1
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Session]:
-    eng = sync_engine(pg_url)
-    with Session(eng) as session:
-        yield session
-    eng.dispose()
 
 
 def call(project: str, session: str, **kw: Any) -> dict[str, Any]:

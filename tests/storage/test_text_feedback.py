@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session
 
-from storage.db import sync_engine
 from storage.models import TrainingRun, TrainingStep
 from storage.text_feedback import load_text_feedback, mark_feedback_used
 from tests.storage.rows import choice, feedback_row, insert, new_project, row
@@ -18,14 +16,6 @@ from trainer.textual import build_examples, hints
 
 Q = {"role": "user", "content": "I had 9 apples and gave away 4. How many are left?"}
 A1 = {"role": "assistant", "content": "ANSWER: 13"}
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[Session]:
-    eng = sync_engine(pg_url)
-    with Session(eng) as session:
-        yield session
-    eng.dispose()
 
 
 def _call(db: Session, p: str, session: str, messages: list[dict[str, Any]], reply: str, **kw: Any) -> str:

@@ -292,3 +292,32 @@ class UsedFeedback(Base):
     feedback_id: Mapped[str] = mapped_column(String(200))  # a feedback row's id, or "implicit:<completion id>"
     objective: Mapped[str] = mapped_column(String(16))  # "sdpo" | "correction"
     step_id: Mapped[int] = mapped_column(ForeignKey("training_steps.id"))
+
+
+class Alert(Base):
+    """Something about an alias's version that should stop it spreading: a monitor's window, or attestation.
+
+    One open row per (project, alias, version, kind, name): a monitor that sees the same breach again
+    updates ``value``/``last_seen_at`` rather than adding rows. Open until an admin resolves it (a human
+    decides that a moved window was fine); promotion reads ``storage.alerts.open_alerts``.
+    """
+
+    __tablename__ = "alerts"
+    __table_args__ = (Index("ix_alerts_open", "project_id", "alias", "version", "resolved_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))
+    alias: Mapped[str] = mapped_column(String(200))
+    version: Mapped[int | None] = mapped_column(default=None)  # the version it is about; None: the base model
+    kind: Mapped[str] = mapped_column(String(32))  # "monitor" | "attestation" | ...
+    name: Mapped[str] = mapped_column(String(64))  # the monitor ("completion_tokens", ...) or check's name
+    baseline_version: Mapped[int | None] = mapped_column(default=None)  # what it was compared with
+    value: Mapped[float | None] = mapped_column(Float, default=None)
+    baseline: Mapped[float | None] = mapped_column(Float, default=None)
+    threshold: Mapped[float | None] = mapped_column(Float, default=None)
+    message: Mapped[str] = mapped_column(Text, default="")
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    resolved_at: Mapped[datetime | None] = mapped_column(default=None)  # None: open
+    resolved_by: Mapped[str | None] = mapped_column(String(200), default=None)

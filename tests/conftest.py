@@ -36,6 +36,12 @@ def _pg_admin() -> object:
 
 
 @pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Async tests run on asyncio only (the proxy's stack); anyio would also run them on trio when it is installed."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
 def pg_factory() -> Iterator[object]:
     """Creates throwaway Postgres databases (migrated to head); drops them at the end."""
     admin = _pg_admin()

@@ -39,6 +39,11 @@ from examples.task import grade, make_problems
 CLI = [sys.executable, "-m", "onthejob.cli"]
 
 
+# The `none` arm's rubric: the served model grades its own ungraded sessions from the conversation.
+JUDGE_RUBRIC = (
+    "The task is an arithmetic question. A good answer ends with a line 'ANSWER: N' where N is the "
+    "correct number, uses the calculator correctly if at all, and is brief. Wrong or missing answers score low."
+)
 CARRIED = ("eval", "ungraded")  # exclusions that are not used up: counted again by every run
 
 
@@ -66,6 +71,7 @@ class DemoConfig:
     # What training traffic is graded with (examples.harness.FeedbackArm): numeric (today's mix),
     # comments or corrections (trained with --objective sdpo), none (no feedback at all).
     feedback: str = "numeric"
+    seed: int = 0  # which training problems each round draws (0: today's); held-out never changes
     progress: bool = True
 
     @classmethod
@@ -203,6 +209,8 @@ class Stack:
         self.harness_key = onthejob("keys", "create", "--role", "harness", "--name", "demo-harness", *keys).strip()
         # The alias is the engine's base model name, as `serve` registers it in the default project.
         self.admin("POST", "/v1/admin/aliases", {"name": self.model_name, "base_model": self.model_name})
+        if self.cfg.feedback == "none":  # nobody grades: the served model judges its own sessions
+            self.admin("PUT", "/v1/admin/project", {"judge": {"rubric": JUDGE_RUBRIC, "self_evaluation": True}})
 
     def close(self) -> None:
         stop(self.proxy_proc)
@@ -225,6 +233,12 @@ class Stack:
             base_url=f"{self.proxy_url}/v1", api_key=self.harness_key, model=self.model_name,
             feedback_url=f"{self.proxy_url}/v1/feedback", feedback=self.cfg.feedback,  # type: ignore[arg-type]
         ))  # fmt: skip
+
+    def judge(self, round_no: int) -> str:
+        """One pass of ``onthejob judge``: calibrate on the held-out sessions, grade the ungraded ones."""
+        out = onthejob("judge", "--project", self.project, "--db", self.db_url, "--proxy", self.proxy_url,
+                       "--key", self.admin_key, log=self.out / f"judge-round{round_no}.log")  # fmt: skip
+        return out.strip().splitlines()[-1] if out.strip() else ""
 
     def train(self, round_no: int) -> None:
         """``onthejob train`` for this round's traffic; it deploys what it trains."""
@@ -307,7 +321,7 @@ def play_round(stack: Stack, round_no: int, *, train: bool) -> tuple[RoundResult
                                desc=f"round {round_no} held-out ({label})", progress=cfg.progress)  # fmt: skip
         traffic: list[EpisodeResult] = []
         if train:
-            problems = make_problems("train", cfg.problems, seed=round_no)
+            problems = make_problems("train", cfg.problems, seed=round_no + 1000 * cfg.seed)
             traffic = run_episodes(h, problems, attempts=cfg.attempts, workers=cfg.workers,
                                    desc=f"round {round_no} traffic ({label})", progress=cfg.progress)  # fmt: skip
     result = RoundResult(
@@ -317,6 +331,8 @@ def play_round(stack: Stack, round_no: int, *, train: bool) -> tuple[RoundResult
         feedback=dict(Counter(name for r in traffic for name in r.feedback)),
     )  # fmt: skip
     if train:
+        if cfg.feedback == "none":
+            say(f"judge: {stack.judge(round_no)}")
         stack.train(round_no)
         result.trained_version = stack.deployed_version()
         result.excluded = stack.new_exclusions()
@@ -380,7 +396,7 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
     base, last = rounds[0].heldout, rounds[-1].heldout
     summary = {
         "command": "onthejob demo " + f"--rounds {cfg.rounds} --out {cfg.out} --model {cfg.model} "
-        f"--feedback {cfg.feedback}",
+        f"--feedback {cfg.feedback} --seed {cfg.seed}",
         "feedback": cfg.feedback,
         "model": stack.model_name,
         "project": stack.project,

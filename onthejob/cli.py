@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--feedback", choices=["numeric", "comments", "corrections", "none"], default="numeric",
         help="how training traffic is graded: numbers (default), comments only, corrections only, or not at all",
     )  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="which training problems each round draws (held-out is fixed)")
     p.set_defaults(handler=commands.demo)
 
     db = sub.add_parser("db", help="database schema")

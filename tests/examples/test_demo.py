@@ -55,6 +55,8 @@ def test_config_comes_from_the_cli_flags() -> None:
     assert default.feedback == "numeric"
     arm = DemoConfig.from_args(build_parser().parse_args(["demo", "--feedback", "comments"]))
     assert arm.feedback == "comments"
+    seeded = DemoConfig.from_args(build_parser().parse_args(["demo", "--seed", "3"]))
+    assert (seeded.seed, default.seed) == (3, 0)
 
 
 def args_default(name: str) -> Any:

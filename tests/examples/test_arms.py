@@ -1,0 +1,52 @@
+"""The arms table: lift, its standard error, and a verdict only beyond one standard error."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from examples.arms import arm_lift, load, main, verdict
+
+
+def summary(tmp_path: Path, arm: str, seed: int, rewards: list[float], se: float = 0.05) -> Path:
+    rows = [{"round": i + 1, "heldout_mean_reward": r, "heldout_stderr": se} for i, r in enumerate(rewards)]
+    path = tmp_path / f"{arm}-s{seed}.json"
+    path.write_text(json.dumps({"feedback": arm, "config": {"seed": seed}, "rounds": rows}))
+    return path
+
+
+def test_lift_is_the_last_two_rows_minus_round_one(tmp_path: Path) -> None:
+    run = load(summary(tmp_path, "numeric", 0, [0.40, 0.50, 0.60, 0.70, 0.80, 0.95, 0.99]))
+    lift, se = run.lift  # a 6-round run contributes its first five rows
+    assert lift == pytest.approx(0.75 - 0.40)
+    assert se == pytest.approx(math.sqrt(0.05**2 + 2 * 0.05**2 / 4))
+
+
+def test_a_short_run_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="3 held-out rows, 5 needed"):
+        load(summary(tmp_path, "numeric", 0, [0.4, 0.5, 0.6]))
+
+
+def test_seeds_average_and_their_error_shrinks(tmp_path: Path) -> None:
+    runs = [load(summary(tmp_path, "comments", s, [0.4, 0.4, 0.4, base, base])) for s, base in ((0, 0.5), (1, 0.7))]
+    lift, se, spread = arm_lift(runs)
+    assert lift == pytest.approx(0.2) and spread == pytest.approx(0.2)
+    assert se == pytest.approx(runs[0].lift[1] / math.sqrt(2))
+
+
+def test_the_verdict_needs_one_standard_error() -> None:
+    assert verdict((0.20, 0.02), (0.30, 0.02)).startswith("comments reach half")
+    assert verdict((0.02, 0.02), (0.30, 0.02)).startswith("comments fall short")
+    assert verdict((0.14, 0.05), (0.30, 0.05)).startswith("inconclusive")
+
+
+def test_the_command_prints_a_table_and_draws_the_curves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    files = [summary(tmp_path, "numeric", 0, [0.4, 0.5, 0.6, 0.7, 0.7]),
+             summary(tmp_path, "comments", 0, [0.4, 0.4, 0.5, 0.5, 0.6])]  # fmt: skip
+    assert main([*map(str, files), "--plot", str(tmp_path / "arms.png")]) == 0
+    out = capsys.readouterr().out
+    assert "numeric" in out and "+30.0" in out and "comments" in out and "+15.0" in out
+    assert (tmp_path / "arms.png").read_bytes()[:4] == b"\x89PNG"

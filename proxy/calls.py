@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import time
 from datetime import UTC, datetime
@@ -28,6 +29,7 @@ from proxy import capture, sessions
 from proxy.dialects.base import Dialect, Exchange, Stored, engine_error
 from proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
 from proxy.recording import Recording
+from proxy.replicas import Replica
 from proxy.routing import Route, Router
 from proxy.streaming import Finished, StreamedReply, wait_disconnect
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
@@ -36,6 +38,7 @@ from storage.records import CallRecord, dump_json
 if TYPE_CHECKING:
     from proxy.state import AppState
 
+log = logging.getLogger("onthejob.proxy")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -135,6 +138,7 @@ class ProxiedCall:
         self.ttft_ms: float | None = None
         self.saved = False
         self.base = ""
+        self.replica: Replica | None = None  # while the call occupies it
         self.upstream_body, self.wants = capture.prepare(body, endpoint, route.served_model)
 
     @property
@@ -142,25 +146,58 @@ class ProxiedCall:
         return {"x-request-id": self.id, "x-session-id": self.session.id}
 
     async def open(self) -> aiohttp.ClientResponse:
-        """Send the call upstream; reload lost adapters and retry once on model-not-found."""
+        """Send the call to an engine replica (proxy/replicas.py chooses it) and return the response unread.
+
+        A call that could not connect, or whose connection broke before any response
+        header, is sent to another replica; it is recorded once, as its last try ended.
+        A lost adapter (404 under ``alias@vN``) is loaded again and the call sent once more.
+        """
         payload = orjson.dumps(self.upstream_body)
-        for attempt in (0, 1):
-            base = self.base = self.upstream.pick()
+        replicas, served, metrics = self.router.replicas, self.route.served_model, self.router.metrics
+        tried: set[str] = set()
+        reloaded, error = False, f"no engine replica may serve {served}"
+        while (replica := replicas.pick(served, self.session.id, frozenset(tried))) is not None:
+            self.replica, self.base = replica, replica.url
+            replica.inflight += 1
             try:
-                resp = await self.upstream.open(base, PATHS[self.endpoint], payload)
-            except TimeoutError as exc:
+                resp = await self.upstream.open(replica.url, PATHS[self.endpoint], payload)
+            except aiohttp.SocketTimeoutError as exc:  # connected, then silent: the engine may be working on it
                 await self.save(status=504, termination="timeout", error="engine did not answer in time")
                 raise UpstreamTimeout("the engine did not answer within the connect/idle timeout") from exc
-            except UPSTREAM_FAILURES as exc:
-                await self.save(status=502, termination="upstream_error", error=f"{type(exc).__name__}: {exc}")
-                raise UpstreamError(f"cannot reach the engine at {base}: {type(exc).__name__}") from exc
-            if resp.status == 404 and attempt == 0 and self.route.version is not None:
-                resp.release()
-                with contextlib.suppress(Exception):
-                    await self.router.reconcile(base)  # the engine restarted and lost our adapter
+            except (*UPSTREAM_FAILURES, TimeoutError) as exc:  # no connection, or it broke before any header
+                self.release()
+                error = f"{type(exc).__name__}: {exc}"
+                connect = isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
+                if replicas.failed(replica, error, eject=connect):
+                    log.warning("engine %s out of rotation: %s", replica.url, error)
+                metrics.upstream_failures.labels(replica.url, "refused").inc()
+                metrics.upstream_retries.labels("refused").inc()
+                tried.add(replica.url)
                 continue
+            if resp.status >= 500:
+                metrics.upstream_failures.labels(replica.url, "http_5xx").inc()
+                if replicas.failed(replica, f"HTTP {resp.status}", eject=False):
+                    log.warning("engine %s out of rotation: repeated HTTP %d", replica.url, resp.status)
+            elif resp.status == 404 and self.route.version is not None and not reloaded:
+                resp.release()  # the engine restarted and lost our adapter: load it, then once more
+                self.release()
+                reloaded = True
+                metrics.upstream_retries.labels("adapter_missing").inc()
+                with contextlib.suppress(Exception):
+                    await self.router.ensure_loaded(replica, self.project, self.route.alias, self.route.version)
+                continue
+            else:
+                replicas.succeeded(replica)
+                replicas.remember(self.session.id, replica)
             return resp
-        return resp
+        await self.save(status=502, termination="upstream_error", error=error)
+        raise UpstreamError(f"cannot reach an engine (tried {len(tried)} replica(s)): {error}")
+
+    def release(self) -> None:
+        """The call no longer occupies its replica (it ended, or is tried elsewhere)."""
+        if self.replica is not None:
+            self.replica.inflight -= 1
+            self.replica = None
 
     async def reject(self, resp: aiohttp.ClientResponse) -> Response:
         """Upstream said no: 4xx passes through unchanged; 5xx becomes our 502."""
@@ -272,6 +309,7 @@ class ProxiedCall:
         if self.saved:
             return
         self.saved = True
+        self.release()
         recording = self.recording
         dialect = self.dialect.name if self.dialect else self.endpoint
         seconds = time.perf_counter() - self.t0

@@ -31,8 +31,25 @@ class Metrics:
         self.spool_age = Gauge("onthejob_spool_oldest_age_seconds", "Age of the oldest spooled record", registry=r)
         self.spool_bytes = Gauge("onthejob_spool_bytes", "Bytes on disk in the spool", registry=r)
         self.db_up = Gauge("onthejob_db_up", "1 if the last database write succeeded", registry=r)
-        self.upstream_up = Gauge(
-            "onthejob_upstream_up", "1 if the engine answered the last probe", ["upstream"], registry=r
+        # Engine replicas (proxy/replicas.py): the gauges are set when /metrics is read.
+        self.upstream_up = Gauge("onthejob_upstream_up", "1 while the replica is in rotation", ["upstream"], registry=r)
+        self.upstream_inflight = Gauge(
+            "onthejob_upstream_inflight", "Calls this worker has in flight on the replica", ["upstream"], registry=r
+        )
+        self.upstream_adapters = Gauge(
+            "onthejob_upstream_adapters", "Adapter versions the replica lists", ["upstream"], registry=r
+        )
+        self.upstream_failures = Counter(
+            "onthejob_upstream_failures",
+            "Calls that failed on a replica before its reply began (refused: no connection; http_5xx)",
+            ["upstream", "kind"],
+            registry=r,
+        )
+        self.upstream_retries = Counter(
+            "onthejob_upstream_retries",
+            "Calls sent again (refused: on another replica; adapter_missing: after loading the adapter)",
+            ["reason"],
+            registry=r,
         )
         buckets = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120)
         self.latency = Histogram("onthejob_request_seconds", "Time to the last byte", call, registry=r, buckets=buckets)
@@ -53,6 +70,9 @@ class Metrics:
             registry=r,
         )
         self.adapter_loads = Counter("onthejob_adapter_loads", "Adapter loads into engines", ["result"], registry=r)
+        self.adapter_unloads = Counter(
+            "onthejob_adapter_unloads", "Unneeded adapter versions unloaded from engines", ["result"], registry=r
+        )
         self._terminations: dict[str, Any] = {}
         self._calls: dict[tuple[str, ...], tuple[Any, ...]] = {}
 

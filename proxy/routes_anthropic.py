@@ -61,7 +61,7 @@ async def _count(request: Request) -> int:
     payload = count_tokens_body(await read_json(request, st.settings.max_body_bytes))
     payload["model"] = st.router.resolve(principal.project_id, payload["model"]).served_model
     try:
-        status, reply = await st.upstream.post_json(st.upstream.pick(), "/tokenize", payload, timeout=30)
+        status, reply = await st.upstream.post_json(st.router.replicas.any_up().url, "/tokenize", payload, timeout=30)
     except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
         raise UpstreamError(f"cannot reach the engine to count tokens: {type(exc).__name__}") from exc
     if status == 404:

@@ -133,7 +133,7 @@ async def _passthrough(request: Request, st: Any, principal: Any, path: str) -> 
     if "model" in body:
         body["model"] = st.router.resolve(principal.project_id, body["model"]).served_model
     try:
-        status, reply = await st.upstream.post_json(st.upstream.pick(), path, body, timeout=30)
+        status, reply = await st.upstream.post_json(st.router.replicas.any_up().url, path, body, timeout=30)
     except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
         raise UpstreamError(f"cannot reach the engine for {path}: {type(exc).__name__}") from exc
     return ORJSONResponse(reply, status_code=status if status < 500 else 502)

@@ -1,9 +1,11 @@
 """Liveness, honest readiness, and Prometheus metrics.
 
 ``/readyz`` only looks: it asks each engine for its models, the database for ``SELECT 1``
-and the spool whether it can write. It never reloads adapters or changes what the
-proxy believes (housekeeping does that); a probe that acts would run repairs at the
-rate a load balancer polls.
+and the spool whether it can write, and shows each engine replica as this worker
+routes to it (``replicas``: in rotation or not, calls in flight, adapter versions
+listed and still missing). It never reloads adapters or changes what the proxy
+believes (the probes do that, proxy/routing.py); a probe that acts would run repairs
+at the rate a load balancer polls.
 """
 
 from __future__ import annotations
@@ -41,8 +43,10 @@ async def readyz(st: StateDep) -> Response:
         db_ok = False
     spool_ok = st.spool.writable()
     upstream_ok = any(answers)
+    needed = st.router.needed()
     body: dict[str, Any] = {
         "upstream": {u: ("up" if ok else "down") for u, ok in upstream.items()},
+        "replicas": {r.url: r.state(needed) for r in st.router.replicas.replicas},
         "database": "up" if db_ok else "down",
         "spool": {
             "writable": spool_ok,
@@ -78,4 +82,5 @@ async def metrics(request: Request, st: StateDep) -> Response:
     st.metrics.spool_depth.set(st.spool.depth)
     st.metrics.spool_age.set(st.spool.oldest_age())
     st.metrics.spool_bytes.set(st.spool.bytes)
+    st.router.replicas.export(st.metrics)
     return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,16 +1,31 @@
-"""Aliases → served models, deployments into every engine replica, reconciliation after restarts.
+"""Aliases → served models; adapter versions into engine replicas, kept there while needed, then unloaded.
 
 An alias routes to ``alias@vN`` (the deployed adapter, a new engine-side name per
-version, since vLLM caches by name) or to its base model. Every replica refreshes
-the alias table from the database twice a second, so a deployment made through
-any replica is followed by all of them within 1 s. Runtime-loaded adapters vanish
-when an engine restarts; :meth:`Router.reconcile` loads them again.
+version, since vLLM caches by name) or to its base model. Every proxy worker
+refreshes the alias table from the database twice a second, so a deployment made
+through any of them is followed by all within 1 s.
+
+The engine replicas (:mod:`proxy.replicas` keeps their state) are probed with
+``GET /v1/models``: in rotation every ``probe_every_s``, out of rotation every
+second. A probe that gets an answer first loads every needed version the engine
+lacks (it restarted, or missed a deployment while it was down), and only then puts
+the replica back in rotation; a call never reaches a replica that does not list
+the version it asks for while another one does. Versions no longer needed
+(:func:`needed_versions`) are unloaded by the probe after a grace period, so an
+engine with ``--max-loras`` does not fill up.
+
+Deploying loads the version into the replicas in rotation (those out of rotation
+get it when they return), verifies each lists it, then switches routing; its
+answer says which replicas have it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,11 +34,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.errors import InvalidRequest, NotFound, UpstreamError
 from proxy.metrics import Metrics
-from proxy.upstream import Upstream
+from proxy.replicas import Replica, ReplicaSet
+from proxy.upstream import UPSTREAM_FAILURES, Upstream
 from storage.keys import ensure_project
 from storage.models import Adapter, Alias, Deployment
 
 log = logging.getLogger("onthejob.routing")
+
+UNLOAD_GRACE_S = 5.0  # a version unneeded this long is unloaded (sibling workers follow the alias table in 0.5 s)
+VersionKey = tuple[str, str, int]  # (project, alias, version)
+_LORA_NAME = re.compile(r"(?:(?P<project>[^~]+)~)?(?P<alias>.+)@v(?P<version>\d+)")
 
 
 @dataclass(frozen=True)
@@ -39,30 +59,45 @@ def lora_name(project: str, alias: str, version: int) -> str:
     return f"{alias}@v{version}" if project == "default" else f"{project}~{alias}@v{version}"
 
 
+def needed_versions(
+    aliases: Mapping[tuple[str, str], tuple[str, int | None]], pinned: Iterable[VersionKey] = ()
+) -> set[VersionKey]:
+    """The adapter versions engines must hold: every routed version, plus ``pinned`` ones.
+
+    Today nothing is pinned. Promotion adds here what must stay loaded without taking
+    all of an alias's traffic: a canary's candidate, a held candidate, a version whose
+    evaluation is pending. Every proxy worker must compute the same set (fill
+    :attr:`Router.pinned` from the database in :meth:`Router.refresh`), or one worker
+    unloads what another routes to. Anything else the proxy loaded is unloaded.
+    """
+    return {(p, a, v) for (p, a), (_, v) in aliases.items() if v is not None} | set(pinned)
+
+
 class Router:
     def __init__(
-        self, sessionmaker: async_sessionmaker[AsyncSession], upstream: Upstream, metrics: Metrics, default_project: str
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        upstream: Upstream,
+        metrics: Metrics,
+        default_project: str,
     ) -> None:
         self.sessionmaker = sessionmaker
         self.upstream = upstream
         self.metrics = metrics
         self.default_project = default_project
+        self.replicas = ReplicaSet(upstream.urls)
         self.base_models: set[str] = set()
+        self.pinned: set[VersionKey] = set()  # loaded but not (only) routed: see needed_versions
         self._aliases: dict[tuple[str, str], tuple[str, int | None]] = {}
+        self._refreshed = False  # nothing is unloaded before the alias table was read once
         self._paths: dict[tuple[str, str, int], str] = {}
-        self._lock = asyncio.Lock()
+        self._unneeded: dict[str, float] = {}  # engine-side name → when a probe first found it unneeded
+        self._lock = asyncio.Lock()  # one deployment or probe changes engines at a time
 
-    # ---- discovery and the alias table ------------------------------------------------
+    # ---- the alias table -------------------------------------------------------------
     async def discover(self) -> None:
-        """Learn the engines' base models (models without a parent)."""
-        for base in self.upstream.urls:
-            try:
-                status, body = await self.upstream.get_json(base, "/v1/models")
-            except Exception as exc:  # noqa: BLE001 - an engine still starting is not fatal
-                log.warning("engine %s not reachable yet: %s", base, exc)
-                continue
-            if status == 200:
-                self.base_models |= {m["id"] for m in body.get("data", []) if not m.get("parent")}
+        """Probe every replica once (at start): learns the base models and what each engine holds."""
+        await asyncio.gather(*(self.probe(r) for r in self.replicas.replicas))
 
     async def register_base_aliases(self) -> None:
         """Each engine's base model becomes an alias of the default project, so /v1/models answers at once."""
@@ -78,7 +113,14 @@ class Router:
             rows = (
                 await db.execute(select(Alias.project_id, Alias.name, Alias.base_model, Alias.deployed_version))
             ).all()
-        self._aliases = {(p, n): (b, v) for p, n, b, v in rows}
+        table = {(p, n): (b, v) for p, n, b, v in rows}
+        changed = {lora_name(p, n, v) for (p, n), (_, v) in table.items() if v is not None}
+        changed -= {lora_name(p, n, v) for (p, n), (_, v) in self._aliases.items() if v is not None}
+        if any(not self.replicas.loaded_on(name) for name in changed):
+            # Another worker deployed it: learn which engines hold it before routing to it.
+            await asyncio.gather(*(self._list(r) for r in self.replicas.live), return_exceptions=True)
+        self._aliases = table
+        self._refreshed = True
 
     def resolve(self, project: str, name: Any) -> Route:
         """The route for a model name as the client sent it."""
@@ -101,6 +143,10 @@ class Router:
         names = {n for (p, n) in self._aliases if p == project} | self.base_models
         return sorted(names)
 
+    def needed(self) -> set[str]:
+        """The engine-side names of every needed adapter version."""
+        return {lora_name(*key) for key in needed_versions(self._aliases, self.pinned)}
+
     # ---- adapters in engines ----------------------------------------------------------
     async def _adapter_path(self, project: str, alias: str, version: int) -> str:
         key = (project, alias, version)
@@ -119,65 +165,71 @@ class Router:
             self._paths[key] = row.path
         return self._paths[key]
 
-    async def ensure_loaded(self, base: str, project: str, alias: str, version: int) -> None:
-        """Load ``alias@vN`` into one engine unless it is there already, then verify it is listed."""
+    async def _list(self, replica: Replica) -> None:
+        """Read what one engine lists now (raises when it does not answer)."""
+        status, body = await self.upstream.get_json(replica.url, "/v1/models", timeout=2.0)
+        if status != 200 or not isinstance(body, dict):
+            raise UpstreamError(f"engine {replica.url} answered GET /v1/models with HTTP {status}")
+        self.replicas.answered(replica, body.get("data") or [])
+        self.base_models |= replica.bases
+
+    async def ensure_loaded(self, replica: Replica, project: str, alias: str, version: int) -> None:
+        """Load ``alias@vN`` into one engine unless it lists it already, then verify it is listed."""
         name = lora_name(project, alias, version)
-        status, body = await self.upstream.get_json(base, "/v1/models")
-        if status == 200 and name in {m["id"] for m in body.get("data", [])}:
+        await self._list(replica)
+        if name in replica.models:
             return
         path = await self._adapter_path(project, alias, version)
         status, body = await self.upstream.post_json(
-            base, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}
+            replica.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}
         )
         if status != 200 and "already" not in str(body):
             self.metrics.adapter_loads.labels("failed").inc()
-            raise UpstreamError(f"engine {base} refused adapter {name} from {path}: {body}")
-        status, body = await self.upstream.get_json(base, "/v1/models")
-        if status != 200 or name not in {m["id"] for m in body.get("data", [])}:
+            raise UpstreamError(f"engine {replica.url} refused adapter {name} from {path}: {body}")
+        await self._list(replica)
+        if name not in replica.models:
             self.metrics.adapter_loads.labels("failed").inc()
-            raise UpstreamError(f"engine {base} does not list adapter {name} after loading it")
+            raise UpstreamError(f"engine {replica.url} does not list adapter {name} after loading it")
+        self._unneeded.pop(name, None)
         self.metrics.adapter_loads.labels("ok").inc()
 
+    async def stage(self, project: str, alias: str, version: int) -> dict[str, str]:
+        """Load ``alias@vN`` into every replica in rotation without routing to it: replica → loaded | pending.
+
+        Out of rotation (or unreachable while loading): ``pending``, loaded when it returns
+        if the version is needed then (routed or pinned). An engine that answers but
+        refuses the adapter fails the whole call: the adapter is at fault, not the engine.
+        """
+        report = {r.url: "pending" for r in self.replicas.replicas}
+
+        async def one(replica: Replica) -> None:
+            try:
+                await self.ensure_loaded(replica, project, alias, version)
+            except (*UPSTREAM_FAILURES, TimeoutError) as exc:
+                if self.replicas.unreachable(replica, f"{type(exc).__name__}: {exc}"):
+                    log.warning("engine %s out of rotation: unreachable while loading %s@v%d", replica.url, alias,
+                                version)  # fmt: skip
+                return
+            report[replica.url] = "loaded"
+
+        await asyncio.gather(*(one(r) for r in self.replicas.live))
+        if "loaded" not in report.values():
+            raise UpstreamError(f"no engine replica is up to load {alias!r} version {version} into; try again "
+                                "when GET /readyz shows one up")  # fmt: skip
+        return report
+
     async def deploy(self, project: str, alias: str, version: int | None) -> dict[str, Any]:
-        """Load into every replica, verify, then switch routing (and record the deployment)."""
+        """Load into the replicas in rotation, verify, then switch routing (and record the deployment)."""
         async with self._lock:
-            async with self.sessionmaker() as db:
-                row = await db.scalar(select(Alias).where(Alias.project_id == project, Alias.name == alias))
-                adapter = None
-                if version is not None:
-                    adapter = await db.scalar(
-                        select(Adapter).where(
-                            Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
-                        )
-                    )
-                    if adapter is None:
-                        raise NotFound(
-                            f"no adapter {alias!r} version {version}: the trainer publishes them; list "
-                            "them at GET /v1/admin/adapters",
-                            param="version",
-                        )
-                if row is None:
-                    if adapter is None:
-                        raise NotFound(f"no alias {alias!r} in this project", param="alias")
-                    row = Alias(project_id=project, name=alias, base_model=adapter.base_model)
-                    db.add(row)
+            row = await self._alias_row(project, alias, version)
             previous = row.deployed_version
             try:
-                if version is not None:
-                    await asyncio.gather(*(self.ensure_loaded(b, project, alias, version) for b in self.upstream.urls))
+                if version is None:  # the base model: every engine serves it
+                    report = {r.url: "loaded" if r.up else "pending" for r in self.replicas.replicas}
+                else:
+                    report = await self.stage(project, alias, version)
             except Exception as exc:
-                async with self.sessionmaker() as db:
-                    db.add(
-                        Deployment(
-                            project_id=project,
-                            alias=alias,
-                            version=version,
-                            previous_version=previous,
-                            status="failed",
-                            detail={"error": str(exc)},
-                        )
-                    )
-                    await db.commit()
+                await self._record(project, alias, version, previous, "failed", {"error": str(exc)})
                 raise
             async with self.sessionmaker() as db:
                 live = await db.scalar(select(Alias).where(Alias.project_id == project, Alias.name == alias))
@@ -185,36 +237,111 @@ class Router:
                     live = Alias(project_id=project, name=alias, base_model=row.base_model)
                     db.add(live)
                 live.deployed_version = version
-                dep = Deployment(
-                    project_id=project,
-                    alias=alias,
-                    version=version,
-                    previous_version=previous,
-                    status="active",
-                    detail={"replicas": len(self.upstream.urls)},
-                )
-                db.add(dep)
                 await db.commit()
-                result = {
-                    "id": dep.id,
-                    "alias": alias,
-                    "version": version,
-                    "previous_version": previous,
-                    "served_model": lora_name(project, alias, version) if version else live.base_model,
-                    "status": "active",
-                }
+            dep_id = await self._record(project, alias, version, previous, "active", {"replicas": report})
             self._aliases[(project, alias)] = (row.base_model, version)
-            return result
+            served = lora_name(project, alias, version) if version is not None else row.base_model
+            return {"id": dep_id, "alias": alias, "version": version, "previous_version": previous,
+                    "served_model": served, "status": "active", "replicas": report}  # fmt: skip
 
-    async def reconcile(self, base: str) -> int:
-        """Reload every deployed adapter this engine lost (after a restart). Returns how many were loaded."""
-        status, body = await self.upstream.get_json(base, "/v1/models")
-        if status != 200:
-            return 0
-        present = {m["id"] for m in body.get("data", [])}
+    async def _alias_row(self, project: str, alias: str, version: int | None) -> Alias:
+        """The alias being deployed (a new one for an adapter's alias not created yet), checked."""
+        async with self.sessionmaker() as db:
+            row = await db.scalar(select(Alias).where(Alias.project_id == project, Alias.name == alias))
+            adapter = None
+            if version is not None:
+                adapter = await db.scalar(
+                    select(Adapter).where(
+                        Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
+                    )
+                )
+                if adapter is None:
+                    raise NotFound(
+                        f"no adapter {alias!r} version {version}: the trainer publishes them; list "
+                        "them at GET /v1/admin/adapters",
+                        param="version",
+                    )
+            if row is None:
+                if adapter is None:
+                    raise NotFound(f"no alias {alias!r} in this project", param="alias")
+                row = Alias(project_id=project, name=alias, base_model=adapter.base_model)
+            return row
+
+    async def _record(self, project: str, alias: str, version: int | None, previous: int | None, status: str,
+                      detail: dict[str, Any]) -> int:  # fmt: skip
+        async with self.sessionmaker() as db:
+            dep = Deployment(project_id=project, alias=alias, version=version, previous_version=previous,
+                             status=status, detail=detail)  # fmt: skip
+            db.add(dep)
+            await db.commit()
+            return int(dep.id)
+
+    async def reconcile(self, replica: Replica) -> int:
+        """Load every needed version this engine does not list (after a restart or an outage). Returns how many."""
         loaded = 0
-        for (project, alias), (_, version) in list(self._aliases.items()):
-            if version is not None and lora_name(project, alias, version) not in present:
-                await self.ensure_loaded(base, project, alias, version)
+        for project, alias, version in sorted(needed_versions(self._aliases, self.pinned)):
+            if lora_name(project, alias, version) not in replica.models:
+                await self.ensure_loaded(replica, project, alias, version)
                 loaded += 1
         return loaded
+
+    async def unload_unneeded(self, replica: Replica) -> int:
+        """Unload this proxy's adapter versions no longer needed (for at least the grace period). Returns how many."""
+        if not self._refreshed:
+            return 0
+        needed, now, unloaded = self.needed(), time.monotonic(), 0
+        for name in sorted(replica.adapters - needed):
+            m = _LORA_NAME.fullmatch(name)
+            if m is None or (m["project"] or self.default_project, m["alias"]) not in self._aliases:
+                continue  # not one of ours (an operator's --lora-modules): left alone
+            if now - self._unneeded.setdefault(name, now) < UNLOAD_GRACE_S:
+                continue
+            status, body = await self.upstream.post_json(replica.url, "/v1/unload_lora_adapter", {"lora_name": name},
+                                                         timeout=30)  # fmt: skip
+            if status == 200 or status == 404:
+                replica.models.discard(name)
+                unloaded += 1
+                self.metrics.adapter_unloads.labels("ok").inc()
+                log.info("engine %s: unloaded %s (no alias routes to it)", replica.url, name)
+            else:
+                self.metrics.adapter_unloads.labels("failed").inc()
+                log.warning("engine %s refused to unload %s: HTTP %d %s", replica.url, name, status, body)
+        return unloaded
+
+    # ---- health -----------------------------------------------------------------------
+    async def probe(self, replica: Replica) -> None:
+        """Ask one engine what it serves; load what it lacks before it (re)enters rotation; unload the unneeded."""
+        async with self._lock:
+            try:
+                await self._list(replica)
+            except Exception as exc:  # noqa: BLE001 - any failure means not answering
+                if self.replicas.unreachable(replica, f"{type(exc).__name__}: {exc}"):
+                    log.warning("engine %s out of rotation: the probe got no answer (%s)", replica.url, exc)
+                return
+            try:
+                loaded = await self.reconcile(replica)
+            except Exception as exc:  # noqa: BLE001 - it still serves what it lists; routing avoids the rest
+                replica.last_error = f"reconcile: {exc}"
+                log.warning("engine %s answers but could not load every needed adapter: %s", replica.url, exc)
+                loaded = 0
+            if self.replicas.admit(replica):
+                log.info("engine %s in rotation (%d adapter version(s) loaded first)", replica.url, loaded)
+            elif loaded:
+                log.info("engine %s had lost %d adapter version(s): reloaded", replica.url, loaded)
+            try:
+                await self.unload_unneeded(replica)
+            except Exception as exc:  # noqa: BLE001 - retried at the next probe
+                log.warning("engine %s: unloading failed: %s", replica.url, exc)
+
+    async def watch(self, every_s: float) -> None:
+        """Probe replicas forever: in rotation every ``every_s`` seconds, out of rotation every second."""
+        last = {r.url: time.monotonic() for r in self.replicas.replicas}  # discover() probed them at start
+        while True:
+            now = time.monotonic()
+            due = [r for r in self.replicas.replicas
+                   if now - last.get(r.url, -1e9) >= (every_s if r.up else min(1.0, every_s))]  # fmt: skip
+            for replica in due:
+                last[replica.url] = now
+            if due:
+                await asyncio.gather(*(self.probe(r) for r in due))
+            await asyncio.sleep(0.2)

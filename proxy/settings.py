@@ -35,7 +35,10 @@ class Settings:
     spool_full_policy: str = field(default_factory=lambda: _env("SPOOL_FULL_POLICY", "refuse"))
     drain_batch: int = 500
     alias_refresh_s: float = 0.5  # every replica sees a new deployment within 1 s
-    reconcile_every_s: float = 5.0  # how often engines are checked for lost adapters
+    reconcile_every_s: float = 5.0  # how often pending feedback and orphaned spools are swept
+    # How often an engine replica in rotation is probed (reloads lost adapters, unloads unneeded ones);
+    # one out of rotation is probed every second.
+    probe_every_s: float = field(default_factory=lambda: float(_env("PROBE_EVERY", "5")))
     key_cache_ttl_s: float = 60.0
     # Per API key: sustained requests/s and burst; 0 turns rate limiting off (it never applies under --no-auth).
     rate_limit_rps: float = field(default_factory=lambda: float(_env("RATE_LIMIT_RPS", "50")))

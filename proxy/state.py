@@ -47,7 +47,6 @@ class AppState:
     spool_lock: int = -1
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
-    upstream_up: dict[str, bool] = field(default_factory=dict)
     draining: bool = False
 
     @classmethod
@@ -104,10 +103,13 @@ class AppState:
             await self.ensure_admin_key()
             await self.router.register_base_aliases()
             await self.refresh()
+            if self.router.needed():  # the engines were probed before the alias table was read
+                await self.router.discover()
         except Exception as exc:  # noqa: BLE001 - the database may be down at start; serve from the spool
             log.warning("database not reachable at start (%s); aliases will load when it returns", exc)
         self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
         self.tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        self.tasks.append(asyncio.create_task(self.router.watch(self.settings.probe_every_s), name="probes"))
 
     async def ensure_admin_key(self) -> None:
         """``ONTHEJOB_ADMIN_KEY``, when set, is an admin key of the default project (idempotent)."""
@@ -126,7 +128,7 @@ class AppState:
                 log.error("ONTHEJOB_ADMIN_KEY not registered: %s", exc)
 
     async def _housekeeping(self) -> None:
-        """Follow deployments (alias table) quickly; check engines for lost adapters now and then."""
+        """Follow deployments (alias table) quickly; sweep pending feedback and orphaned spools now and then."""
         ticks_per_reconcile = max(1, int(self.settings.reconcile_every_s / self.settings.alias_refresh_s))
         tick = 0
         while True:
@@ -135,7 +137,6 @@ class AppState:
                 await self.refresh()
             tick += 1
             if tick % ticks_per_reconcile == 0:
-                await self.probe_upstreams()
                 with contextlib.suppress(Exception):
                     await self.sweep_feedback()
                 with contextlib.suppress(OSError):
@@ -154,24 +155,6 @@ class AppState:
             if await attach_orphans(db):
                 await db.commit()
             self.metrics.feedback_orphans.set(await count_orphans(db))
-
-    async def probe_upstreams(self) -> None:
-        for base in self.upstream.urls:
-            try:
-                status, _ = await self.upstream.get_json(base, "/v1/models", timeout=2.0)
-                up = status == 200
-            except Exception:  # noqa: BLE001 - unreachable engine
-                up = False
-            was_up = self.upstream_up.get(base)
-            self.upstream_up[base] = up
-            self.metrics.upstream_up.labels(base).set(1 if up else 0)
-            if up:
-                if not self.router.base_models:
-                    await self.router.discover()
-                with contextlib.suppress(Exception):
-                    loaded = await self.router.reconcile(base)
-                    if loaded or was_up is False:
-                        log.info("engine %s: reloaded %d adapter(s)", base, loaded)
 
     async def stop(self, grace_s: float = 30.0) -> None:
         """Finish in-flight calls (up to a grace period), flush the spool into the database, close."""

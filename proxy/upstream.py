@@ -1,12 +1,11 @@
 """The one upstream HTTP client (aiohttp: measured ~13x httpx's throughput here), behind a small API.
 
-Replicas are used round-robin for calls; admin fan-out (adapter loads) goes to each.
+Which replica serves a call is chosen by proxy/replicas.py; this client only talks to the one it is given.
 Timeouts: connect, and idle between reads; never a total timeout on a stream.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,7 +22,6 @@ UPSTREAM_FAILURES = (aiohttp.ClientError, ConnectionError, OSError)
 class Upstream:
     def __init__(self, urls: list[str], connect_timeout: float, idle_timeout: float) -> None:
         self.urls = urls
-        self._cycle = itertools.cycle(urls)
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=idle_timeout)
         self._session: aiohttp.ClientSession | None = None
         self.fingerprints: dict[str, str] = {}  # per replica: vLLM's system_fingerprint, seen in replies
@@ -46,9 +44,6 @@ class Upstream:
     def session(self) -> aiohttp.ClientSession:
         assert self._session is not None, "Upstream.start() was not awaited"
         return self._session
-
-    def pick(self) -> str:
-        return next(self._cycle)
 
     async def open(self, base: str, path: str, body: bytes) -> aiohttp.ClientResponse:
         """POST a JSON body and return the response with its body unread (the caller streams it)."""

@@ -31,7 +31,7 @@ def in_process(tmp_path: Path, stub_upstream: str, pg_factory: Any) -> AppFactor
 
     @asynccontextmanager
     async def start(**settings: Any) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient, str]]:
-        defaults = {"auth": False, "reconcile_every_s": 3600.0, "alias_refresh_s": 3600.0}
+        defaults = {"auth": False, "reconcile_every_s": 3600.0, "alias_refresh_s": 3600.0, "probe_every_s": 3600.0}
         app = create_app(Settings(upstreams=[stub_upstream], database_url=db_url, spool_dir=tmp_path / "spool",
                                   **{**defaults, **settings}))  # fmt: skip
         async with app.router.lifespan_context(app):
@@ -47,20 +47,21 @@ async def test_readyz_has_no_side_effects(in_process: AppFactory) -> None:
         st = app.state.onthejob
         acted: list[str] = []
 
-        async def reconcile(base: str) -> int:
-            acted.append(f"reconcile {base}")
+        async def reconcile(replica: Any) -> int:
+            acted.append(f"reconcile {replica.url}")
             return 0
 
-        async def discover() -> None:
-            acted.append("discover")
+        async def probe(replica: Any) -> None:
+            acted.append(f"probe {replica.url}")
 
-        st.router.reconcile, st.router.discover = reconcile, discover
-        believed = dict(st.upstream_up)
+        st.router.reconcile, st.router.probe = reconcile, probe
+        believed = [r.state(set()) for r in st.router.replicas.replicas]
         for _ in range(3):
             r = await client.get("/readyz")
             assert r.status_code == 200 and r.json()["status"] == "ready", r.text
             assert set(r.json()["upstream"].values()) == {"up"}
-        assert acted == [] and st.upstream_up == believed
+            assert [v["state"] for v in r.json()["replicas"].values()] == ["up"]
+        assert acted == [] and [r.state(set()) for r in st.router.replicas.replicas] == believed
 
 
 def _keys(db_url: str) -> dict[str, str]:

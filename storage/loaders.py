@@ -21,17 +21,16 @@ from sqlalchemy.orm import Session as DbSession
 from storage.feedback import feedback_for_stmt, feedback_list
 from storage.grading import (
     DEFAULT_RULE,
-    Exclusion,
     Grade,
     RewardRule,
     apply_rewards,
     is_graded,
     resolve_grades,
-    training_exclusion,
 )
 from storage.judge_store import judge_state, judge_state_async
-from storage.models import Completion, Feedback, Project, Session, UsedTrajectory
+from storage.models import Completion, Feedback, Project, Session
 from storage.trajectories import Render, Trajectory, assemble
+from storage.used import screen_batch, used_keys
 
 # --------------------------------------------------------------------------- statements
 
@@ -75,12 +74,6 @@ def feedback_stmt(project_id: str, sessions: Select[str]) -> Select[Feedback]:
         ),
     )
     return select(Feedback).where(Feedback.project_id == project_id, or_(Feedback.session_id.in_(sessions), pending))
-
-
-def used_stmt(project_id: str, alias: str) -> Select[str]:
-    return select(UsedTrajectory.trajectory_id).where(
-        UsedTrajectory.project_id == project_id, UsedTrajectory.alias == alias
-    )
 
 
 def settings_stmt(project_id: str) -> Select[tuple[dict[str, Any]]]:
@@ -143,8 +136,10 @@ def load_training_batch(
     db: DbSession, project_id: str, alias: str, *, since: datetime | None = None,
     rule: RewardRule | None = None, render: Render | None = None, end_of_turn: Collection[int] | None = None,
 ) -> tuple[list[Trajectory], Counter[str]]:  # fmt: skip
-    """Graded trajectories of ``alias`` not yet in ``used_trajectories``, never "eval" ones.
+    """Every graded, untrained trajectory of ``alias``, rebuilt from its whole history; never "eval" ones.
 
+    The trainer reads incrementally instead (:class:`storage.feed.TrainingFeed`); this is the
+    one-shot form. A prefix already trained on the same feedback is masked (:mod:`storage.used`).
     The Counter holds every exclusion by reason: ``eval``, ``already_used``,
     ``missing_token_ids``/``prefix_mismatch``/``unaligned`` (capture),
     ``no_sampled_tokens``, ``infra_error`` (masked), ``ungraded``.
@@ -152,19 +147,7 @@ def load_training_batch(
     trajectories = load_trajectories(
         db, project_id, alias=alias, since=since, rule=rule, render=render, end_of_turn=end_of_turn
     )
-    used = set(db.scalars(used_stmt(project_id, alias)))
-    batch: list[Trajectory] = []
-    excluded: Counter[str] = Counter()
-    for traj in trajectories:
-        if traj.alias != alias:
-            excluded[Exclusion.OTHER_ALIAS] += 1
-            continue
-        reason = training_exclusion(traj, used)
-        if reason is None:
-            batch.append(traj)
-        else:
-            excluded[reason] += 1
-    return batch, excluded
+    return screen_batch(trajectories, alias, used_keys(db, project_id, alias))
 
 
 def _coverage(rows: Sequence[Any], feedback: Sequence[Feedback], rule: RewardRule) -> dict[int | None, dict[str, Any]]:

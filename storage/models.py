@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -290,7 +291,7 @@ class UsedFeedback(Base):
     alias: Mapped[str] = mapped_column(String(200))
     trajectory_id: Mapped[str] = mapped_column(String(300))
     feedback_id: Mapped[str] = mapped_column(String(200))  # a feedback row's id, or "implicit:<completion id>"
-    objective: Mapped[str] = mapped_column(String(16))  # "sdpo" | "correction"
+    objective: Mapped[str] = mapped_column(String(16))  # "reward" (scalar) | "sdpo" | "correction"
     step_id: Mapped[int] = mapped_column(ForeignKey("training_steps.id"))
 
 
@@ -321,3 +322,38 @@ class Alert(Base):
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     resolved_at: Mapped[datetime | None] = mapped_column(default=None)  # None: open
     resolved_by: Mapped[str | None] = mapped_column(String(200), default=None)
+
+
+# SQLite makes only an INTEGER PRIMARY KEY the rowid (AUTOINCREMENT: never reused).
+_SEQ = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Change(Base):
+    """One entry of the change log: a call recorded or a feedback item stored (a revision is a new item).
+
+    Written by database triggers (migration 0008), so every insert path logs, COPY included.
+    Readers page by ``(xid, seq)`` and never past a transaction still in flight (storage/changes.py).
+    """
+
+    __tablename__ = "changes"
+    __table_args__ = (Index("ix_changes_position", "project_id", "xid", "seq"), {"sqlite_autoincrement": True})
+
+    seq: Mapped[int] = mapped_column(_SEQ, primary_key=True, autoincrement=True)
+    # The writing transaction's id (Postgres pg_current_xact_id(); 0 on SQLite, whose writers are serial).
+    xid: Mapped[int] = mapped_column(BigInteger)
+    project_id: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(16))  # "call" | "feedback"
+    ref_id: Mapped[str] = mapped_column(String(200))  # the completion's or the feedback item's id
+    session_id: Mapped[str | None] = mapped_column(String(200), default=None)  # None: feedback still pending
+
+
+class ChangeCursor(Base):
+    """How far one reader of the change log (the trainer of an alias, failure mining, ...) has settled."""
+
+    __tablename__ = "change_cursors"
+
+    project_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    consumer: Mapped[str] = mapped_column(String(200), primary_key=True)  # e.g. "train:support", "mine"
+    xid: Mapped[int] = mapped_column(BigInteger, default=0)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,14 +1,13 @@
 """Reading what text-feedback training needs: the alias's calls, comments and corrections, hindsight, what is used.
 
 The trainer turns these into SDPO and correction examples (``trainer.textual``).
-"Used" is per (trajectory, feedback item, objective) in ``used_feedback``, apart
-from the scalar path's ``used_trajectories``: a comment that arrives after its
-session was trained on numerically still teaches once, and only once.
+"Used" is per (trajectory, feedback item, objective) in ``used_feedback``, as for
+the scalar path (objective ``reward``, :mod:`storage.used`): a comment that arrives
+after its session was trained on numerically still teaches once, and only once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -20,6 +19,7 @@ from storage.hindsight import Hindsight, next_turn_feedback
 from storage.judge_config import JUDGE_SOURCE, implicit_feedback
 from storage.loaders import completions_stmt, feedback_stmt, sessions_subquery, settings_stmt
 from storage.models import Completion, UsedFeedback
+from storage.used import mark_used as mark_feedback_used
 
 Key = tuple[str, str, str]  # (trajectory id, feedback id, objective)
 
@@ -52,11 +52,4 @@ def load_text_feedback(db: DbSession, project_id: str, alias: str, *, since: dat
     return TextFeedback(calls, grades, hindsight, used)
 
 
-def mark_feedback_used(db: DbSession, project_id: str, alias: str, keys: Iterable[Key], step_id: int) -> int:
-    """Record the keys a step trained on (the caller commits with the step); returns how many."""
-    rows = [
-        UsedFeedback(project_id=project_id, alias=alias, trajectory_id=t, feedback_id=f, objective=o, step_id=step_id)
-        for t, f, o in dict.fromkeys(keys)
-    ]
-    db.add_all(rows)
-    return len(rows)
+__all__ = ["TextFeedback", "load_text_feedback", "mark_feedback_used", "used_feedback_stmt"]

@@ -1,8 +1,9 @@
 """``onthejob train``: graded traffic in, LoRA adapter versions out, deployed through the proxy.
 
-Each step: load graded, unused, non-eval trajectories of the alias from
-storage, train one step on up to ``batch_size`` of them, record the step and
-which trajectories it used, save ``<adapters>/<alias>/v<N>``, record the
+Each step: take graded, untrained, non-eval trajectories of the alias from
+storage (``storage.feed``: what changed since the trainer's cursor), train one
+step on up to ``batch_size`` of them, record the step and which trajectories it
+used (with the feedback their rewards came from), save ``<adapters>/<alias>/v<N>``, record the
 adapter row, and ask the proxy to deploy it. ``--watch`` keeps polling for new
 graded traffic. Under ``torchrun`` rank 0 owns the database and the proxy; every
 rank trains on its shard (see :mod:`trainer.dist`).
@@ -21,9 +22,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.judge_store import JudgeState, judge_state
-from storage.models import Adapter, Alias, TrainingRun, TrainingStep, UsedTrajectory, utcnow
-from storage.text_feedback import mark_feedback_used
+from storage.models import Adapter, Alias, TrainingRun, TrainingStep, utcnow
 from storage.trajectories import Trajectory
+from storage.used import mark_used, reward_key
 from trainer import dist
 from trainer.advantages import TaskBaseline
 from trainer.errors import BaseModelError, DataError, TrainerError
@@ -36,13 +37,13 @@ from trainer.textual_load import load_textual
 Loader = Callable[[Session, str, str], tuple[list[Trajectory], Counter[str]]]
 
 
-def default_loader() -> Loader:
-    """storage's ``load_training_batch(db, project_id, alias) -> (trajectories, exclusions by reason)``."""
+def default_loader(settings: TrainSettings) -> Loader:
+    """storage's incremental feed: what changed since its cursor, up to ``batch_size`` trajectories a poll."""
     try:
-        from storage.loaders import load_training_batch
+        from storage.feed import TrainingFeed
     except ImportError as exc:
-        raise DataError("storage.loaders.load_training_batch is missing: this build cannot load traffic") from exc
-    return load_training_batch
+        raise DataError("storage.feed.TrainingFeed is missing: this build cannot load traffic") from exc
+    return TrainingFeed(settings.project, settings.alias, limit=settings.batch_size, min_batch=settings.min_batch)
 
 
 def run(settings: TrainSettings, loader: Loader | None = None) -> int:
@@ -61,7 +62,7 @@ def _run(settings: TrainSettings, loader: Loader | None) -> int:
     lead = dist.rank() == 0
     cfg = settings.train_config()
     engine = sync_engine(settings.database_url) if lead else None
-    load = loader or (default_loader() if lead else None)
+    load = loader or (default_loader(settings) if lead else None)
     db = Session(engine) if engine is not None else None
     run_row: TrainingRun | None = None
     try:
@@ -154,7 +155,7 @@ def _loop(
                     ).version  # fmt: skip
                 # The step and the trajectories it used are recorded before the deployment,
                 # so a refused deployment never makes the next run train on them twice.
-                _record_step(db, settings, run_row, done + 1, version, result, baseline, textual or [])
+                _record_step(db, settings, run_row, done + 1, version, result, baseline, batch or [], textual or [])
                 timings["publish_s"] = time.perf_counter() - started
                 deployed = version is not None and settings.deploy
                 if deployed:
@@ -293,17 +294,18 @@ def _record_step(
     version: int | None,
     result: StepResult,
     baseline: TaskBaseline,
+    batch: Sequence[Trajectory] = (),
     textual: Sequence[TextualExample] = (),
 ) -> None:
     row = TrainingStep(run_id=run_row.id, step=step, adapter_version=version, metrics=jsonable(result.metrics))
     db.add(row)
     db.flush()
     if result.trained:
-        mark_feedback_used(db, settings.project, settings.alias, [e.key for e in textual], row.id)
-    db.add_all(
-        UsedTrajectory(project_id=settings.project, alias=settings.alias, trajectory_id=tid, step_id=row.id)
-        for tid in dict.fromkeys(result.consumed)
-    )
+        mark_used(db, settings.project, settings.alias, [e.key for e in textual], row.id)
+    # Each trajectory is used with the feedback its reward came from (storage/used.py).
+    by_id = {t.id: t for t in batch}
+    keys = (reward_key(by_id[tid]) for tid in result.consumed if tid in by_id)
+    mark_used(db, settings.project, settings.alias, [k for k in keys if k is not None], row.id)
     run_row.config = {**run_row.config, "baseline": baseline.to_dict()}
     db.commit()
 

@@ -99,12 +99,12 @@ def used_sessions(db_url: str, project: str) -> set[str]:
     from sqlalchemy.orm import Session
 
     from storage.db import sync_engine
-    from storage.models import Completion, UsedTrajectory
+    from storage.models import Completion, UsedFeedback
 
     engine = sync_engine(db_url)
     try:
         with Session(engine) as db:
-            ids = db.scalars(select(UsedTrajectory.trajectory_id).where(UsedTrajectory.project_id == project)).all()
+            ids = db.scalars(select(UsedFeedback.trajectory_id).where(UsedFeedback.project_id == project)).all()
             leaves = [i.rsplit(":", 1)[0] for i in ids]
             return set(db.scalars(select(Completion.session_id).where(Completion.id.in_(leaves))).all())
     finally:

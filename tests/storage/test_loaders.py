@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage.loaders import load_training_batch, load_trajectories, ungraded_share
-from storage.models import TrainingRun, TrainingStep, UsedTrajectory
+from storage.models import TrainingRun, TrainingStep, UsedFeedback
 from tests.storage.rows import choice, feedback_row, insert, new_project, row
 from tests.storage.test_trajectories import P1
 
@@ -27,7 +27,8 @@ def mark_used(db: Session, project: str, trajectory_id: str) -> None:
     step = TrainingStep(run_id=run.id, step=1)
     db.add(step)
     db.flush()
-    db.add(UsedTrajectory(project_id=project, alias="agent", trajectory_id=trajectory_id, step_id=step.id))
+    db.add(UsedFeedback(project_id=project, alias="agent", trajectory_id=trajectory_id, feedback_id="*",
+                        objective="reward", step_id=step.id))  # fmt: skip
 
 
 def test_training_batch_takes_graded_unused_trajectories_and_counts_every_exclusion(db: Session) -> None:

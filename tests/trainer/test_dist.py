@@ -71,7 +71,7 @@ def test_train_command_runs_under_torchrun(pg_url: str, tmp_path: Path) -> None:
     from sqlalchemy.orm import Session
 
     from storage.db import sync_engine
-    from storage.models import Adapter, TrainingRun, TrainingStep, UsedTrajectory
+    from storage.models import Adapter, TrainingRun, TrainingStep, UsedFeedback
     from tests.storage.rows import GEN, choice, feedback_row, insert, msg, new_project, row
 
     engine = sync_engine(pg_url)
@@ -96,7 +96,7 @@ def test_train_command_runs_under_torchrun(pg_url: str, tmp_path: Path) -> None:
         (run,) = db.scalars(select(TrainingRun).where(TrainingRun.project_id == project)).all()
         steps = db.scalars(select(TrainingStep).where(TrainingStep.run_id == run.id).order_by(TrainingStep.step)).all()
         versions = db.scalars(select(Adapter.version).where(Adapter.project_id == project)).all()
-        used = db.scalars(select(UsedTrajectory.trajectory_id).where(UsedTrajectory.project_id == project)).all()
+        used = db.scalars(select(UsedFeedback.trajectory_id).where(UsedFeedback.project_id == project)).all()
     engine.dispose()
     assert run.status == "finished" and run.config["world_size"] == 2
     assert [(s.step, s.adapter_version, s.metrics["trajectories"]) for s in steps] == [(1, 1, 5), (2, 2, 5)]

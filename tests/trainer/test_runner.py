@@ -1,7 +1,7 @@
 """``onthejob train`` (trainer.runner) end to end against real Postgres and a stub proxy admin API.
 
 The loader stands in for storage's ``load_training_batch`` (same signature); it
-honours ``used_trajectories`` the way the real one must.
+honours ``used_feedback`` the way the real one must.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from onthejob.cli import build_parser
 from onthejob.commands import train_settings
 from storage.db import sync_engine
 from storage.keys import ensure_project
-from storage.models import Adapter, TrainingRun, TrainingStep, UsedTrajectory
+from storage.models import Adapter, TrainingRun, TrainingStep, UsedFeedback
 from storage.trajectories import Trajectory
 from tests.conftest import free_port
 from tests.trainer.helpers import make_trajectory, random_tokens
@@ -81,8 +81,8 @@ class Pool:
         self.calls += 1
         if self.calls <= self.empty_polls:
             return [], Counter({"ungraded": 3})
-        used = set(db.scalars(select(UsedTrajectory.trajectory_id).where(
-            UsedTrajectory.project_id == project_id, UsedTrajectory.alias == alias)))  # fmt: skip
+        used = set(db.scalars(select(UsedFeedback.trajectory_id).where(
+            UsedFeedback.project_id == project_id, UsedFeedback.alias == alias)))  # fmt: skip
         return [t for t in self.trajectories if t.id not in used], Counter({"ungraded": 2})
 
 
@@ -122,7 +122,7 @@ def _rows(pg_url: str, project: str) -> tuple[list[TrainingRun], list[TrainingSt
         steps = list(db.scalars(select(TrainingStep).where(TrainingStep.run_id.in_([r.id for r in runs]))
                                 .order_by(TrainingStep.id)))  # fmt: skip
         adapters = list(db.scalars(select(Adapter).where(Adapter.project_id == project).order_by(Adapter.version)))
-        used = list(db.scalars(select(UsedTrajectory.trajectory_id).where(UsedTrajectory.project_id == project)))
+        used = list(db.scalars(select(UsedFeedback.trajectory_id).where(UsedFeedback.project_id == project)))
     engine.dispose()
     return runs, steps, adapters, used
 
@@ -206,3 +206,34 @@ def test_summary_line_handles_missing_values() -> None:
 
     line = summary_line(3, None, StepResult({"loss": None, "tokens": 0}, [], Counter({"too_long": 2}), False))
     assert line.startswith("step 3 no adapter: loss -") and "too_long=2" in line
+
+
+def test_the_default_feed_trains_each_graded_session_once_with_its_feedback(
+    pg_url: str, project: str, tmp_path: Path
+) -> None:
+    """No loader given: storage's incremental feed. Each trajectory is recorded used with its grade's id."""
+    from tests.storage.rows import GEN, choice, feedback_row, insert, msg, row
+
+    engine = sync_engine(pg_url)
+    with Session(engine) as db:
+        insert(db, *(
+            row(f"{project}-{i}", msg("user", 40 + i) + GEN, [choice([50 + i, 51, 2], logprobs=None)],
+                session=f"s{i}", project=project, task="add", alias="helper", at=i)
+            for i in range(3)
+        ))  # fmt: skip
+        grades = [
+            feedback_row(project, "outcome", "success" if i % 2 else "failure", session=f"s{i}") for i in range(3)
+        ]
+        db.add_all(grades)
+        db.commit()
+        grade_ids = {f"{project}-{i}:0": g.id for i, g in enumerate(grades)}
+    args = _args(pg_url, project, tmp_path, "http://unused", "--no-deploy", "--steps", "3", "--batch-size", "2")
+    assert run(args) == 0
+    assert run(args) == 0  # a second run resumes from the saved cursor: nothing left to train
+    with Session(engine) as db:
+        used = db.execute(select(UsedFeedback.trajectory_id, UsedFeedback.feedback_id, UsedFeedback.objective)
+                          .where(UsedFeedback.project_id == project)).all()  # fmt: skip
+        steps = db.scalars(select(TrainingStep.step).join(TrainingRun).where(TrainingRun.project_id == project)).all()
+    engine.dispose()
+    assert sorted(used) == sorted((t, f, "reward") for t, f in grade_ids.items())
+    assert sorted(steps) == [1, 2]  # two by the first run (2 + 1 trajectories), none by the second

@@ -1,0 +1,154 @@
+"""What changed since a reader last looked: the change log and the readers' cursors.
+
+Every new call and every new feedback item (a revision is a new item) appends one
+entry to ``changes``, written by a trigger in the same transaction (migration 0008),
+so no insert path can forget it. Readers (the trainer's loader, failure mining, the
+judge) keep their own cursor and ask :func:`changes_since`.
+
+Why not a plain sequence: a sequence value is taken when a row is inserted, not when
+its transaction commits. Transaction A takes 9, B takes 10, B commits first: a reader
+that sees 10 and moves its cursor there never sees 9. Each entry therefore also
+records its transaction's id (Postgres ``pg_current_xact_id()``), and a reader takes
+only entries whose transaction is older than the oldest one still in flight
+(``pg_snapshot_xmin(pg_current_snapshot())``): every such transaction has finished,
+and no later one can get an older id, so the set below that bound never grows.
+Entries are ordered by ``(xid, seq)``: that pair is the position a cursor holds.
+Writers never wait for each other (a counter row updated by every transaction would
+serialise the recorder and the feedback routes on one lock); a long-running writing
+transaction holds readers back (they wait, they never skip). On SQLite, whose
+writers are serial, ``xid`` is 0 and the sequence alone orders the log.
+
+A feedback item stored while its target had not landed carries no session; readers
+resolve its target themselves (:func:`touched_sessions`), and the call's own entry
+covers the moment it lands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import ColumnElement, literal_column, or_, select, tuple_
+from sqlalchemy.orm import Session as DbSession
+
+from storage.models import Change, ChangeCursor, Completion, Feedback, Session, utcnow
+
+# The oldest transaction still in flight: every entry below it is final.
+PG_HORIZON: ColumnElement[int] = literal_column("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """A place in the change log: ``(xid, seq)`` of an entry; a cursor is the last position read."""
+
+    xid: int = 0
+    seq: int = 0
+
+    def before(self) -> Position:
+        """The cursor that reads this position next."""
+        return Position(self.xid, self.seq - 1)
+
+
+START = Position()
+
+
+@dataclass(frozen=True)
+class ChangeEntry:
+    """One change: a call recorded (``kind`` "call") or a feedback item stored ("feedback")."""
+
+    position: Position
+    kind: str
+    ref_id: str
+    session_id: str | None
+
+
+def _is_postgres(db: DbSession) -> bool:
+    return db.get_bind().dialect.name == "postgresql"
+
+
+def changes_since(db: DbSession, project: str, cursor: Position, limit: int) -> list[ChangeEntry]:
+    """Up to ``limit`` entries of ``project`` after ``cursor``, oldest first, never past a transaction in flight."""
+    after: ColumnElement[bool] = tuple_(Change.xid, Change.seq) > tuple_(cursor.xid, cursor.seq)
+    stmt = select(Change.xid, Change.seq, Change.kind, Change.ref_id, Change.session_id).where(
+        Change.project_id == project, after
+    )
+    if _is_postgres(db):
+        stmt = stmt.where(Change.xid < PG_HORIZON)
+    rows = db.execute(stmt.order_by(Change.xid, Change.seq).limit(limit))
+    return [ChangeEntry(Position(x, s), k, r, sid) for x, s, k, r, sid in rows]
+
+
+def latest_position(db: DbSession, project: str) -> Position:
+    """The newest final position of ``project`` (a reader starting there sees only what comes next)."""
+    stmt = select(Change.xid, Change.seq).where(Change.project_id == project)
+    if _is_postgres(db):
+        stmt = stmt.where(Change.xid < PG_HORIZON)
+    row = db.execute(stmt.order_by(Change.xid.desc(), Change.seq.desc()).limit(1)).first()
+    return Position(row[0], row[1]) if row is not None else START
+
+
+def touched_sessions(db: DbSession, project: str, changes: Sequence[ChangeEntry]) -> dict[str, Position]:
+    """The sessions these changes touch, each with the position of its newest change.
+
+    A feedback entry without a session (stored pending) is resolved by its target, if that has landed.
+    """
+    out: dict[str, Position] = {}
+
+    def touch(session_id: str, at: Position) -> None:
+        out[session_id] = max(at, out.get(session_id, START))
+
+    pending: dict[str, Position] = {}
+    for change in changes:
+        if change.session_id is not None:
+            touch(change.session_id, change.position)
+        elif change.kind == "feedback":
+            pending[change.ref_id] = change.position
+    if pending:
+        for fid, session_id in _resolve_pending(db, project, pending):
+            if session_id is not None:
+                touch(session_id, pending[fid])
+    return out
+
+
+def _resolve_pending(db: DbSession, project: str, ids: Iterable[str]) -> list[tuple[str, str | None]]:
+    """(feedback id, session id) of items stored pending, by their session, or their target if it landed since."""
+    items = list(db.execute(
+        select(Feedback.id, Feedback.session_id, Feedback.target_kind, Feedback.target_id)
+        .where(Feedback.project_id == project, Feedback.id.in_(list(ids)))
+    ))  # fmt: skip
+    by_call = {t for _, s, k, t in items if s is None and k in ("completion_id", "client_request_id")}
+    found: dict[tuple[str, str], str] = {}
+    if by_call:
+        rows = db.execute(
+            select(Completion.id, Completion.client_request_id, Completion.session_id).where(
+                Completion.project_id == project,
+                or_(Completion.id.in_(by_call), Completion.client_request_id.in_(by_call)),
+            )
+        )
+        for cid, crid, sid in rows:
+            found[("completion_id", cid)] = sid
+            if crid:
+                found[("client_request_id", crid)] = sid
+    named = {t for _, s, k, t in items if s is None and k == "session_id"}
+    if named:
+        known = db.scalars(select(Session.id).where(Session.project_id == project, Session.id.in_(named)))
+        found.update({("session_id", sid): sid for sid in known})
+    return [(fid, sid if sid is not None else found.get((kind, target))) for fid, sid, kind, target in items]
+
+
+# --------------------------------------------------------------------------- cursors
+
+
+def load_cursor(db: DbSession, project: str, consumer: str) -> Position | None:
+    """The settled position ``consumer`` saved, or None when it never saved one."""
+    row = db.get(ChangeCursor, (project, consumer))
+    return Position(row.xid, row.seq) if row is not None else None
+
+
+def save_cursor(db: DbSession, project: str, consumer: str, position: Position) -> None:
+    """Remember ``consumer``'s settled position (the caller commits, with whatever made it settled)."""
+    row = db.get(ChangeCursor, (project, consumer))
+    if row is None:
+        db.add(ChangeCursor(project_id=project, consumer=consumer, xid=position.xid, seq=position.seq))
+    elif (row.xid, row.seq) != (position.xid, position.seq):
+        row.xid, row.seq, row.updated_at = position.xid, position.seq, utcnow()

@@ -25,10 +25,11 @@ covers the moment it lands.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, literal_column, or_, select, tuple_
+from sqlalchemy import ColumnElement, func, literal_column, or_, select, tuple_
 from sqlalchemy.orm import Session as DbSession
 
 from storage.models import Change, ChangeCursor, Completion, Feedback, Session, utcnow
@@ -85,6 +86,25 @@ def latest_position(db: DbSession, project: str) -> Position:
         stmt = stmt.where(Change.xid < PG_HORIZON)
     row = db.execute(stmt.order_by(Change.xid.desc(), Change.seq.desc()).limit(1)).first()
     return Position(row[0], row[1]) if row is not None else START
+
+
+def await_horizon(db: DbSession, project: str, timeout_s: float = 2.0) -> bool:
+    """Wait, briefly, until every entry of ``project`` committed by now is final; False if it is not yet.
+
+    Committed entries sit above the horizon while an older transaction (of any database in
+    the cluster) is still open: usually for milliseconds. A one-shot reader (``train`` without
+    ``--watch``) waits for them rather than finding nothing; a watching one would only see them next poll.
+    """
+    if not _is_postgres(db):
+        return True
+    newest = db.scalar(select(func.max(Change.xid)).where(Change.project_id == project))
+    deadline = time.monotonic() + timeout_s
+    while newest is not None and (db.scalar(select(PG_HORIZON)) or 0) <= newest:
+        if time.monotonic() >= deadline:
+            return False
+        db.rollback()  # a fresh snapshot
+        time.sleep(0.01)
+    return True
 
 
 def touched_sessions(db: DbSession, project: str, changes: Sequence[ChangeEntry]) -> dict[str, Position]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session as DbSession
 
-from storage.changes import START, Position, changes_since, load_cursor, save_cursor, touched_sessions
+from storage.changes import START, Position, await_horizon, changes_since, load_cursor, save_cursor, touched_sessions
 from storage.grading import RewardRule
 from storage.loaders import build, completions_stmt, feedback_stmt, project_rule, sessions_subquery
 from storage.trajectories import Render, Trajectory
@@ -50,6 +50,7 @@ class TrainingFeed:
     min_batch: int = 1  # hand out nothing until this many are waiting
     page: int = 2000  # changes read per query
     pages: int = 8  # queries per poll at most: a long catch-up is spread over polls
+    settle_s: float = 10.0  # how long a poll waits for committed changes held back by an older transaction
     render: Render | None = None
     end_of_turn: Collection[int] | None = None
     position: Position | None = None  # None: load the saved cursor at the first poll
@@ -80,6 +81,7 @@ class TrainingFeed:
             self.position, self.backlog = START, {}  # every grade may differ: read the log again
         self.rule = rule
         excluded: Counter[str] = Counter()
+        await_horizon(db, self.project, self.settle_s)
         for _ in range(self.pages):
             if self.waiting >= 4 * self.limit:
                 break  # enough waiting: read more once the trainer has taken some

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from sqlalchemy import Connection, insert, select
@@ -12,6 +11,7 @@ from storage.changes import (
     START,
     ChangeEntry,
     Position,
+    await_horizon,
     changes_since,
     latest_position,
     load_cursor,
@@ -25,12 +25,11 @@ from tests.storage.rows import choice, feedback_row, new_project, row
 
 
 def settled(db: Session, project: str, cursor: Position, n: int) -> list[ChangeEntry]:
-    """The next ``n`` entries once final. The horizon is cluster-wide: a transaction in flight in another
-    database (another test run) holds it back for a moment, so wait for it, a bounded while."""
-    deadline = time.monotonic() + 30
-    while len(seen := changes_since(db, project, cursor, 100)) < n and time.monotonic() < deadline:
-        db.rollback()
-        time.sleep(0.05)
+    """The entries after ``cursor`` once every committed one is final (the horizon is cluster-wide:
+    another test run's transaction in flight holds it back a moment)."""
+    assert await_horizon(db, project, timeout_s=30)
+    seen = changes_since(db, project, cursor, 100)
+    assert len(seen) == n
     return seen
 
 

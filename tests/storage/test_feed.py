@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import Counter
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.changes import Position, latest_position
 from storage.feed import TrainingFeed
-from storage.models import Change, TrainingRun, TrainingStep
+from storage.models import TrainingRun, TrainingStep
 from storage.trajectories import Trajectory
 from storage.used import mark_used, reward_key
 from tests.storage.rows import choice, feedback_row, insert, new_project, row
@@ -35,17 +32,12 @@ def train(db: Session, project: str, batch: list[Trajectory]) -> None:
     db.commit()
 
 
+def Feed(project: str, **kw: Any) -> TrainingFeed:  # noqa: N802 - reads as the class it builds
+    """A feed that waits long for the horizon: another test run's open transaction may hold it back."""
+    return TrainingFeed(project, "agent", settle_s=30, **kw)
+
+
 def poll(db: Session, feed: TrainingFeed) -> tuple[list[Trajectory], Counter[str]]:
-    """One poll once everything committed is final (the horizon is cluster-wide: another test run's
-    transaction in flight holds it back a moment)."""
-    newest = select(Change.xid, Change.seq).where(Change.project_id == feed.project)
-    newest = newest.order_by(Change.xid.desc(), Change.seq.desc()).limit(1)
-    deadline = time.monotonic() + 30
-    while (last := db.execute(newest).first()) is not None and time.monotonic() < deadline:
-        if latest_position(db, feed.project) == Position(*last):
-            break
-        db.rollback()
-        time.sleep(0.05)
     out = feed(db, feed.project, "agent")
     db.rollback()
     return out
@@ -68,7 +60,7 @@ def test_each_change_is_read_once_and_ungraded_or_eval_sessions_are_not_rebuilt(
     insert(db, first_call(p, "good"), first_call(p, "silent"), first_call(p, "held", tags=["eval"]))
     db.add_all([feedback_row(p, "thumbs", True, session="good"), feedback_row(p, "thumbs", True, session="held")])
     db.commit()
-    feed = TrainingFeed(p, "agent", limit=8)
+    feed = Feed(p, limit=8)
     batch, excluded = poll(db, feed)
     assert [t.session_id for t in batch] == ["good"] and excluded == Counter({"ungraded": 1, "eval": 1})
     train(db, p, batch)
@@ -84,7 +76,7 @@ def test_a_grown_session_trains_only_its_new_turns_and_a_revised_grade_trains_it
     insert(db, c1)
     db.add(feedback_row(p, "outcome", "success", session="s"))
     db.commit()
-    feed = TrainingFeed(p, "agent", limit=8)
+    feed = Feed(p, limit=8)
     [t1], _ = poll(db, feed)
     assert t1.mask == [0] * 9 + [1] * 3
     train(db, p, [t1])
@@ -113,15 +105,15 @@ def test_a_restarted_feed_resumes_from_its_cursor_and_re_reads_only_what_waited(
     insert(db, first_call(p, "a", at=0), first_call(p, "b", at=1))
     db.add_all([feedback_row(p, "thumbs", True, session="a"), feedback_row(p, "thumbs", False, session="b")])
     db.commit()
-    feed = TrainingFeed(p, "agent", limit=1)
+    feed = Feed(p, limit=1)
     [ta], _ = poll(db, feed)
     train(db, p, [ta])
-    restarted = TrainingFeed(p, "agent", limit=1)
+    restarted = Feed(p, limit=1)
     [tb], _ = poll(db, restarted)  # "b" waited in the old feed's backlog: the saved cursor is before it
     assert {ta.session_id, tb.session_id} == {"a", "b"}
     train(db, p, [tb])
     assert poll(db, restarted) == ([], Counter())  # saves its settled cursor: past both
-    assert poll(db, TrainingFeed(p, "agent", limit=1)) == ([], Counter())
+    assert poll(db, Feed(p, limit=1)) == ([], Counter())
     assert feed.waiting == 1 and restarted.waiting == 0
 
 
@@ -130,7 +122,7 @@ def test_feedback_that_waited_for_its_call_is_seen_when_the_call_lands(db: Sessi
     c = first_call(p, "late")
     db.add(feedback_row(p, "reward", 0.5, pending_target=("completion_id", c["id"])))
     db.commit()
-    feed = TrainingFeed(p, "agent", limit=4)
+    feed = Feed(p, limit=4)
     assert poll(db, feed) == ([], Counter())
     insert(db, c)
     db.commit()
@@ -143,7 +135,7 @@ def test_min_batch_holds_trajectories_back_until_enough_wait(db: Session) -> Non
     insert(db, first_call(p, "a"))
     db.add(feedback_row(p, "thumbs", True, session="a"))
     db.commit()
-    feed = TrainingFeed(p, "agent", limit=4, min_batch=2)
+    feed = Feed(p, limit=4, min_batch=2)
     assert poll(db, feed)[0] == [] and feed.waiting == 1
     insert(db, first_call(p, "b"))
     db.add(feedback_row(p, "thumbs", True, session="b"))

@@ -290,6 +290,8 @@ class Router:
         if not self._refreshed:
             return 0
         needed, now, unloaded = self.needed(), time.monotonic(), 0
+        listed = set().union(*(r.adapters for r in self.replicas.replicas))
+        self._unneeded = {name: t for name, t in self._unneeded.items() if name in listed}
         for name in sorted(replica.adapters - needed):
             m = _LORA_NAME.fullmatch(name)
             if m is None or (m["project"] or self.default_project, m["alias"]) not in self._aliases:

@@ -13,7 +13,15 @@ from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
-from proxy import routes_admin, routes_anthropic, routes_dialects, routes_feedback, routes_openai, routes_ops
+from proxy import (
+    routes_admin,
+    routes_anthropic,
+    routes_dialects,
+    routes_feedback,
+    routes_openai,
+    routes_ops,
+    routes_ui,
+)
 from proxy.deps import operator_gate
 from proxy.errors import ApiError, envelope
 from proxy.responses import ERROR_RESPONSES, ORJSONResponse, error_response
@@ -71,7 +79,15 @@ def create_app(settings: Settings) -> FastAPI:
         docs_url="/docs" if open_docs else None,
         redoc_url="/redoc" if open_docs else None,
     )
-    for module in (routes_openai, routes_dialects, routes_anthropic, routes_feedback, routes_admin, routes_ops):
+    for module in (
+        routes_openai,
+        routes_dialects,
+        routes_anthropic,
+        routes_feedback,
+        routes_admin,
+        routes_ops,
+        routes_ui,
+    ):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     if settings.docs_access == "admin":
         app.include_router(_gated_docs(app))

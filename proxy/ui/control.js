@@ -1,0 +1,82 @@
+// Control: aliases, adapters and deployments; deploy a version or roll back (admin keys, after a confirmation).
+// The proxy decides: a harness key's request is refused (403) and the refusal is shown.
+import { api, optional, seg } from "./api.js";
+import { card, h, notice, table, when } from "./dom.js";
+
+export async function controlView(root, _args, _params, who) {
+  const admin = who.role === "admin";
+  if (!admin) root.append(notice("this key is not an admin key: the proxy refuses the actions below", "placeholder"));
+  let aliases = [];
+  let adapters = [];
+  let deployments = [];
+  try {
+    [aliases, adapters, deployments] = (await Promise.all([
+      api("/v1/admin/aliases"), api("/v1/admin/adapters"), api("/v1/admin/deployments"),
+    ])).map((r) => r.data);
+  } catch (e) {
+    root.append(notice(e.message, "error"));
+  }
+  root.append(card("Aliases", aliases.length ? table(["alias", "base model", "serving"],
+    aliases.map((a) => [a.name, a.base_model, a.deployed_version === null ? "base" : "v" + a.deployed_version]), { id: "aliases" }) : notice("–")));
+  root.append(actionForm(aliases, adapters));
+  root.append(card("Adapters", adapters.length ? table(["alias", "version", "parent", "run", "sha256", "created"],
+    adapters.map((a) => [a.alias, "v" + a.version, a.parent_version === null ? "–" : "v" + a.parent_version,
+      a.training_run_id === null ? "–" : String(a.training_run_id), a.sha256.slice(0, 12), when(a.created_at)]), { id: "adapters" }) : notice("–")));
+  root.append(card("Deployments", deployments.length ? table(["time", "alias", "version", "previous", "status"],
+    deployments.slice().reverse().map((d) => [when(d.created_at), d.alias, d.version === null ? "base" : "v" + d.version,
+      d.previous_version === null ? "base" : "v" + d.previous_version, d.status]), { id: "deployments" }) : notice("–")));
+  root.append(await policies(aliases));
+}
+
+function actionForm(aliases, adapters) {
+  const result = h("div", { id: "action-result" });
+  const alias = h("input", { name: "alias", list: "alias-names", required: true, size: 16 });
+  const ver = h("input", { name: "version", list: "versions", size: 6, placeholder: "N" });
+  const form = h("form", { id: "deploy-form", class: "filters" },
+    h("datalist", { id: "alias-names" }, aliases.map((a) => h("option", { value: a.name }))),
+    h("datalist", { id: "versions" }, adapters.map((a) => h("option", { value: String(a.version) }, `${a.alias}@v${a.version}`))),
+    h("label", null, "alias ", alias), h("label", null, "version ", ver),
+    h("button", { type: "submit", id: "deploy" }, "Deploy version"),
+    h("button", { type: "button", id: "rollback" }, "Roll back to base"));
+  const act = async (version) => {
+    const what = version === null ? `roll ${alias.value} back to its base model` : `deploy ${alias.value}@v${version}`;
+    if (!window.confirm(`Really ${what}? Traffic switches as soon as every replica has it.`)) {
+      result.replaceChildren(notice("cancelled"));
+      return;
+    }
+    result.replaceChildren(notice("working…"));
+    try {
+      const out = await api("/v1/admin/deployments", { method: "POST", body: { alias: alias.value, version } });
+      result.replaceChildren(notice(`done: ${out.alias} now serves ${out.served_model} (deployment ${out.id})`, "ok"));
+    } catch (e) {
+      result.replaceChildren(notice(`refused: ${e.message}`, "error"));
+    }
+  };
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const v = parseInt(ver.value, 10);
+    if (!Number.isInteger(v) || v < 1) {
+      result.replaceChildren(notice("give a version number", "error"));
+      return;
+    }
+    act(v);
+  });
+  form.querySelector("#rollback").addEventListener("click", () => {
+    if (alias.value) act(null);
+    else result.replaceChildren(notice("give an alias", "error"));
+  });
+  return card("Deploy or roll back", form, result);
+}
+
+// Promotion policy per alias (issue 17's PUT /v1/admin/aliases/{alias}/policy): shown when served, else a placeholder.
+async function policies(aliases) {
+  const out = card("Promotion policy");
+  if (!aliases.length) return out;
+  const first = await optional(`/v1/admin/aliases/${seg(aliases[0].name)}/policy`).catch((e) => ({ error: e.message }));
+  if (first === null) {
+    out.append(notice("promotion policies are not served by this proxy yet (GET/PUT /v1/admin/aliases/{alias}/policy)", "placeholder"));
+    return out;
+  }
+  out.append(h("pre", { class: "content" }, JSON.stringify(first, null, 2)));
+  return out;
+}

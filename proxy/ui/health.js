@@ -1,0 +1,45 @@
+// Health: records dropped (must be 0), the spool, each engine replica and the adapters it has loaded,
+// monitors and alerts (from GET /v1/admin/alerts once this proxy serves it).
+import { api, optional } from "./api.js";
+import { card, fmt, h, notice, stat, table } from "./dom.js";
+
+export async function healthView(root) {
+  const hl = await api("/v1/ui/health");
+  const dropped = hl.records.dropped;
+  root.append(card("Recording (this proxy process)",
+    h("div", { class: "stats" },
+      h("div", { class: "stat " + (dropped ? "bad" : "good") }, h("span", { class: "v", dataset: { k: "dropped" } }, fmt(dropped)),
+        h("span", { class: "l" }, "records dropped (must be 0)")),
+      stat("records spooled", hl.records.spooled, "spooled"), stat("records written", hl.records.written, "written"),
+      stat("spool depth", hl.spool.depth, "spool-depth"), stat("oldest spooled (s)", hl.spool.oldest_age_s, "spool-age"),
+      stat("spool bytes", hl.spool.bytes, "spool-bytes")),
+    hl.spool.full ? notice("the spool is full", "error") : null,
+    hl.spool.writable ? null : notice("the spool is not writable", "error"),
+    hl.draining ? notice("draining: this process is shutting down", "error") : null));
+  root.append(card("Engine replicas",
+    table(["replica", "state", "adapters of this project loaded"],
+      hl.replicas.map((r) => [String(r.replica) + (r.url ? ` (${r.url})` : ""), r.state, r.adapters.join(", ") || "–"]), { id: "replicas" })));
+  root.append(await alerts());
+}
+
+async function alerts() {
+  const out = card("Monitors and alerts");
+  let data;
+  try {
+    data = await optional("/v1/admin/alerts");
+  } catch (e) {
+    out.append(notice(e.message));
+    return out;
+  }
+  if (data === null) {
+    out.append(notice("monitors and alerts are not served by this proxy yet (GET /v1/admin/alerts)", "placeholder"));
+    return out;
+  }
+  const items = data.data || [];
+  if (!items.length) out.append(notice("no alerts"));
+  else {
+    const keys = [...new Set(items.flatMap((a) => Object.keys(a)))].slice(0, 8);
+    out.append(table(keys, items.map((a) => keys.map((k) => fmt(a[k]))), { id: "alerts" }));
+  }
+  return out;
+}

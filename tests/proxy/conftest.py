@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,32 +52,37 @@ class Proxy:
 ProxyFactory = Callable[..., Proxy]
 
 
+def launch_proxy(folder: Path, upstream: str, db_url: str, *, auth: bool = False, env: dict[str, str] | None = None,
+                 spool: Path | None = None, port: int | None = None, workers: int = 1) -> Proxy:  # fmt: skip
+    """The real `onthejob serve` in a subprocess (spool and log under ``folder``), once /healthz answers."""
+    port = port or free_port()
+    spool = spool or folder / f"spool-{port}"
+    log = folder / f"proxy-{port}.log"
+    cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url,
+           "--port", str(port), "--spool", str(spool), "--workers", str(workers)]  # fmt: skip
+    if not auth:
+        cmd.append("--no-auth")
+    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"proxy exited: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    return Proxy(url, proc, spool, log, db_url)
+
+
 @pytest.fixture
 def start_proxy(tmp_path: Path) -> Iterator[ProxyFactory]:
     started: list[Proxy] = []
 
-    def start(upstream: str, db_url: str, *, auth: bool = False, env: dict[str, str] | None = None,
-              spool: Path | None = None, port: int | None = None, workers: int = 1) -> Proxy:  # fmt: skip
-        port = port or free_port()
-        spool = spool or tmp_path / f"spool-{port}"
-        log = tmp_path / f"proxy-{port}.log"
-        cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url,
-               "--port", str(port), "--spool", str(spool), "--workers", str(workers)]  # fmt: skip
-        if not auth:
-            cmd.append("--no-auth")
-        proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"proxy exited: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        proxy = Proxy(url, proc, spool, log, db_url)
+    def start(upstream: str, db_url: str, **options: Any) -> Proxy:
+        proxy = launch_proxy(tmp_path, upstream, db_url, **options)
         started.append(proxy)
         return proxy
 

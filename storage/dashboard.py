@@ -17,11 +17,12 @@ from sqlalchemy import ColumnElement, String, and_, cast, exists, func, or_, sel
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.grading import RewardRule
-from storage.models import Completion, Feedback, Session
+from storage.models import Alias, Completion, Feedback, Session
 
 CUT_SHORT = ("client_disconnected", "timeout", "upstream_error", "rejected")
 FLAGS = ("error", "cut_short", "stream", "ambiguous_link", "linked")
 GRADES = ("graded", "ungraded")
+COUNT_CAP = 1_000
 
 
 class FilterError(ValueError):
@@ -99,7 +100,11 @@ def _flag(flag: str, project_id: str) -> ColumnElement[bool]:
 
 
 def _graded(project_id: str) -> ColumnElement[bool]:
-    """Some feedback names this call or its session (attached or not is the recorder's business)."""
+    """Some feedback names this call or its session (attached or not is the recorder's business).
+
+    Correlated EXISTS, probed per row: every query it is in stops early (a page, a capped count), and
+    two IN lists hashed over all of the project's feedback measured slower at 100,000 calls.
+    """
     on_call = exists().where(Feedback.project_id == project_id, Feedback.completion_id == Completion.id)
     on_session = exists().where(
         Feedback.project_id == project_id,
@@ -123,7 +128,10 @@ async def calls_page(
 ) -> dict[str, Any]:
     """One page of calls, newest first, with how many match in all and each call's newest grade."""
     where = flt.where(project_id)
-    total = int(await db.scalar(select(func.count()).select_from(Completion).where(*where)) or 0)
+    # Counted up to COUNT_CAP: a filter on tags, flags or grades reads each call's row, and past a
+    # few thousand the exact figure costs more than the page (the unfiltered total is in the overview).
+    matching = select(Completion.id).where(*where).limit(COUNT_CAP + 1).subquery()
+    total = int(await db.scalar(select(func.count()).select_from(matching)) or 0)
     page_where = list(where)
     if before:
         at = await db.scalar(select(Completion.created_at).where(Completion.project_id == project_id,
@@ -155,7 +163,8 @@ async def calls_page(
     last = rows[-1] if rows else None
     return {
         "object": "list",
-        "total": total,
+        "total": min(total, COUNT_CAP),
+        "total_capped": total > COUNT_CAP,
         "data": data,
         "has_more": more,
         "next_cursor": last.id if more and last is not None else None,
@@ -240,7 +249,7 @@ async def sessions_page(
 
 
 async def overview(db: AsyncSession, project_id: str) -> dict[str, Any]:
-    """Headline counts: calls (by termination and dialect), sessions, feedback, tokens."""
+    """Headline counts: calls (by termination), sessions, feedback, and the aliases called."""
     c = Completion
     by_term = dict(
         (
@@ -251,11 +260,6 @@ async def overview(db: AsyncSession, project_id: str) -> dict[str, Any]:
         .tuples()
         .all()
     )
-    by_dialect = dict(
-        (await db.execute(select(c.dialect, func.count()).where(c.project_id == project_id).group_by(c.dialect)))
-        .tuples()
-        .all()
-    )
     sessions = await db.scalar(select(func.count()).select_from(Session).where(Session.project_id == project_id))
     feedback = await db.scalar(select(func.count()).select_from(Feedback).where(Feedback.project_id == project_id))
     return {
@@ -263,10 +267,9 @@ async def overview(db: AsyncSession, project_id: str) -> dict[str, Any]:
         "sessions": int(sessions or 0),
         "feedback": int(feedback or 0),
         "by_termination": by_term,
-        "by_dialect": by_dialect,
-        "aliases": sorted(
-            (await db.scalars(select(c.alias).where(c.project_id == project_id).distinct().limit(100))).all()
-        ),
+        # The project's aliases (a filter may still name a base model called directly): a DISTINCT over
+        # the calls read 100,000 index entries for the same few names.
+        "aliases": sorted((await db.scalars(select(Alias.name).where(Alias.project_id == project_id))).all()),
     }
 
 

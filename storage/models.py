@@ -95,6 +95,7 @@ class Session(Base):
     """One conversation or episode; sessions sharing a task form a group."""
 
     __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_project_updated", "project_id", "updated_at"),)  # the dashboard's list
 
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"), primary_key=True)
     id: Mapped[str] = mapped_column(String(200), primary_key=True)
@@ -114,6 +115,9 @@ class Completion(Base):
         Index("ix_completions_project_created", "project_id", "created_at"),
         Index("ix_completions_link_key", "project_id", "link_key"),
         Index("ix_completions_client_request", "project_id", "client_request_id"),
+        # The dashboard's lists and counts (migration 0008).
+        Index("ix_completions_project_alias_created", "project_id", "alias", "created_at"),
+        Index("ix_completions_project_termination", "project_id", "termination", "created_at"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -162,6 +166,7 @@ class Feedback(Base):
         Index("ix_feedback_target", "project_id", "target_kind", "target_id"),
         Index("ix_feedback_session", "project_id", "session_id"),
         Index("ix_feedback_completion", "project_id", "completion_id"),
+        Index("ix_feedback_project_created", "project_id", "created_at"),  # the dashboard's reward curve
         # Pending feedback (target not landed yet): the recorder asks per batch whether any exists.
         Index("ix_feedback_pending", "project_id", postgresql_where=PENDING, sqlite_where=PENDING),
     )

@@ -15,7 +15,7 @@ function filterForm(params, overview) {
   const v = (k) => params.get(k) || "";
   const terms = ["", ...Object.keys(overview.by_termination).sort()];
   const form = h("form", { class: "filters", id: "filters" },
-    h("label", null, "alias ", select("alias", ["", ...overview.aliases], v("alias"))),
+    h("label", null, "alias ", select("alias", [...new Set(["", ...overview.aliases, v("alias")])], v("alias"))),
     h("label", null, "version ", h("input", { name: "version", value: v("version"), placeholder: "3 or base", size: 6 })),
     h("label", null, "tag ", h("input", { name: "tag", value: v("tag"), size: 8 })),
     h("label", null, "dialect ", select("dialect", DIALECTS, v("dialect"))),
@@ -59,7 +59,7 @@ export async function trafficView(root, _args, params) {
     c.tags.join(" "), String(c.feedback), fmt(c.grade),
   ]);
   root.append(card(null, filterForm(params, overview),
-    h("p", { class: "muted" }, h("span", { dataset: { k: "matching" } }, String(page.total)), " calls match"),
+    h("p", { class: "muted" }, h("span", { dataset: { k: "matching" } }, String(page.total) + (page.total_capped ? "+" : "")), " calls match"),
     rows.length ? table(["time", "call", "session", "served by", "dialect", "termination", "tokens in / out",
       "latency", "tags", "feedback", "grade"], rows, { id: "calls" }) : notice("no calls match"),
     pager("traffic", params, page)));

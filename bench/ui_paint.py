@@ -96,12 +96,14 @@ async def fill(db_url: str, calls: int) -> float:
                 value = "1" if i % 2 else "0" if i % 5 else "-1"
                 await copy.write_row((f"fb-bench{i:08d}", "default", f"fb-bench{i:08d}", "completion_id", cid, cid,
                                       sid, "reward", value, None, "harness", "{}", when, when))  # fmt: skip
-        await conn.execute(
-            "INSERT INTO deployments (project_id, alias, version, previous_version, status, detail, created_at)"
-            " SELECT 'default', a, v, nullif(v - 1, 0), 'active', '{}', now() - make_interval(secs => %s * (4 - v))"
-            " FROM unnest(%s::text[]) AS a, generate_series(1, 3) AS v",
-            [calls * 2, list(ALIASES)],
-        )
+        for alias in ALIASES:  # v1, v2, v3 deployed where _call switches versions
+            for v in (1, 2, 3):
+                when = start + timedelta(seconds=6 * (v * calls // 4))
+                await conn.execute(
+                    "INSERT INTO deployments (project_id, alias, version, previous_version, status, detail,"
+                    " created_at) VALUES ('default', %s, %s, %s, 'active', '{}', %s)",
+                    [alias, v, v - 1 or None, when],
+                )
         run = await (
             await conn.execute(
                 "INSERT INTO training_runs (project_id, alias, objective, base_model, config, status, started_at)"
@@ -119,7 +121,7 @@ async def fill(db_url: str, calls: int) -> float:
     return time.perf_counter() - t0
 
 
-def ensure_database(name: str, calls: int) -> tuple[str, float | None]:
+def ensure_database(name: str, calls: int, refill: bool) -> tuple[str, float | None]:
     url = ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
@@ -127,7 +129,7 @@ def ensure_database(name: str, calls: int) -> tuple[str, float | None]:
     upgrade(url)
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM completions").fetchone()
-    if row is not None and row[0] == calls:
+    if row is not None and row[0] == calls and not refill:
         return url, None
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE completions, sessions, feedback, deployments, training_steps, training_runs CASCADE")
@@ -189,9 +191,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=100_000)
     parser.add_argument("--db-name", default="onthejob_bench_ui")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--refill", action="store_true", help="fill the database again even if it has --calls")
     args = parser.parse_args()
     print(f"machine: {machine_description()}")
-    db_url, filled = ensure_database(args.db_name, args.calls)
+    db_url, filled = ensure_database(args.db_name, args.calls, args.refill)
     print(f"database {args.db_name}: {args.calls} calls " + (f"filled in {filled:.1f} s" if filled else "(kept)"))
     with psycopg.connect(db_url) as conn:
         run = conn.execute("SELECT max(id) FROM training_runs").fetchone()

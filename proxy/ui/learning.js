@@ -17,7 +17,7 @@ export async function learningView(root, _args, params) {
   const data = await api("/v1/ui/learning", { query: { alias } });
   const series = data.series.map((se) => ({ key: se.key, points: se.points.map((p) => ({ x: p.t, y: p.mean, n: p.n })) }));
   root.append(card("Reward over time",
-    h("p", { class: "muted" }, `each feedback item's scalar under the project's reward rule, on the version that served it; newest ${data.window} items (${data.points} scored)`),
+    h("p", { class: "muted" }, `each feedback item's scalar under the project's reward rule, on the version that served it; up to ${data.per_bucket} items per time bucket (the newest in it), ${data.points} scored`),
     lineChart(series, { markers: markers(data.events), xTime: true, title: "mean reward per time bucket" })));
   root.append(card("Deployments and rollbacks",
     data.events.length ? table(["time", "alias", "version", "previous", "kind", "status"],

@@ -145,28 +145,23 @@ def _counter_total(counter: Any) -> float:
 
 @router.get("/v1/ui/health")
 async def health(principal: PrincipalDep, st: StateDep) -> dict[str, Any]:
-    """This proxy process: spool, records written and dropped (must be 0), each engine replica and its adapters."""
+    """Each engine replica and this project's adapters on it; for the operator, this process's spool and records.
+
+    The spool and the record counters hold every project's traffic, so only the operator (an admin key
+    of the default project, as for /metrics) sees them; other keys get ``null`` there.
+    """
     answers = await asyncio.gather(*(_replica(st, base, principal.project_id) for base in st.upstream.urls))
     operator = principal.role == "admin" and principal.project_id == st.settings.default_project
     replicas = [{"replica": i, **({"url": u} if operator else {}), **a} for i, (u, a) in
                 enumerate(zip(st.upstream.urls, answers, strict=True))]  # fmt: skip
-    m = st.metrics
-    return {
-        "spool": {
-            "depth": st.spool.depth,
-            "bytes": st.spool.bytes,
-            "oldest_age_s": round(st.spool.oldest_age(), 3),
-            "full": st.spool.full,
-            "writable": st.spool.writable(),
-        },  # fmt: skip
-        "records": {
-            "spooled": _counter_total(m.records_spooled),
-            "written": _counter_total(m.records_written),
-            "dropped": _counter_total(m.records_dropped),
-        },
-        "draining": st.draining,
-        "replicas": replicas,
-    }
+    out: dict[str, Any] = {"operator": operator, "draining": st.draining, "replicas": replicas}
+    if not operator:
+        return {**out, "spool": None, "records": None}
+    m, spool = st.metrics, st.spool
+    out["spool"] = {"depth": spool.depth, "bytes": spool.bytes, "oldest_age_s": round(spool.oldest_age(), 3),
+                    "full": spool.full, "writable": spool.writable()}  # fmt: skip
+    out["records"] = {name: _counter_total(getattr(m, f"records_{name}")) for name in ("spooled", "written", "dropped")}
+    return out
 
 
 async def _replica(st: Any, base: str, project: str) -> dict[str, Any]:

@@ -5,17 +5,21 @@ import { card, fmt, h, notice, stat, table } from "./dom.js";
 
 export async function healthView(root) {
   const hl = await api("/v1/ui/health");
-  const dropped = hl.records.dropped;
-  root.append(card("Recording (this proxy process)",
-    h("div", { class: "stats" },
-      h("div", { class: "stat " + (dropped ? "bad" : "good") }, h("span", { class: "v", dataset: { k: "dropped" } }, fmt(dropped)),
-        h("span", { class: "l" }, "records dropped (must be 0)")),
-      stat("records spooled", hl.records.spooled, "spooled"), stat("records written", hl.records.written, "written"),
-      stat("spool depth", hl.spool.depth, "spool-depth"), stat("oldest spooled (s)", hl.spool.oldest_age_s, "spool-age"),
-      stat("spool bytes", hl.spool.bytes, "spool-bytes")),
-    hl.spool.full ? notice("the spool is full", "error") : null,
-    hl.spool.writable ? null : notice("the spool is not writable", "error"),
-    hl.draining ? notice("draining: this process is shutting down", "error") : null));
+  if (hl.records) {
+    const dropped = hl.records.dropped;
+    root.append(card("Recording (this proxy process)",
+      h("div", { class: "stats" },
+        h("div", { class: "stat " + (dropped ? "bad" : "good") }, h("span", { class: "v", dataset: { k: "dropped" } }, fmt(dropped)),
+          h("span", { class: "l" }, "records dropped (must be 0)")),
+        stat("records spooled", hl.records.spooled, "spooled"), stat("records written", hl.records.written, "written"),
+        stat("spool depth", hl.spool.depth, "spool-depth"), stat("oldest spooled (s)", hl.spool.oldest_age_s, "spool-age"),
+        stat("spool bytes", hl.spool.bytes, "spool-bytes")),
+      hl.spool.full ? notice("the spool is full", "error") : null,
+      hl.spool.writable ? null : notice("the spool is not writable", "error")));
+  } else {
+    root.append(card("Recording", notice("the spool and records dropped count every project's traffic: they are shown to the operator's key (an admin key of the default project)", "placeholder")));
+  }
+  if (hl.draining) root.append(notice("draining: this process is shutting down", "error"));
   root.append(card("Engine replicas",
     table(["replica", "state", "adapters of this project loaded"],
       hl.replicas.map((r) => [String(r.replica) + (r.url ? ` (${r.url})` : ""), r.state, r.adapters.join(", ") || "–"]), { id: "replicas" })));

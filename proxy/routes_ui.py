@@ -10,7 +10,7 @@ this origin only, and no inline script; the scripts write recorded text with
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any, Literal
 
@@ -145,15 +145,25 @@ def _counter_total(counter: Any) -> float:
 
 @router.get("/v1/ui/health")
 async def health(principal: PrincipalDep, st: StateDep) -> dict[str, Any]:
-    """Each engine replica and this project's adapters on it; for the operator, this process's spool and records.
+    """Each engine replica and this project's adapters on it; for the operator, the spool and records too.
 
-    The spool and the record counters hold every project's traffic, so only the operator (an admin key
-    of the default project, as for /metrics) sees them; other keys get ``null`` there.
+    Replica state is what this worker's router knows (proxy/replicas.py, as /readyz shows it), filtered to
+    the caller's adapter versions. The spool, the record counters, replica URLs and errors hold every
+    project's traffic, so only the operator (an admin key of the default project, as for /metrics) sees
+    them; other keys get ``null`` there.
     """
-    answers = await asyncio.gather(*(_replica(st, base, principal.project_id) for base in st.upstream.urls))
     operator = principal.role == "admin" and principal.project_id == st.settings.default_project
-    replicas = [{"replica": i, **({"url": u} if operator else {}), **a} for i, (u, a) in
-                enumerate(zip(st.upstream.urls, answers, strict=True))]  # fmt: skip
+    mine = _own_names(principal.project_id)
+    needed = st.router.needed()
+    replicas = []
+    for i, replica in enumerate(st.router.replicas.replicas):
+        state = replica.state(needed)
+        row = {"replica": i, "state": state["state"], "since": state["since"], "inflight": state["inflight"]}
+        for key in ("adapters", "missing", "excluded"):
+            row[key] = sorted(mine(name) for name in state[key] if mine(name))
+        if operator:
+            row.update(url=replica.url, last_error=state["last_error"])
+        replicas.append(row)
     out: dict[str, Any] = {"operator": operator, "draining": st.draining, "replicas": replicas}
     if not operator:
         return {**out, "spool": None, "records": None}
@@ -164,15 +174,13 @@ async def health(principal: PrincipalDep, st: StateDep) -> dict[str, Any]:
     return out
 
 
-async def _replica(st: Any, base: str, project: str) -> dict[str, Any]:
-    """Whether one engine answers, and which of this project's adapter versions it has loaded."""
-    try:
-        status, body = await st.upstream.get_json(base, "/v1/models", timeout=2.0)
-    except Exception:  # noqa: BLE001 - unreachable engine
-        return {"state": "down", "adapters": []}
-    if status != 200:
-        return {"state": "down", "adapters": []}
-    names = [m.get("id", "") for m in body.get("data", []) if m.get("parent")]
-    prefix = "" if project == "default" else f"{project}~"  # as proxy.routing.lora_name names them
-    mine = sorted(n[len(prefix) :] for n in names if n.startswith(prefix) and (prefix or "~" not in n))
-    return {"state": "up", "adapters": mine}
+def _own_names(project: str) -> Callable[[str], str]:
+    """Engine-side adapter name -> ``alias@vN`` when it is this project's (proxy.routing.lora_name), else ""."""
+    prefix = "" if project == "default" else f"{project}~"
+
+    def own(name: str) -> str:
+        if prefix:
+            return name[len(prefix) :] if name.startswith(prefix) else ""
+        return "" if "~" in name else name
+
+    return own

@@ -115,7 +115,7 @@ class Completion(Base):
         Index("ix_completions_project_created", "project_id", "created_at"),
         Index("ix_completions_link_key", "project_id", "link_key"),
         Index("ix_completions_client_request", "project_id", "client_request_id"),
-        # The dashboard's lists and counts (migration 0008).
+        # The dashboard's lists and counts (migration 0009).
         Index("ix_completions_project_alias_created", "project_id", "alias", "created_at"),
         Index("ix_completions_project_termination", "project_id", "termination", "created_at"),
     )

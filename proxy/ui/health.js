@@ -1,7 +1,7 @@
-// Health: records dropped (must be 0), the spool, each engine replica and the adapters it has loaded,
+// Health: records dropped (must be 0), the spool, each engine replica (in rotation or not) and its adapters,
 // monitors and alerts (from GET /v1/admin/alerts once this proxy serves it).
 import { api, optional } from "./api.js";
-import { card, fmt, h, notice, stat, table } from "./dom.js";
+import { card, fmt, h, notice, stat, table, when } from "./dom.js";
 
 export async function healthView(root) {
   const hl = await api("/v1/ui/health");
@@ -21,8 +21,9 @@ export async function healthView(root) {
   }
   if (hl.draining) root.append(notice("draining: this process is shutting down", "error"));
   root.append(card("Engine replicas",
-    table(["replica", "state", "adapters of this project loaded"],
-      hl.replicas.map((r) => [String(r.replica) + (r.url ? ` (${r.url})` : ""), r.state, r.adapters.join(", ") || "–"]), { id: "replicas" })));
+    table(["replica", "state", "since", "in flight", "adapters of this project loaded", "missing", "excluded", "last error"],
+      hl.replicas.map((r) => [String(r.replica) + (r.url ? ` (${r.url})` : ""), r.state, when(r.since), String(r.inflight),
+        r.adapters.join(", ") || "–", r.missing.join(", ") || "–", r.excluded.join(", ") || "–", r.last_error || "–"]), { id: "replicas" })));
   root.append(await alerts());
 }
 

@@ -5,16 +5,16 @@ termination, the sessions list pages by last activity, the learning view reads t
 newest feedback; at 100,000 calls each was a scan of the whole completions heap
 (~2 KB a row) or a sort (bench/ui_paint.py).
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0009
+Revises: 0008
 """
 
 from __future__ import annotations
 
 from alembic import op
 
-revision = "0008"
-down_revision = "0007"
+revision = "0009"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -5,7 +5,7 @@ it at a fixed concurrency, samples the proxy process with ``py-spy record`` for 
 whole run, and prints the top functions by inclusive and by self share of samples
 (threads combined; idle samples excluded), plus the raw collapsed stacks' path.
 
-Run: ``.venv/bin/python -m bench.profile_proxy [--concurrency 64] [--stream] [--seconds 10]``
+Run: ``.venv/bin/python -m bench.profile_proxy [--dialect responses] [--concurrency 64] [--stream] [--seconds 10]``
 (needs ``py-spy`` in the venv: ``.venv/bin/pip install py-spy``; root, or ptrace allowed).
 """
 
@@ -23,7 +23,8 @@ import uvloop
 from bench import peers
 from bench.harness import PY, count_rows, pin_self, throwaway_database, wait_spool_empty
 from bench.loadgen import pct, run_load
-from bench.proxy_overhead import payload
+from bench.dialects import BODIES
+from bench.dialects import payload as dialect_payload
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
@@ -77,6 +78,7 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--dialect", default="chat", choices=list(BODIES), help="the API the load speaks")
     parser.add_argument("--no-record", dest="record", action="store_false")
     parser.add_argument("--no-pin", dest="pin", action="store_false")
     parser.add_argument("--top", type=int, default=40)
@@ -96,7 +98,7 @@ def main() -> None:
                                     "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
                                     "--duration", str(int(args.seconds + 1)), *(["--gil"] if args.gil else [])],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            body = payload(proxy.port, args.stream, args.max_tokens)
+            body = dialect_payload(proxy.port, args.dialect, args.stream, args.max_tokens)
             rps, p50, ids = uvloop.run(drive(proxy.port, body, args.concurrency, args.seconds))
             spy.wait(60)
             if args.record:
@@ -107,7 +109,7 @@ def main() -> None:
         finally:
             proxy.stop()
             stub.stop()
-    print(f"onthejob record={args.record} stream={args.stream} c={args.concurrency}: {rps:,.0f} req/s, "
+    print(f"onthejob {args.dialect} record={args.record} stream={args.stream} c={args.concurrency}: {rps:,.0f} req/s, "
           f"p50 {p50:.3f} ms (slowed by sampling), records lost {lost}")  # fmt: skip
     print(summarise(raw, args.top))
     print(f"\ncollapsed stacks: {raw}")

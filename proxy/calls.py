@@ -26,7 +26,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from proxy import capture, sessions
-from proxy.dialects.base import Dialect, Exchange, Stored, engine_error
+from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored, engine_error
 from proxy.errors import InvalidRequest, PayloadTooLarge, Unavailable, UpstreamError, UpstreamTimeout
 from proxy.recording import Recording
 from proxy.replicas import Replica
@@ -139,6 +139,7 @@ class ProxiedCall:
         self.saved = False
         self.base = ""
         self.replica: Replica | None = None  # while the call occupies it
+        self.events: DialectStream | None = None  # a dialect's stream translator, once streaming
         self.upstream_body, self.wants = capture.prepare(body, endpoint, route.served_model)
 
     @property
@@ -242,6 +243,9 @@ class ProxiedCall:
         self.ttft_ms = (time.perf_counter() - self.t0) * 1000
         if reply.get("system_fingerprint"):
             self.upstream.fingerprints[self.base] = reply["system_fingerprint"]
+        # What the client gets is serialised once: the same bytes are its record's column (``response``
+        # for a native call, ``client_response`` for a dialect's) unless redaction changes them.
+        sent = dump_json(out if client_response is None else client_response)
         await self.save(
             status=200,
             termination=capture.termination_of(choices),
@@ -251,19 +255,20 @@ class ProxiedCall:
             usage=reply.get("usage"),
             upstream_id=reply.get("id"),
             client_response=client_response,
+            sent=sent,
         )
-        client = out if client_response is None else client_response
-        return Response(orjson.dumps(client), 200, headers=self.headers, media_type="application/json")
+        return Response(sent, 200, headers=self.headers, media_type="application/json")
 
     def stream(self, resp: aiohttp.ClientResponse) -> StreamedReply:
         """A streamed reply: forwarded event by event as it arrives, recorded by :meth:`finish_stream`."""
+        self.events = self.dialect.stream(self.exchange()) if self.dialect else None
         return StreamedReply(
             resp,
             endpoint=self.endpoint,
             wants=self.wants,
             alias=self.route.alias,
             headers=self.headers,
-            dialect=(self.dialect, self.dialect.stream(self.exchange())) if self.dialect else None,
+            dialect=(self.dialect, self.events) if self.dialect and self.events else None,
             fingerprints=self.upstream.fingerprints,
             base=self.base,
             inflight=self.inflight,
@@ -290,6 +295,8 @@ class ProxiedCall:
             error=end.error,
             upstream_id=asm.head.get("id"),
             client_response=end.client_response,
+            # the stream's terminal event may have serialised the whole reply already (Responses' does)
+            sent=self.events.result_json if self.events and end.client_response is self.events.result else None,
         )
 
     async def save(
@@ -304,8 +311,12 @@ class ProxiedCall:
         error: str | None = None,
         upstream_id: str | None = None,
         client_response: dict[str, Any] | None = None,
+        sent: bytes | None = None,
     ) -> None:
-        """Build the record and fsync it to the spool (once per call)."""
+        """Build the record and fsync it to the spool (once per call).
+
+        ``sent``: the client's body as serialised for sending (``client_response``, or ``response``
+        for a native call), reused as that column's text when redaction leaves it as it was."""
         if self.saved:
             return
         self.saved = True
@@ -323,6 +334,14 @@ class ProxiedCall:
                                                  "client_response": client_response,
                                                  "prompt_token_ids": prompt_ids})  # fmt: skip
         session, error = self.session, text["error"]
+        if sent is not None and client_response is not None:
+            client_json = sent if text["client_response"] is client_response else dump_json(text["client_response"])
+        else:
+            client_json = dump_json(text["client_response"])
+        if sent is not None and client_response is None and response is not None and text["response"] is response:
+            response_json = sent
+        else:
+            response_json = dump_json(text["response"])
         record = CallRecord(
             id=self.id,
             project_id=self.project,
@@ -333,13 +352,13 @@ class ProxiedCall:
             endpoint=self.endpoint,
             dialect=dialect,
             client_request=dump_json(text["client_request"]),
-            client_response=dump_json(text["client_response"]),
+            client_response=client_json,
             alias=self.route.alias,
             served_model=self.route.served_model,
             adapter_version=self.route.version,
             tags=dump_json(self.naming.tags),
             request=dump_json(text["request"]),
-            response=dump_json(text["response"]),
+            response=response_json,
             prompt_token_ids=dump_json(text["prompt_token_ids"]),
             choices=dump_json(text["choices"]),
             sampling=dump_json(capture.sampling_params(self.body)),

@@ -53,16 +53,15 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import orjson
 
 from proxy.errors import ApiError, InvalidRequest, NotFound, RateLimited, Unauthorized, UpstreamError
 
 
-@dataclass(frozen=True)
-class Exchange:
-    """What translating a reply back needs to know about its call."""
+class Exchange(NamedTuple):
+    """What translating a reply back needs to know about its call (a tuple: built once per call, cheaply)."""
 
     id: str  # our completion id: the client-facing id of the response/message
     model: str  # the alias the client named (never the served adapter's name)
@@ -114,6 +113,10 @@ class Stored:
 
 class DialectStream(ABC):
     """Translates one engine stream, chunk by chunk, into the dialect's events."""
+
+    # ``result`` as serialised, when ``close`` serialised it anyway (a terminal event carrying the whole
+    # body): the record reuses these bytes instead of serialising the body a second time.
+    result_json: bytes | None = None
 
     @abstractmethod
     def open(self) -> bytes:

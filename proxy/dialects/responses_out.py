@@ -42,50 +42,40 @@ def tools_echo(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
+# Every field of the SDK's ``Response`` in its order, with what it holds unless the request says otherwise.
+_ENVELOPE: dict[str, Any] = dict.fromkeys(
+    ("id", "object", "created_at", "status", "background", "completed_at", "conversation", "error",
+     "incomplete_details", "instructions", "max_output_tokens", "max_tool_calls", "metadata", "model", "output",
+     "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key", "prompt_cache_options",
+     "prompt_cache_retention", "prompt_cache_diagnostics", "reasoning", "safety_identifier", "service_tier",
+     "temperature", "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "usage", "user",
+     "access_programs", "image", "input_transformations", "moderation", "tool_usage")
+)  # fmt: skip
+_ENVELOPE.update(object="response", background=False, service_tier="default")
+# Echoed from the request as given (null when absent), and echoed with a default when absent.
+_ECHOED = ("instructions", "max_output_tokens", "max_tool_calls", "previous_response_id", "prompt_cache_key",
+           "prompt_cache_retention", "reasoning", "safety_identifier", "top_logprobs", "user")  # fmt: skip
+_DEFAULTS = {"parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "top_p": 1.0}
+
+
 def envelope(ex: Exchange, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
-    """A ``Response`` object around ``output``: the request's settings echoed, usage to be filled in."""
+    """A ``Response`` object around ``output``: the request's settings echoed, usage to be filled in.
+
+    Copied from a template (one per call, or two for a stream): about half the cost of a 39-key literal."""
     body = ex.request
-    return {
-        "id": ex.id,
-        "object": "response",
-        "created_at": ex.created,
-        "status": status,
-        "background": False,
-        "completed_at": None,
-        "conversation": None,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": body.get("instructions"),
-        "max_output_tokens": body.get("max_output_tokens"),
-        "max_tool_calls": body.get("max_tool_calls"),
-        "metadata": body.get("metadata") or {},
-        "model": ex.model,
-        "output": output,
-        "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "previous_response_id": body.get("previous_response_id"),
-        "prompt": None,
-        "prompt_cache_key": body.get("prompt_cache_key"),
-        "prompt_cache_options": None,
-        "prompt_cache_retention": body.get("prompt_cache_retention"),
-        "prompt_cache_diagnostics": None,
-        "reasoning": body.get("reasoning"),
-        "safety_identifier": body.get("safety_identifier"),
-        "service_tier": "default",
-        "temperature": body.get("temperature", 1.0),
-        "text": body.get("text") or {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"),
-        "tools": tools_echo(body.get("tools")),
-        "top_logprobs": body.get("top_logprobs"),
-        "top_p": body.get("top_p", 1.0),
-        "truncation": body.get("truncation") or "disabled",
-        "usage": None,
-        "user": body.get("user"),
-        "access_programs": None,
-        "image": None,
-        "input_transformations": None,
-        "moderation": None,
-        "tool_usage": None,
-    }
+    response = _ENVELOPE.copy()
+    response["id"], response["created_at"], response["status"] = ex.id, ex.created, status
+    response["model"], response["output"] = ex.model, output
+    for key in _ECHOED:
+        if key in body:
+            response[key] = body[key]
+    for key, default in _DEFAULTS.items():
+        response[key] = body.get(key, default)
+    response["metadata"] = body.get("metadata") or {}
+    response["text"] = body.get("text") or {"format": {"type": "text"}}
+    response["truncation"] = body.get("truncation") or "disabled"
+    response["tools"] = tools_echo(body.get("tools"))
+    return response
 
 
 def finish(response: dict[str, Any], termination: str, usage: dict[str, Any] | None, error: str | None) -> None:

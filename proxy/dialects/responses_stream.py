@@ -29,6 +29,7 @@ from proxy.dialects.responses_out import (
     text_part,
 )
 from proxy.errors import ApiError
+from storage.records import dump_json
 
 TEXT_DELTA = "response.output_text.delta"
 NO_LOGPROBS = b',"logprobs":[]'
@@ -119,8 +120,8 @@ class ResponsesStream(DialectStream):
         out = self._close_item("incomplete")  # still open: the stream broke off
         response = envelope(self.ex, "in_progress", self.items)
         finish(response, end.termination, end.usage, end.error)
-        self._result = response
-        out.append(self._event(TERMINAL_EVENT[response["status"]], response=response))
+        self._result, self.result_json = response, dump_json(response)  # serialised once: event and record
+        out.append(self._event(TERMINAL_EVENT[response["status"]], response=orjson.Fragment(self.result_json)))
         return b"".join(out)
 
     def fail(self, exc: ApiError) -> bytes:

@@ -21,10 +21,10 @@ from pathlib import Path
 import uvloop
 
 from bench import peers
-from bench.harness import PY, count_rows, pin_self, throwaway_database, wait_spool_empty
-from bench.loadgen import pct, run_load
 from bench.dialects import BODIES
 from bench.dialects import payload as dialect_payload
+from bench.harness import PY, count_rows, pin_self, throwaway_database, wait_spool_empty
+from bench.loadgen import pct, run_load
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 

@@ -114,6 +114,7 @@ def summarise(rows: list[Row], answered: int, ids: int, unique: int, landed: int
     print(f"load generator headroom: direct does {direct64.rps:,.0f} req/s at 64 (non-streaming) vs the fastest "
           f"peer's {best_peer:,.0f}")  # fmt: skip
     on1, on64, off64 = get("recording-on", False, 1), get("recording-on", False, 64), get("recording-off", False, 64)
+    pt64 = get("passthrough", False, 64)
     on1s = get("recording-on", True, 1)
     checks = [
         ("added p50 <= 1 ms at concurrency 1 (non-streaming)", on1.added_p50_ms <= 1.0,
@@ -123,6 +124,8 @@ def summarise(rows: list[Row], answered: int, ids: int, unique: int, landed: int
          f"{on64.rps:,.0f} req/s (its CPU cost allows {capacity(on64):,.0f} req/s on one whole core)"),
         ("recording-on >= 0.8x recording-off (non-streaming, 64)", on64.rps >= 0.8 * off64.rps,
          f"{on64.rps / off64.rps:.2f}x (by CPU cost per request: {capacity(on64) / capacity(off64):.2f}x)"),
+        ("recording-on >= 0.7x the bare pass-through (non-streaming, 64)", on64.rps >= 0.7 * pt64.rps,
+         f"{on64.rps / pt64.rps:.2f}x (by CPU cost per request: {capacity(on64) / capacity(pt64):.2f}x)"),
         ("0 records lost", lost == 0 and missing_ids == 0, str(lost)),
     ]  # fmt: skip
     print()

@@ -100,6 +100,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="score and report, post nothing")
     p.set_defaults(handler=commands.judge)
 
+    p = sub.add_parser("monitor", help="compare each version's traffic with its predecessor's; raise alerts")
+    p.add_argument("--db", default=None)
+    p.add_argument("--project", default=None, help="only this project (default: every project)")
+    p.add_argument("--alias", default=None, help="only this alias")
+    p.add_argument("--watch", action="store_true", help="keep monitoring, one pass every --interval seconds")
+    p.add_argument("--interval", type=float, default=60.0, help="seconds between passes with --watch")
+    p.add_argument("--drift-engine", default=None, help="engine URL: measure KL from the base model on a sample")
+    p.add_argument("--drift-sample", type=int, default=16, help="calls per version the drift probe scores")
+    p.add_argument("--json", action="store_true", help="print each pass's windows and breaches as JSON")
+    p.set_defaults(handler=commands.monitor)
+
     p = sub.add_parser("deploy", help="roll an alias forward or back to an adapter version")
     p.add_argument("--alias", required=True)
     p.add_argument("--version", required=True, help="adapter version number, or 'base'")

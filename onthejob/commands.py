@@ -118,6 +118,26 @@ def deploy(args: argparse.Namespace) -> int:
     return 0
 
 
+def monitor(args: argparse.Namespace) -> int:
+    from onthejob.monitor import MonitorCommand, run
+    from storage.db import database_url
+
+    if args.interval <= 0 or args.drift_sample < 1:
+        raise UserError("--interval must be positive and --drift-sample at least 1")
+    return run(
+        MonitorCommand(
+            db_url=database_url(args.db),
+            project=args.project,
+            alias=args.alias,
+            watch=args.watch,
+            interval_s=args.interval,
+            drift_engine=args.drift_engine,
+            drift_sample=args.drift_sample,
+            as_json=args.json,
+        )  # fmt: skip
+    )
+
+
 def demo(args: argparse.Namespace) -> int:
     from examples.demo import run
 

@@ -18,10 +18,12 @@ from proxy import (
     routes_anthropic,
     routes_dialects,
     routes_feedback,
+    routes_monitors,
     routes_openai,
     routes_ops,
     routes_ui,
 )
+from proxy.alert_metrics import AlertMetrics
 from proxy.deps import operator_gate
 from proxy.errors import ApiError, envelope
 from proxy.responses import ERROR_RESPONSES, ORJSONResponse, error_response
@@ -58,6 +60,8 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.onthejob = state
         app.state.trainer_metrics = TrainerMetrics(state.sessionmaker)
         state.metrics.registry.register(app.state.trainer_metrics)
+        app.state.alert_metrics = AlertMetrics(state.sessionmaker)
+        state.metrics.registry.register(app.state.alert_metrics)
         await state.start()
         # Everything alive now (modules, FastAPI, SQLAlchemy, pydantic: ~10^5 objects) lives as long as
         # the process; frozen, the cyclic GC stops rescanning it on every full collection (measured:
@@ -90,6 +94,7 @@ def create_app(settings: Settings) -> FastAPI:
         routes_anthropic,
         routes_feedback,
         routes_admin,
+        routes_monitors,
         routes_ops,
         routes_ui,
     ):

@@ -77,8 +77,9 @@ async def _engine_answers(st: Any, base: str) -> bool:
     dependencies=[Depends(operator_gate("metrics_access"))],
 )
 async def metrics(request: Request, st: StateDep) -> Response:
-    """Prometheus: the proxy's own counters, and the trainer's newest step per alias (from storage)."""
+    """Prometheus: the proxy's own counters, the trainer's newest step per alias and the open alerts (from storage)."""
     await request.app.state.trainer_metrics.refresh()
+    await request.app.state.alert_metrics.refresh()
     st.metrics.spool_depth.set(st.spool.depth)
     st.metrics.spool_age.set(st.spool.oldest_age())
     st.metrics.spool_bytes.set(st.spool.bytes)

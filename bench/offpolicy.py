@@ -89,9 +89,19 @@ def evaluate(policy: Policy, answers: torch.Tensor) -> Outcome:
 
 
 def run(
-    method: str, lag: int, seed: int, updates: int, drop_timeouts: bool, lr: float = 0.01
+    method: str,
+    lag: int,
+    seed: int,
+    updates: int,
+    drop_timeouts: bool,
+    lr: float = 0.01,
+    curve: list[tuple[int, Outcome]] | None = None,
+    every: int = 25,
 ) -> tuple[Outcome, dict[str, float]]:
-    """Train one policy on lagged logged traffic; returns its final outcome and ratio stats over the run."""
+    """Train one policy on lagged logged traffic; returns its final outcome and ratio stats over the run.
+
+    With ``curve``, the exact outcome after every ``every`` updates is appended to it (the training curve).
+    """  # fmt: skip
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(1000 + seed)
     answers = torch.randint(0, CONTENT, (TASKS, LENGTH), generator=gen)
@@ -103,7 +113,9 @@ def run(
     baseline = TaskBaseline()
     ratios = RatioStats()  # over every update of the run
     rejected = offered = 0
-    for _ in range(updates):
+    for update in range(updates):
+        if curve is not None and update % every == 0:
+            curve.append((update, evaluate(policy, answers)))
         behaviour.load_state_dict(history[max(0, len(history) - 1 - lag)])
         tasks = torch.arange(TASKS).repeat_interleave(ATTEMPTS)
         with torch.no_grad():
@@ -150,7 +162,10 @@ def run(
             history.pop(0)
     stats = ratios.summary()
     stats["rejected"] = rejected / offered if offered else 0.0
-    return evaluate(policy, answers), stats
+    final = evaluate(policy, answers)
+    if curve is not None:
+        curve.append((updates, final))
+    return final, stats
 
 
 def main() -> None:
@@ -160,13 +175,23 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.01)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--plot", default=None, help="write a PNG of success per lag per method")
+    ap.add_argument("--curves", default=None, help="write a PNG of tis training curves, timeouts dropped vs counted")
+    ap.add_argument("--lags", default=",".join(map(str, LAGS)), help="comma-separated policy lags")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     started = time.monotonic()
     seeds = range(args.seeds)
 
+    lags = [int(x) for x in args.lags.split(",")]
+    curves: dict[tuple[int, bool], list[list[tuple[int, Outcome]]]] = {}
+
     def cell(method: str, lag: int, drop: bool) -> tuple[list[Outcome], list[dict[str, float]]]:
-        results = [run(method, lag, s, args.updates, drop, args.lr) for s in seeds]
+        traces: list[list[tuple[int, Outcome]]] = [[] for _ in seeds]
+        keep = method == "tis"
+        results = [run(method, lag, s, args.updates, drop, args.lr, traces[i] if keep else None)
+                   for i, s in enumerate(seeds)]  # fmt: skip
+        if keep:
+            curves[(lag, drop)] = traces
         return [o for o, _ in results], [st for _, st in results]
 
     def fmt(values: list[float]) -> str:
@@ -188,7 +213,7 @@ def main() -> None:
     print("timeouts counted as failures (onthejob's rule):")
     print(f"{'lag':>4} | " + " | ".join(f"{m + ' success':>15} {m + ' timeout':>15}" for m in METHODS))
     extra: dict[int, list[dict[str, float]]] = {}
-    for lag in LAGS:
+    for lag in lags:
         row = []
         for method in METHODS:
             outcomes, stats = cell(method, lag, drop=False)
@@ -205,7 +230,7 @@ def main() -> None:
     print("\ntimeouts dropped (the trajectory vanishes) vs counted as failures, default objective:")
     heads = ("dropped success", "dropped timeout", "counted success", "counted timeout")
     print(f"{'lag':>4} | {heads[0]:>15} {heads[1]:>15} | {heads[2]:>15} {heads[3]:>15}")
-    for lag in LAGS:
+    for lag in lags:
         dropped, _ = cell("tis", lag, drop=True)
         counted = table[("tis", lag)]
         print(f"{lag:>4} | {fmt([o.success for o in dropped]):>15} {fmt([o.timeout for o in dropped]):>15} | "
@@ -220,8 +245,8 @@ def main() -> None:
 
         fig, ax = plt.subplots(figsize=(5, 3.5))
         for method in METHODS:
-            means = [statistics.mean(o.success for o in table[(method, lag)]) for lag in LAGS]
-            ax.plot(LAGS, means, marker="o", label=method)
+            means = [statistics.mean(o.success for o in table[(method, lag)]) for lag in lags]
+            ax.plot(lags, means, marker="o", label=method)
         ax.set_xlabel("policy lag (updates)")
         ax.set_ylabel("success")
         ax.set_ylim(0, 1.02)
@@ -229,6 +254,39 @@ def main() -> None:
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"plot: {args.plot}")
+    if args.curves:
+        plot_curves(curves, lags, args.curves)
+        print(f"curves: {args.curves}")
+
+
+def plot_curves(curves: dict[tuple[int, bool], list[list[tuple[int, Outcome]]]], lags: list[int], path: str) -> None:
+    """Timeout rate and success over updates, mean over seeds: one line per lag, dropped dashed, counted solid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, figsize=(10, 3.8), sharex=True)
+    colours = plt.get_cmap("viridis")(torch.linspace(0, 0.85, len(lags)).tolist())
+    for colour, lag in zip(colours, lags, strict=True):
+        for drop in (True, False):
+            traces = curves.get((lag, drop))
+            if not traces:
+                continue
+            xs = [u for u, _ in traces[0]]
+            for ax, field in ((ax_t, "timeout"), (ax_s, "success")):
+                ys = [statistics.mean(getattr(tr[i][1], field) for tr in traces) for i in range(len(xs))]
+                label = f"lag {lag}, timeouts {'dropped' if drop else 'counted'}"
+                ax.plot(xs, ys, color=colour, linestyle="--" if drop else "-", label=label)
+    ax_t.set_ylabel("timeout rate (exact, all tasks)")
+    ax_s.set_ylabel("success (exact, all tasks)")
+    for ax in (ax_t, ax_s):
+        ax.set_xlabel("update")
+        ax.set_ylim(0, 1.02)
+    ax_s.legend(fontsize=7, loc="center right")
+    fig.suptitle("tis on the off-policy toy: timed-out rollouts dropped (dashed) vs counted as failures (solid)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--watch", action="store_true", help="keep monitoring, one pass every --interval seconds")
     p.add_argument("--interval", type=float, default=60.0, help="seconds between passes with --watch")
     p.add_argument("--drift-engine", default=None, help="engine URL: measure KL from the base model on a sample")
-    p.add_argument("--drift-sample", type=int, default=16, help="calls per version the drift probe scores")
+    p.add_argument("--drift-sample", type=int, default=32, help="calls per version the drift probe scores")
     p.add_argument("--json", action="store_true", help="print each pass's windows and breaches as JSON")
     p.set_defaults(handler=commands.monitor)
 

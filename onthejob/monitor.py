@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from storage.db import async_engine
 from storage.models import Alias, Completion
-from storage.monitor_store import AliasReport, monitored_aliases, run_monitors
+from storage.monitor_store import VERSIONS_WATCHED, AliasReport, monitored_aliases, run_monitors, versions_with_traffic
 from storage.monitors import Estimate, ratio_estimate
 
 log = logging.getLogger("onthejob.monitor")
@@ -43,7 +43,7 @@ class MonitorCommand:
     watch: bool = False
     interval_s: float = 60.0
     drift_engine: str | None = None
-    drift_sample: int = 16
+    drift_sample: int = 32
     as_json: bool = False
 
 
@@ -52,20 +52,18 @@ class DriftProbe:
     """KL(π_v ‖ π_base) per version on a sample of recorded calls, scored by the engine's base model."""
 
     engine: str
-    sample: int = 16
+    sample: int = 32  # at least the default min_sessions: kl_base is compared only over that many calls
     cache: dict[str, tuple[float, float]] = field(default_factory=dict)  # call id → (Σ log μ − log π_base, tokens)
 
     async def estimates(self, db: AsyncSession, project: str, alias: str) -> dict[int | None, Estimate]:
         base = await db.scalar(select(Alias.base_model).where(Alias.project_id == project, Alias.name == alias))
         if base is None:
             return {}
-        versions = await db.scalars(
-            select(Completion.adapter_version).where(Completion.project_id == project, Completion.alias == alias)
-            .distinct()
-        )  # fmt: skip
+        versions = await versions_with_traffic(db, project, alias)
+        watched = [v for v in versions if v is None] + [v for v in versions if v is not None][-VERSIONS_WATCHED:]
         out: dict[int | None, Estimate] = {}
         async with httpx.AsyncClient(timeout=60) as client:
-            for version in versions.all():
+            for version in watched:
                 calls = await self._recent(db, project, alias, version)
                 pairs = [p for c in calls if (p := await self._score(client, base, c)) is not None]
                 est = ratio_estimate(pairs)

@@ -18,7 +18,7 @@ import torch
 
 from storage.grading import Exclusion, has_sampled_tokens
 from storage.trajectories import Trajectory
-from trainer.logprobs import Sampling, unsupported
+from trainer.logprobs import Packed, Sampling, unsupported
 
 
 @dataclass
@@ -47,6 +47,7 @@ class Batch:
     top_p: torch.Tensor
     min_p: torch.Tensor
     adv: torch.Tensor  # [B]
+    packed: Packed | None = None  # the forward pass's layout when examples share rows
 
     @property
     def n_tokens(self) -> int:
@@ -119,8 +120,14 @@ def trained_tokens(t: Trajectory) -> int:
     return sum(1 for m in t.mask[1:] if m)
 
 
-def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu") -> Batch:
-    """Pad a micro-batch on the right; every per-token field is aligned with ``input_ids``."""
+def collate(
+    examples: Sequence[Example], pad_id: int, device: torch.device | str = "cpu", *, pack: bool = False
+) -> Batch:
+    """Pad a micro-batch on the right; every per-token field is aligned with ``input_ids``.
+
+    ``pack``: also lay the examples out several to a row for the forward pass (:func:`packing`);
+    the per-token fields stay one example per row, as the objectives want them.
+    """
     size = max(e.length for e in examples)
     b = len(examples)
     ids = torch.full((b, size), pad_id, dtype=torch.long)
@@ -146,15 +153,69 @@ def collate(examples: Sequence[Example], pad_id: int, device: torch.device | str
     mask[:, 0] = 0.0  # nothing predicts the first token
     behav = torch.where(mask > 0, behav, torch.full_like(behav, math.nan))
     adv = torch.tensor([e.advantage for e in examples], dtype=torch.float32)
-    return Batch(*(x.to(device) for x in (ids, attn, mask, behav, temperature, top_k, top_p, min_p, adv)))
+    packed = packing(ids, [e.length for e in examples], pad_id) if pack else None
+    if packed is not None:
+        packed = Packed(*(x.to(device) for x in (packed.input_ids, packed.position_ids, packed.row, packed.offset)))
+    fields = (ids, attn, mask, behav, temperature, top_k, top_p, min_p, adv)
+    ids, attn, mask, behav, temperature, top_k, top_p, min_p, adv = (x.to(device) for x in fields)
+    return Batch(ids, attn, mask, behav, temperature, top_k, top_p, min_p, adv, packed)
 
 
-def micro_batches(examples: Sequence[Example], max_tokens: int) -> Iterator[list[Example]]:
-    """Group examples, longest first, so each padded micro-batch holds at most ``max_tokens`` tokens."""
+def pack_rows(lengths: Sequence[int], width: int) -> list[list[int]]:
+    """First-fit decreasing: the indices of ``lengths`` grouped into rows of at most ``width`` tokens."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        fits = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if fits is None:
+            rows.append([i])
+            room.append(width - lengths[i])
+        else:
+            rows[fits].append(i)
+            room[fits] -= lengths[i]
+    return rows
+
+
+def packing(ids: torch.Tensor, lengths: Sequence[int], pad_id: int) -> Packed | None:
+    """Several examples to a row, each row as long as the longest example; None when none would share.
+
+    Rows are no longer than the padded layout's, so attention (quadratic in the row's
+    length, block-diagonal here) never costs more than padding did; what is saved is the
+    padding's share of every other layer. Position ids restart at 0 with each example, and
+    with the row's trailing padding, which transformers turns into a block-diagonal causal
+    mask (and flash attention into variable-length sequences).
+    """
+    width = max(lengths)
+    rows = pack_rows(lengths, width)
+    if len(rows) == len(lengths):
+        return None
+    packed_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    position_ids = torch.zeros((len(rows), width), dtype=torch.long)
+    row = torch.zeros(len(lengths), dtype=torch.long)
+    offset = torch.zeros(len(lengths), dtype=torch.long)
+    for r, members in enumerate(rows):
+        at = 0
+        for i in members:
+            n = lengths[i]
+            packed_ids[r, at : at + n] = ids[i, :n]
+            position_ids[r, at : at + n] = torch.arange(n)
+            row[i], offset[i] = r, at
+            at += n
+        position_ids[r, at:] = torch.arange(width - at)  # the padding is a segment of its own
+    return Packed(packed_ids, position_ids, row, offset)
+
+
+def micro_batches(examples: Sequence[Example], max_tokens: int, *, pack: bool = False) -> Iterator[list[Example]]:
+    """Group examples, longest first, so each micro-batch's forward pass holds at most ``max_tokens`` tokens.
+
+    Padded rows count whole; with ``pack``, the rows :func:`pack_rows` would fill.
+    """
     ordered = sorted(examples, key=lambda e: -e.length)
     current: list[Example] = []
     for e in ordered:
-        if current and (len(current) + 1) * current[0].length > max_tokens:
+        width = current[0].length if current else e.length
+        rows = len(pack_rows([x.length for x in (*current, e)], width)) if pack else len(current) + 1
+        if current and rows * width > max_tokens:
             yield current
             current = []
         current.append(e)

@@ -35,8 +35,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: below this temperature a row is greedy
+# How many [positions × vocab] logits the LM-head stage holds at once (float32: 128 MB):
+# 682 positions of SmolLM2's 49k vocabulary, 220 of a 152k one.
+CHUNK_ELEMENTS = 1 << 25
 
 # Sampling fields that change vLLM's processed distribution and that we do not mirror,
 # with the value that makes them neutral.
@@ -105,45 +109,68 @@ def processed_logits(
     on detached values, so gradients flow only through the kept logits. ``keep``
     (``[N]`` token ids) stays in the support whatever the filters say. Returns
     float32 logits with −∞ where a token is outside the support.
+
+    Neutral settings cost nothing: T = 1 (or greedy) skips the division, and with
+    min-p, top-k and top-p all off no mask is built.
     """
-    temp = torch.where(temperature < SAMPLING_EPS, torch.ones_like(temperature), temperature)
-    scaled = logits.float() / temp.unsqueeze(1)
-    remove = _filter_mask(scaled.detach(), top_k, top_p, min_p)
-    if remove is None:
+    scaled = logits.float()
+    unscaled = (temperature < SAMPLING_EPS) | (temperature == 1.0)
+    if not bool(unscaled.all()):
+        temp = torch.where(unscaled, torch.ones_like(temperature), temperature)
+        scaled = scaled / temp.to(scaled.dtype).unsqueeze(1)
+    cutoff = _cutoff(scaled.detach(), top_k, top_p, min_p)
+    if cutoff is None:
         return scaled
+    remove = scaled.detach() < cutoff
     if keep is not None:
         remove = remove.scatter(1, keep.unsqueeze(1), False)
     return scaled.masked_fill(remove, float("-inf"))
 
 
-def _filter_mask(
-    logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
-) -> torch.Tensor | None:
-    """Boolean ``[N, V]`` mask of tokens vLLM removes, or None when no row filters."""
-    vocab = logits.shape[1]
+def _cutoff(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor | None:
+    """Per row, the smallest logit vLLM keeps (``[N, 1]``, −∞: everything), or None when no row filters.
+
+    Every filter keeps the tokens at or above a value, so one threshold per row describes
+    them all and the mask is a single comparison (no scatter back from sorted order):
+
+    * min-p: p < min_p · p_max is logit < max logit + log(min_p), no softmax needed;
+    * top-k: the k-th largest logit (ties kept, as vLLM does);
+    * top-p: vLLM's ascending cumulative sum over the min-p/top-k survivors, from one
+      descending sort per row; the tokens it drops are a prefix of the ascending order, so
+      their count gives the threshold. When every top-p row also has a top-k, a partial
+      sort (``topk``) of the largest k replaces the full one. Ties at the nucleus edge are
+      all kept, where vLLM's positional mask may split them (not seen with real logits).
+    """
+    n, vocab = logits.shape
+    k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k).long()
+    rows_k, rows_p = k < vocab, top_p < 1.0
     use_min_p = bool((min_p > SAMPLING_EPS).any())
-    k = torch.where((top_k <= 0) | (top_k >= vocab), torch.full_like(top_k, vocab), top_k)
-    use_k = bool((k < vocab).any())
-    use_p = bool((top_p < 1.0).any())
+    use_k, use_p = bool(rows_k.any()), bool(rows_p.any())
     if not (use_min_p or use_k or use_p):
         return None
-    work = logits.clone()
+    cutoff = torch.full((n, 1), float("-inf"), dtype=logits.dtype, device=logits.device)
     if use_min_p:
-        probs = work.softmax(dim=-1)
-        threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
-        work.masked_fill_(probs < threshold, float("-inf"))
-    if use_k or use_p:
-        ordered, index = work.sort(dim=-1, descending=False)
-        if use_k:
-            kth = ordered.gather(1, (vocab - k.long()).unsqueeze(1))
-            ordered.masked_fill_(ordered < kth, float("-inf"))
-        if use_p:
-            cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
-            drop = cumulative <= (1 - top_p).unsqueeze(1)
-            drop[:, -1] = False  # vLLM always keeps the most likely token
-            ordered.masked_fill_(drop, float("-inf"))
-        work = work.scatter(1, index, ordered)
-    return torch.isinf(work) & (work < 0)
+        floor = torch.log(min_p.to(logits.dtype).clamp(min=0)).unsqueeze(1)  # log 0 = −∞: the row keeps all
+        cutoff = logits.amax(dim=-1, keepdim=True) + floor
+    if not (use_k or use_p):
+        return cutoff
+    partial = use_k and not bool((rows_p & ~rows_k).any())
+    width = int(k[rows_k].max()) if partial else vocab
+    if width < vocab:
+        values = logits.topk(width, dim=-1).values  # descending
+    else:
+        values = logits.sort(dim=-1, descending=True).values
+    if use_k:
+        kth = values.gather(1, (k.clamp(max=width) - 1).unsqueeze(1))
+        cutoff = torch.where(rows_k.unsqueeze(1), torch.maximum(cutoff, kth), cutoff)
+    if use_p:
+        probs = values.masked_fill(values < cutoff, float("-inf")).softmax(dim=-1)
+        ascending = probs.flip(-1).cumsum(dim=-1)
+        drop = ascending <= (1 - top_p).to(logits.dtype).unsqueeze(1)
+        drop[:, -1] = False  # vLLM always keeps the most likely token
+        smallest_kept = values.gather(1, (width - 1 - drop.sum(dim=-1)).unsqueeze(1))
+        cutoff = torch.where(rows_p.unsqueeze(1), torch.maximum(cutoff, smallest_kept), cutoff)
+    return cutoff
 
 
 def token_logprobs(
@@ -185,6 +212,16 @@ class Scored:
     positions: torch.Tensor  # [B, T] bool: tokens that were scored (sampled tokens, t ≥ 1)
 
 
+@dataclass(frozen=True)
+class Packed:
+    """Where each ``[B, T]`` row of a batch sits when several share one row of the forward pass."""
+
+    input_ids: torch.Tensor  # [R, L], R ≤ B
+    position_ids: torch.Tensor  # [R, L], restarting at 0 with every example (and with the row's padding)
+    row: torch.Tensor  # [B]: the packed row holding example b
+    offset: torch.Tensor  # [B]: where example b starts in it
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -194,30 +231,135 @@ def sequence_logprobs(
     top_k: torch.Tensor,
     top_p: torch.Tensor,
     min_p: torch.Tensor,
+    *,
+    packed: Packed | None = None,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> Scored:
     """Score every token where ``score_mask`` is set, under that token's sampling parameters.
 
     All tensors are ``[B, T]`` (right-padded). The token at t is predicted by the
-    logits at t − 1, so position 0 is never scored. Only the needed columns go
-    through the LM head (``logits_to_keep``): with long prompts or tool outputs
-    most of a trajectory is context, and the vocabulary projection is the
-    largest tensor in the step.
+    hidden state at t − 1, so position 0 is never scored. Only those positions go
+    through the LM head, ``chunk_elements // vocab`` of them at a time
+    (:func:`head_logprobs`), so the head's ``[positions × vocab]`` logits never exist
+    whole however long the trajectory. ``packed``: run the decoder on the packed rows
+    instead (same log-probs, less padding). ``chunk_elements=0``, or a model whose head
+    is not a plain projection of the last hidden state, takes the unchunked path: the
+    model's own head over the needed columns (``logits_to_keep``).
     """
     positions = score_mask.bool().clone()
     positions[:, 0] = False
-    columns = torch.nonzero(positions.any(dim=0)).squeeze(1)  # token positions t with work to do
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=input_ids.device)
-    if columns.numel() == 0:
+    rows, t = torch.nonzero(positions, as_tuple=True)
+    if rows.numel() == 0:
         return Scored(out, positions)
+    parts = split_head(model) if chunk_elements > 0 else None
+    if parts is None:
+        scored = _unchunked(model, input_ids, attention_mask, positions, temperature, top_k, top_p, min_p)
+        return Scored(out.index_put((rows, t), scored), positions)
+    decoder, head = parts
+    if packed is None:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        states = hidden[rows, t - 1]
+    else:
+        # No attention mask: transformers reads the segments off the restarting position ids.
+        ids, position_ids = packed.input_ids, packed.position_ids
+        hidden = decoder(input_ids=ids, position_ids=position_ids, use_cache=False).last_hidden_state
+        states = hidden[packed.row[rows], packed.offset[rows] + t - 1]
+    scored = head_logprobs(
+        head, states, input_ids[rows, t], temperature[rows, t], top_k[rows, t], top_p[rows, t], min_p[rows, t],
+        chunk_elements=chunk_elements,
+    )  # fmt: skip
+    return Scored(out.index_put((rows, t), scored), positions)
+
+
+def _unchunked(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    positions: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    """The scored positions' log-probs from the model's own ``[B, columns, V]`` logits, in row-major order."""
+    columns = torch.nonzero(positions.any(dim=0)).squeeze(1)  # token positions t with work to do
     logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=columns - 1).logits
     rows, cols = torch.nonzero(positions[:, columns], as_tuple=True)  # index into [B, len(columns)]
     t = columns[cols]
-    scored = token_logprobs(
+    return token_logprobs(
         logits[rows, cols], input_ids[rows, t],
         temperature[rows, t], top_k[rows, t], top_p[rows, t], min_p[rows, t],
     )  # fmt: skip
-    out = out.index_put((rows, t), scored)
-    return Scored(out, positions)
+
+
+# Config fields of models whose logits are more than ``lm_head(last hidden state)``.
+_HEAD_EXTRAS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def split_head(model: torch.nn.Module) -> tuple[Any, Any] | None:
+    """The decoder (ids → last hidden state) and the LM head of a causal LM (PEFT-wrapped or not).
+
+    None when the model has no such split or its logits are rescaled or capped after the
+    head: those are scored by the model's own forward.
+    """
+    get_base = getattr(model, "get_base_model", None)
+    base: Any = get_base() if callable(get_base) else model
+    if not (callable(getattr(base, "get_decoder", None)) and callable(getattr(base, "get_output_embeddings", None))):
+        return None
+    config = getattr(base, "config", None)
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _HEAD_EXTRAS):
+        return None
+    decoder, head = base.get_decoder(), base.get_output_embeddings()
+    if decoder is None or not isinstance(head, torch.nn.Linear):
+        return None
+    return decoder, head
+
+
+# Attention implementations that read packed segments off restarting position ids (transformers' masking_utils).
+_PACKABLE = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def packable(model: torch.nn.Module) -> bool:
+    """Whether :func:`sequence_logprobs` can run ``model`` on packed rows (``Batch.packed``)."""
+    parts = split_head(model)
+    return parts is not None and getattr(parts[0].config, "_attn_implementation", None) in _PACKABLE
+
+
+def head_logprobs(
+    head: torch.nn.Linear,
+    states: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    *,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """:func:`token_logprobs` of ``head(states)`` for ``states`` ``[N, H]``, a chunk of positions at a time.
+
+    Each chunk's logits, filters and log-softmax live only while the chunk is computed:
+    with gradients, every chunk but the last is checkpointed (nothing of it kept for
+    backward but its input; it is recomputed there, one chunk at a time), so the stage's
+    peak memory is a chunk's, independent of N. One chunk: no recomputation at all.
+    """
+    vocab = head.out_features
+    size = max(1, chunk_elements // vocab)
+    n = states.shape[0]
+    keep = torch.is_grad_enabled() and (states.requires_grad or any(p.requires_grad for p in head.parameters()))
+    parts = []
+    for start in range(0, n, size):
+        args = [x[start : start + size] for x in (states, ids, temperature, top_k, top_p, min_p)]
+        if keep and start + size < n:
+            parts.append(checkpoint(_head_chunk, head, *args, use_reentrant=False))
+        else:
+            parts.append(_head_chunk(head, *args))
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _head_chunk(head: torch.nn.Linear, states: torch.Tensor, ids: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+    return token_logprobs(head(states), ids, *params)
 
 
 def finite(value: float | None) -> bool:

@@ -45,7 +45,7 @@ from trainer.batch import (
 )
 from trainer.checkpoint import resume_optimizer
 from trainer.errors import BaseModelError, DataError
-from trainer.logprobs import sequence_logprobs
+from trainer.logprobs import packable, sequence_logprobs
 from trainer.objective import (
     ObjectiveConfig,
     RatioStats,
@@ -76,6 +76,7 @@ class TrainConfig:
     alpha: int = 32
     max_len: int = 2048  # longer trajectories are dropped (and counted), never truncated
     micro_tokens: int = 4096  # padded tokens per forward pass
+    pack: bool = True  # several short trajectories to a row where the model's attention allows it
     grad_clip: float = 1.0
     threads: int | None = None  # None: the CPU cores divided among the ranks
     resume_optimizer: bool = True  # continue the parent adapter's AdamW moments when it saved them
@@ -276,8 +277,9 @@ def _single_pass(
     loss_sum = tokens = rejected = trajs = 0.0
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
-    for examples in micro_batches(shard, cfg.micro_tokens):
-        b = collate(examples, policy.pad_id, policy.device)
+    pack = _pack(policy, cfg)
+    for examples in micro_batches(shard, cfg.micro_tokens, pack=pack):
+        b = collate(examples, policy.pad_id, policy.device, pack=pack)
         logp = _score(policy, b)
         prox = logp.detach()
         mask = b.mask
@@ -313,9 +315,10 @@ def _ppo_epochs(
     rejected = 0.0
     accepted: list[tuple[Batch, torch.Tensor, torch.Tensor]] = []  # (batch, π_prox, mask after rejection)
     policy.model.eval()
+    pack = _pack(policy, cfg)
     with torch.no_grad():
-        for examples in micro_batches(shard, cfg.micro_tokens):
-            b = collate(examples, policy.pad_id, policy.device)
+        for examples in micro_batches(shard, cfg.micro_tokens, pack=pack):
+            b = collate(examples, policy.pad_id, policy.device, pack=pack)
             prox = _score(policy, b)
             stats.add(prox, b.behav, b.mask, obj.clip)
             keep = in_band(sequence_ratio(prox, b.behav, b.mask), obj.band)
@@ -342,9 +345,14 @@ def _ppo_epochs(
 def _score(policy: Policy, b: Batch) -> torch.Tensor:
     """log π of every trained token of a micro-batch under its call's sampling parameters."""
     scored = sequence_logprobs(
-        policy.model, b.input_ids, b.attention_mask, b.mask > 0, b.temperature, b.top_k, b.top_p, b.min_p
-    )
+        policy.model, b.input_ids, b.attention_mask, b.mask > 0, b.temperature, b.top_k, b.top_p, b.min_p,
+        packed=b.packed,
+    )  # fmt: skip
     return scored.logprobs
+
+
+def _pack(policy: Policy, cfg: TrainConfig) -> bool:
+    return cfg.pack and packable(policy.model)
 
 
 def _optimiser_step(policy: Policy, cfg: TrainConfig, local_tokens: float, idle_tokens: float = 0.0) -> None:
@@ -383,12 +391,13 @@ def _fill_behaviour(
         for v in {turn.adapter_version for turn in e.trajectory.turns}:
             by_version.setdefault(v, []).append(e)
     policy.model.eval()
+    pack = _pack(policy, cfg)
     for version, group in by_version.items():
         if version == policy.version and not policy.dirty:
             continue  # the loaded weights served it: μ = π_prox, which the NaN fill gives exactly
         with torch.no_grad(), _serving(policy, version, adapters):
-            for chunk in micro_batches(group, cfg.micro_tokens):
-                b = collate(chunk, policy.pad_id, policy.device)
+            for chunk in micro_batches(group, cfg.micro_tokens, pack=pack):
+                b = collate(chunk, policy.pad_id, policy.device, pack=pack)
                 logp = _score(policy, b).cpu()
                 for row, e in enumerate(chunk):
                     for turn in e.trajectory.turns:

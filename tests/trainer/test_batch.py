@@ -89,3 +89,28 @@ def test_micro_batches_respect_the_token_budget() -> None:
     groups = [[e.length for e in g] for g in micro_batches(examples, max_tokens=12)]
     assert groups == [[10], [6, 4], [2]]
     assert sum(len(g) for g in groups) == 4
+
+
+def test_packing_shares_rows_and_restarts_positions() -> None:
+    from trainer.batch import pack_rows
+
+    assert pack_rows([6, 2, 3, 4, 1], width=6) == [[0], [3, 1], [2, 4]]
+    trajectories = [make_trajectory(str(n), [1] * (n - 1), [n]) for n in (6, 2, 3)]
+    batch = collate([Example(t, 1.0, recorded_behaviour(t)) for t in trajectories], pad_id=0, pack=True)
+    assert batch.input_ids.shape == (3, 6)  # the objectives keep one example per row
+    packed = batch.packed
+    assert packed is not None
+    assert packed.input_ids.tolist() == [[1, 1, 1, 1, 1, 6], [1, 1, 3, 1, 2, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 5], [0, 1, 2, 0, 1, 0]]
+    assert packed.row.tolist() == [0, 1, 1] and packed.offset.tolist() == [0, 3, 0]
+    # Nothing to share: the padded layout is as small, no packing.
+    alone = collate([Example(trajectories[0], 1.0, recorded_behaviour(trajectories[0]))], pad_id=0, pack=True)
+    assert alone.packed is None
+
+
+def test_packed_micro_batches_count_rows_not_examples() -> None:
+    examples = [Example(make_trajectory(str(n), [1] * n, [2]), 1.0, []) for n in (9, 4, 4, 1)]
+    padded = [[e.length for e in g] for g in micro_batches(examples, max_tokens=20)]
+    packed = [[e.length for e in g] for g in micro_batches(examples, max_tokens=20, pack=True)]
+    assert padded == [[10, 5], [5, 2]]
+    assert packed == [[10, 5, 5], [2]]  # rows [10] and [5, 5]: 20 tokens; the 2 would need a third row

@@ -161,3 +161,44 @@ def test_selected_log_softmax_is_the_gathered_log_softmax(dtype: torch.dtype) ->
     assert ours.dtype == dtype and torch.allclose(ours.float(), naive, **tol)
     ours.sum().backward()  # differentiable in both branches
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
+
+
+def _reference_removed(logits: torch.Tensor, k: torch.Tensor, p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """vLLM's order written out plainly: min-p on probabilities, then top-k and top-p on an ascending sort."""
+    vocab = logits.shape[1]
+    work = logits.clone()
+    probs = work.softmax(dim=-1)
+    work.masked_fill_(probs < probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1), float("-inf"))
+    k = torch.where((k <= 0) | (k >= vocab), torch.full_like(k, vocab), k)
+    ordered, index = work.sort(dim=-1)
+    ordered.masked_fill_(ordered < ordered.gather(1, (vocab - k).unsqueeze(1)), float("-inf"))
+    drop = ordered.softmax(dim=-1).cumsum(dim=-1) <= (1 - p).unsqueeze(1)
+    drop[:, -1] = False
+    # Rows without top-p keep what top-k left (vLLM would drop zero-probability tokens there too).
+    ordered = torch.where((p < 1.0).unsqueeze(1) & drop, torch.full_like(ordered, float("-inf")), ordered)
+    return torch.isinf(work.scatter(1, index, ordered))
+
+
+@pytest.mark.parametrize("mix", ["all", "top_k_only", "top_p_with_k", "min_p_only"])
+def test_one_threshold_per_row_matches_the_sort_and_scatter(mix: str) -> None:
+    gen = torch.Generator().manual_seed(7)
+    n, vocab = 96, 500
+    logits = torch.randn(n, vocab, generator=gen) * 3
+    k = torch.randint(-1, 120, (n,), generator=gen)
+    p = torch.where(torch.rand(n, generator=gen) < 0.3, torch.ones(n), torch.rand(n, generator=gen) * 0.9 + 0.05)
+    min_p = torch.where(torch.rand(n, generator=gen) < 0.5, torch.zeros(n), torch.rand(n, generator=gen) * 0.1)
+    if mix == "top_k_only":  # the partial sort (topk) path
+        p, min_p = torch.ones(n), torch.zeros(n)
+    elif mix == "top_p_with_k":  # top-p within the top k: partial sort too
+        k, min_p = torch.randint(1, 200, (n,), generator=gen), torch.zeros(n)
+    elif mix == "min_p_only":
+        k, p = torch.zeros(n, dtype=torch.long), torch.ones(n)
+    ours = torch.isinf(processed_logits(logits, torch.ones(n), k, p, min_p))
+    assert ours.any() and not ours.all(dim=1).any()
+    assert torch.equal(ours, _reference_removed(logits, k, p, min_p))
+
+
+def test_neutral_sampling_is_a_pass_through() -> None:
+    logits = torch.randn(3, 10)
+    out = processed_logits(logits, torch.ones(3), torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
+    assert out is logits  # no copy, no mask: T = 1, top-k/top-p/min-p off

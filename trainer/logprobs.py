@@ -32,15 +32,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
 
 SAMPLING_EPS = 1e-5  # vLLM's _SAMPLING_EPS: below this temperature a row is greedy
-# How many [positions × vocab] logits the LM-head stage holds at once (float32: 128 MB):
-# 682 positions of SmolLM2's 49k vocabulary, 220 of a 152k one.
-CHUNK_ELEMENTS = 1 << 25
+# How many [positions × vocab] logits the LM-head stage holds at once (float32: 64 MiB; the
+# filters need a few such tensors): 341 positions of SmolLM2's 49k vocabulary, 110 of a 152k one.
+CHUNK_ELEMENTS = 1 << 24
 
 # Sampling fields that change vLLM's processed distribution and that we do not mirror,
 # with the value that makes them neutral.
@@ -102,6 +103,7 @@ def processed_logits(
     top_p: torch.Tensor,
     min_p: torch.Tensor,
     keep: torch.Tensor | None = None,
+    memo: list[torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """Apply vLLM's temperature, min-p, top-k and top-p to rows of logits ``[N, V]``.
 
@@ -111,14 +113,21 @@ def processed_logits(
     float32 logits with −∞ where a token is outside the support.
 
     Neutral settings cost nothing: T = 1 (or greedy) skips the division, and with
-    min-p, top-k and top-p all off no mask is built.
+    min-p, top-k and top-p all off no mask is built. ``memo``: an empty list gets the
+    rows' thresholds, a filled one supplies them (a recomputation for backward then
+    skips the sort).
     """
     scaled = logits.float()
     unscaled = (temperature < SAMPLING_EPS) | (temperature == 1.0)
     if not bool(unscaled.all()):
         temp = torch.where(unscaled, torch.ones_like(temperature), temperature)
         scaled = scaled / temp.to(scaled.dtype).unsqueeze(1)
-    cutoff = _cutoff(scaled.detach(), top_k, top_p, min_p)
+    if memo:
+        cutoff = memo[0]
+    else:
+        cutoff = _cutoff(scaled.detach(), top_k, top_p, min_p)
+        if memo is not None:
+            memo.append(cutoff)
     if cutoff is None:
         return scaled
     remove = scaled.detach() < cutoff
@@ -164,9 +173,10 @@ def _cutoff(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_
         kth = values.gather(1, (k.clamp(max=width) - 1).unsqueeze(1))
         cutoff = torch.where(rows_k.unsqueeze(1), torch.maximum(cutoff, kth), cutoff)
     if use_p:
-        probs = values.masked_fill(values < cutoff, float("-inf")).softmax(dim=-1)
-        ascending = probs.flip(-1).cumsum(dim=-1)
+        # One [N, width] temporary at a time beside the sorted values (the vocabulary can be 150k wide).
+        ascending = values.masked_fill(values < cutoff, float("-inf")).softmax(dim=-1).flip(-1).cumsum_(dim=-1)
         drop = ascending <= (1 - top_p).to(logits.dtype).unsqueeze(1)
+        del ascending
         drop[:, -1] = False  # vLLM always keeps the most likely token
         smallest_kept = values.gather(1, (width - 1 - drop.sum(dim=-1)).unsqueeze(1))
         cutoff = torch.where(rows_p.unsqueeze(1), torch.maximum(cutoff, smallest_kept), cutoff)
@@ -352,14 +362,26 @@ def head_logprobs(
     for start in range(0, n, size):
         args = [x[start : start + size] for x in (states, ids, temperature, top_k, top_p, min_p)]
         if keep and start + size < n:
-            parts.append(checkpoint(_head_chunk, head, *args, use_reentrant=False))
+            # The recomputation reuses the forward's thresholds through the memo: no second sort.
+            chunk = partial(_head_chunk, head, [])
+            parts.append(checkpoint(chunk, *args, use_reentrant=False))
         else:
-            parts.append(_head_chunk(head, *args))
+            parts.append(_head_chunk(head, None, *args))
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def _head_chunk(head: torch.nn.Linear, states: torch.Tensor, ids: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-    return token_logprobs(head(states), ids, *params)
+def _head_chunk(
+    head: torch.nn.Linear,
+    memo: list[torch.Tensor | None] | None,
+    states: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+) -> torch.Tensor:
+    processed = processed_logits(head(states), temperature, top_k, top_p, min_p, keep=ids, memo=memo)
+    return selected_log_softmax(processed, ids)
 
 
 def finite(value: float | None) -> bool:

@@ -127,3 +127,21 @@ def test_packing_without_restarting_positions_would_differ(policy: Policy) -> No
     wrong = type(b.packed)(b.packed.input_ids, torch.arange(30).expand(3, 30), b.packed.row, b.packed.offset)
     right = _step(policy, b, packed=b.packed)[0]
     assert not torch.allclose(_step(policy, b, packed=wrong)[0], right, atol=1e-3)
+
+
+def test_recomputed_chunks_reuse_their_thresholds(policy: Policy, monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainer.logprobs as logprobs
+
+    calls: list[int] = []
+    real = logprobs._cutoff
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(logprobs, "_cutoff", counted)
+    b = _batch(policy, [40, 33])
+    n = int((b.mask[:, 1:] > 0).sum())
+    vocab = int(policy.model.config.vocab_size)
+    _step(policy, b, chunk_elements=4 * vocab)
+    assert len(calls) == -(-n // 4)  # one sort per chunk, none again when backward recomputes them

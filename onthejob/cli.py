@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="how training traffic is graded: numbers (default), comments only, corrections only, or not at all",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="which training problems each round draws (held-out is fixed)")
+    p.add_argument(
+        "--eval-every", type=int, default=2,
+        help="held-out evaluation at round 1, every N-th round after it and the last round (1: every round)",
+    )  # fmt: skip
     p.set_defaults(handler=commands.demo)
 
     db = sub.add_parser("db", help="database schema")

@@ -14,6 +14,7 @@ from examples.demo import (
     DemoConfig,
     RoundResult,
     Stack,
+    evaluated,
     run_demo,
     table_row,
     trivial_baseline,
@@ -72,6 +73,30 @@ def test_table_rows_line_up_with_the_header() -> None:
     assert all(len(line) >= width for line in lines)
 
 
+def test_held_out_runs_on_the_first_every_other_and_last_round() -> None:
+    assert [r for r in range(1, 8) if evaluated(r, rounds=6, every=2)] == [1, 3, 5, 7]
+    assert [r for r in range(1, 7) if evaluated(r, rounds=5, every=2)] == [1, 3, 5, 6]
+    assert [r for r in range(1, 8) if evaluated(r, rounds=6, every=1)] == list(range(1, 8))
+    assert [r for r in range(1, 4) if evaluated(r, rounds=2, every=3)] == [1, 3]
+    assert DemoConfig.from_args(build_parser().parse_args(["demo", "--eval-every", "1"])).eval_every == 1
+    assert DemoConfig.from_args(build_parser().parse_args(["demo"])).eval_every == 2
+
+
+def test_a_round_without_held_out_says_so(tmp_path: Path) -> None:
+    rs = rounds()
+    rs.insert(2, RoundResult(3, 2, None, summary(0.3), traffic_tokens=7000, trained_version=3))
+    rs[-1].round, rs[-1].adapter_version = 4, 3
+    line = table_row(rs[2])
+    assert "not evaluated" in line and len(line) == len(table_row(rs[1]))
+    write_plot(rs, 0.01, tmp_path / "p.png")
+    stack = Stack(DemoConfig(out=tmp_path, database_url="sqlite:///x.db"))
+    s = write_summary(DemoConfig(out=tmp_path), stack, rs, {"answer": "0", "mean_reward": 0.0},
+                      tmp_path / "summary.json", 12.0)  # fmt: skip
+    assert [r["evaluated"] for r in s["rounds"]] == [True, True, False, True]
+    assert s["rounds"][2]["heldout_mean_reward"] is None and s["rounds"][2]["heldout_n"] == 0
+    assert s["final_heldout_mean_reward"] == 0.58
+
+
 def test_trivial_baseline_is_near_zero() -> None:
     b = trivial_baseline(48)
     assert b["mean_reward"] < 0.05 and b["answer"]
@@ -127,12 +152,12 @@ def test_demo_two_rounds_with_the_tiny_model(
     summary = json.loads((out / "summary.json").read_text())
     assert summary == json.loads(json.dumps(result))
     assert [r["round"] for r in summary["rounds"]] == [1, 2, 3]
-    assert all(r["heldout_n"] == 4 for r in summary["rounds"])
+    assert [r["heldout_n"] for r in summary["rounds"]] == [4, 0, 4]  # every other round, and the last
     assert summary["rounds"][0]["adapter_version"] is None
     # the tiny model's text is noise: every episode times out, and the harness says so
     assert all(r["feedback"] == {"outcome": 4} for r in summary["rounds"][:2])
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
-    assert len(episodes) == 3 * 4 + 2 * 4
+    assert len(episodes) == 2 * 4 + 2 * 4
     assert {e["outcome"] for e in episodes} == {"timeout"}
     assert all(e["completion_ids"] for e in episodes)  # the proxy named every call
     assert summary["rounds"][0]["excluded"].get("eval", 0) >= 4  # held-out sessions are graded, never trained on

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from bench.gpu_check import SAMPLINGS
 from storage.trajectories import Trajectory, Turn
 from trainer.advantages import TaskBaseline
 from trainer.batch import Example, collate, recorded_behaviour
@@ -101,6 +102,11 @@ def saved_to_served(policy: Policy, engine: str, alias: str) -> float:
     return time.perf_counter() - started
 
 
+def _label(sampling: dict[str, float]) -> str:
+    names = {"temperature": "T", "top_p": "top-p", "top_k": "top-k", "min_p": "min-p"}
+    return " ".join(f"{names[k]} {v:g}" for k, v in sampling.items())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["tiny", "default"])
@@ -114,8 +120,9 @@ def main() -> None:
     tokens = args.batch * (args.prompt + args.sampled)
     print(f"batch: {args.batch} × ({args.prompt} prompt + {args.sampled} sampled) = {tokens} tokens, "
           f"{args.threads} threads, best of {args.repeats} interleaved")  # fmt: skip
-    print(f"{'model':>8} {'sampling':>18} | {'trainer tok/s':>13} {'bare tok/s':>11} {'ratio':>6} {'cpu ratio':>9}")
-    settings = (("T=1", {"temperature": 1.0}), ("T=0.7 top-p 0.9", {"temperature": 0.7, "top_p": 0.9}))
+    print(f"{'model':>8} {'sampling':>30} | {'trainer tok/s':>13} {'bare tok/s':>11} {'ratio':>6} {'cpu ratio':>9}")
+    # bench/gpu_check.py's four sampling settings, each against the same bare loop.
+    settings = [(_label(s), s) for s in SAMPLINGS]
     for spec in args.models:
         # lr 0: the weights (and so the recorded μ) stay put, the work per step is the same.
         cfg = TrainConfig(model=spec, threads=args.threads, micro_tokens=tokens, lr=0.0)
@@ -129,13 +136,13 @@ def main() -> None:
                 elapsed = trainer_step(policy, batch, cfg)
                 if i:
                     times[label].append(elapsed)
-            elapsed = bare_step(policy, batches["T=1"], opt)
+            elapsed = bare_step(policy, batches[settings[0][0]], opt)
             if i:
                 times["bare"].append(elapsed)
         bare_wall, bare_cpu = (min(x[i] for x in times["bare"]) for i in (0, 1))
         for label in batches:
             wall, cpu = (min(x[i] for x in times[label]) for i in (0, 1))
-            print(f"{spec:>8} {label:>18} | {tokens / wall:>13,.0f} {tokens / bare_wall:>11,.0f} "
+            print(f"{spec:>8} {label:>30} | {tokens / wall:>13,.0f} {tokens / bare_wall:>11,.0f} "
                   f"{bare_wall / wall:>6.2f} {bare_cpu / cpu:>9.2f}")  # fmt: skip
         if args.engine and spec == args.models[0]:
             print(f"saved → first response on {args.engine}: {saved_to_served(policy, args.engine, 'bench'):.3f} s")

@@ -14,7 +14,8 @@ processed logprobs, the sampling parameters, the model's sha256.
 3. one TIS step on the GPU, the adapter saved, loaded again on the CPU: the two must score
    the same tokens alike (what the GPU trains is what a CPU engine would serve);
 4. throughput of ``train_step`` against a bare PEFT loop on a SmolLM2-135M-shaped model
-   (random weights from the carried config: its weights are not on that machine), bf16;
+   (random weights from the carried config: its weights are not on that machine), bf16,
+   for each of the four sampling settings;
 5. the trainer's unit tests (no database, no engine) with CUDA visible.
 
     .venv/bin/python -m bench.gpu_check record --out .device/engine_samples.json
@@ -171,18 +172,23 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
             tcfg = TrainConfig(model=str(model_dir), threads=4, micro_tokens=tokens, lr=0.0)
             p = load_policy(tcfg)
             opt = torch.optim.AdamW([q for q in p.model.parameters() if q.requires_grad], lr=0.0)
-            batch = make_batch(p, n, prompt, sampled, {"temperature": 0.7, "top_p": 0.9})
-            t_trainer, t_bare = [], []
+            # Every sampling setting against the same bare loop, interleaved (the filters differ in cost).
+            batches = [make_batch(p, n, prompt, sampled, sampling) for sampling in SAMPLINGS]
+            t_trainer: list[list[float]] = [[] for _ in SAMPLINGS]
+            t_bare = []
             for _ in range(4):
+                for i, batch in enumerate(batches):
+                    torch.cuda.synchronize()
+                    t_trainer[i].append(trainer_step(p, batch, tcfg)[0])
                 torch.cuda.synchronize()
-                t_trainer.append(trainer_step(p, batch, tcfg)[0])
+                t_bare.append(bare_step(p, batches[0], opt)[0])
                 torch.cuda.synchronize()
-                t_bare.append(bare_step(p, batch, opt)[0])
-                torch.cuda.synchronize()
-            tr, ba = min(t_trainer[1:]), min(t_bare[1:])
-            rows.append({"batch": f"{n} x ({prompt}+{sampled})", "tokens": tokens,
-                         "trainer_tok_s": tokens / tr, "bare_tok_s": tokens / ba, "ratio": ba / tr})  # fmt: skip
-            print(json.dumps(rows[-1]), flush=True)
+            ba = min(t_bare[1:])
+            for sampling, times in zip(SAMPLINGS, t_trainer, strict=True):
+                tr = min(times[1:])
+                rows.append({"batch": f"{n} x ({prompt}+{sampled})", "sampling": sampling, "tokens": tokens,
+                             "trainer_tok_s": tokens / tr, "bare_tok_s": tokens / ba, "ratio": ba / tr})  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
             del p, opt
             torch.cuda.empty_cache()
     report["throughput_smollm2_shaped_bf16"] = rows

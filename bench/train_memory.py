@@ -2,8 +2,9 @@
 
 A Qwen2 built from a config (nothing downloaded; random weights): a 151,936-token vocabulary
 (Qwen2's), 32,768 positions, small layers (hidden 64, 2 layers) so that the CPU can run 32k
-tokens, wrapped in the trainer's LoRA. One trajectory per length, half of its tokens sampled
-(alternating 256-token turns, as an agent session alternates tool output and model turns),
+tokens, wrapped in the trainer's LoRA. One trajectory per length, an eighth of its tokens sampled
+(every 512 tokens, 448 of context then 64 sampled, as an agent session alternates tool output
+and model turns),
 scored under T 0.7 / top-k 50 / top-p 0.9 (the filters copy and threshold every row; a
 full sort of 152k logits per row, top-p alone, costs minutes per length on two cores). Per length and path, in a fresh
 process whose address space is capped (``--cap-gib``: a failed allocation is a clean
@@ -37,7 +38,7 @@ from typing import Any
 VOCAB = 151_936
 POSITIONS = 32_768
 SAMPLING = {"temperature": 0.7, "top_k": 50, "top_p": 0.9}
-TURN = 256  # tokens per turn: context and sampled turns alternate
+TURN, SAMPLED = 512, 64  # every 512 tokens: 448 of context (prompt, tool output), then 64 sampled
 MIB = 1 << 20
 
 
@@ -82,7 +83,7 @@ def _inputs(length: int) -> dict[str, Any]:
 
     gen = torch.Generator().manual_seed(length)
     ids = torch.randint(0, VOCAB, (1, length), generator=gen)
-    sampled = ((torch.arange(length) // TURN) % 2 == 1).unsqueeze(0)
+    sampled = (torch.arange(length) % TURN >= TURN - SAMPLED).unsqueeze(0)
     full = torch.ones((1, length))
     return {
         "input_ids": ids, "attention_mask": torch.ones_like(ids), "score_mask": sampled,
@@ -155,7 +156,7 @@ def worker(length: int, chunked: bool, cap_gib: float, threads: int) -> dict[str
 
     torch.set_num_threads(threads)
     model = _model()
-    _step(model, _inputs(2 * TURN), chunked)  # warm-up: threads, allocator, lazy initialisation
+    _step(model, _inputs(TURN), chunked)  # warm-up: threads, allocator, lazy initialisation
     model.zero_grad(set_to_none=True)
     # The cap: what the process maps now plus cap_gib (a failed allocation raises, the machine is spared).
     limit = _status("VmSize") + int(cap_gib * (1 << 30))
@@ -188,14 +189,15 @@ def _run(length: int, chunked: bool, cap_gib: float, threads: int) -> dict[str, 
     return result
 
 
-def _slope(rows: list[dict[str, Any]], key: str) -> float | None:
-    """Least-squares MiB per 1k tokens."""
+def _fit(rows: list[dict[str, Any]], key: str) -> tuple[float, float] | None:
+    """Least-squares line through (thousands of tokens, MiB): slope (MiB per 1k tokens) and intercept."""
     pts = [(r["length"] / 1000, r[key]) for r in rows if not r["oom"] and key in r]
     if len(pts) < 2:
         return None
     mx = sum(x for x, _ in pts) / len(pts)
     my = sum(y for _, y in pts) / len(pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return slope, my - slope * mx
 
 
 def _plot(rows: list[dict[str, Any]], cap_gib: float, path: Path) -> None:
@@ -215,7 +217,7 @@ def _plot(rows: list[dict[str, Any]], cap_gib: float, path: Path) -> None:
             ax.axvline(min(failed), color="firebrick", linestyle=":", label=f"{name}: out of memory at {min(failed)}")
     ax.axhline(cap_gib * 1024, color="grey", linewidth=1, label=f"cap {cap_gib:g} GiB")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("trajectory length (tokens, half sampled)")
+    ax.set_xlabel("trajectory length (tokens, 1/8 sampled)")
     ax.set_ylabel("peak memory above the loaded model (MiB)")
     ax.set_title(f"Training memory, {VOCAB:,}-token vocabulary")
     ax.legend(fontsize=7)
@@ -253,9 +255,14 @@ def main() -> None:
                   flush=True)  # fmt: skip
     for path in args.paths:
         mine = [r for r in rows if r["path"] == path]
-        total, head = _slope(mine, "total_mib"), _slope(mine, "head_mib")
-        if total is not None and head is not None:
-            print(f"{path}: slope {total:.1f} MiB per 1k tokens (whole step), {head:.1f} (head stage)")
+        total, head = _fit(mine, "total_mib"), _fit(mine, "head_mib")
+        if total is None or head is None:
+            continue
+        print(f"{path}: slope {total[0]:.1f} MiB per 1k tokens (whole step), {head[0]:.1f} (head stage)")
+        if not any(r["oom"] for r in mine) and total[0] > 0:
+            at = (args.cap_gib * 1024 - total[1]) / total[0] * 1000
+            print(f"{path}: no failure measured; the line reaches the {args.cap_gib:g} GiB cap at ~{at:,.0f} tokens "
+                  f"(extrapolated)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     if args.plot:

@@ -22,11 +22,13 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from storage.changes import START, Position, await_horizon, changes_since, load_cursor, save_cursor, touched_sessions
 from storage.grading import RewardRule
-from storage.loaders import build, completions_stmt, feedback_stmt, project_rule, sessions_subquery
+from storage.loaders import build, feedback_listed_stmt, project_rule
+from storage.models import Completion
 from storage.trajectories import Render, Trajectory
 from storage.used import prefix_ids, screen_batch, used_keys
 
@@ -98,9 +100,13 @@ class TrainingFeed:
         """Rebuild these sessions; the backlog keeps their trainable trajectories of this alias."""
         if not sessions:
             return Counter()
-        chosen = sessions_subquery(self.project, session_ids=list(sessions), alias=self.alias)
-        calls = list(db.scalars(completions_stmt(self.project, chosen)))
-        feedback = list(db.scalars(feedback_stmt(self.project, chosen)))
+        ids = list(sessions)
+        calls = list(db.scalars(
+            select(Completion).where(Completion.project_id == self.project, Completion.session_id.in_(ids))
+            .order_by(Completion.session_id, Completion.created_at, Completion.id)
+        ))  # fmt: skip
+        requests = [c.client_request_id for c in calls if c.client_request_id]
+        feedback = list(db.scalars(feedback_listed_stmt(self.project, ids, [c.id for c in calls], requests)))
         trajectories = build(calls, feedback, rule=rule, render=self.render, end_of_turn=self.end_of_turn)
         used = used_keys(db, self.project, self.alias, (i for t in trajectories for i in prefix_ids(t)))
         batch, excluded = screen_batch(trajectories, self.alias, used)

@@ -76,6 +76,28 @@ def feedback_stmt(project_id: str, sessions: Select[str]) -> Select[Feedback]:
     return select(Feedback).where(Feedback.project_id == project_id, or_(Feedback.session_id.in_(sessions), pending))
 
 
+def feedback_listed_stmt(
+    project_id: str, sessions: Sequence[str], calls: Sequence[str], requests: Sequence[str]
+) -> Select[Feedback]:
+    """:func:`feedback_stmt` for sessions and calls already in hand (lists, not subqueries).
+
+    Lists let Postgres answer from two indexes (the sessions' feedback, and the partial index of
+    pending items) instead of filtering every feedback row of the project: an incremental reader's
+    cost then follows what it reads, not the history.
+    """
+    pending: ColumnElement[bool] = and_(
+        Feedback.attached_at.is_(None),
+        or_(
+            and_(Feedback.target_kind == "completion_id", Feedback.target_id.in_(list(calls))),
+            and_(Feedback.target_kind == "session_id", Feedback.target_id.in_(list(sessions))),
+            and_(Feedback.target_kind == "client_request_id", Feedback.target_id.in_(list(requests))),
+        ),
+    )
+    return select(Feedback).where(
+        Feedback.project_id == project_id, or_(Feedback.session_id.in_(list(sessions)), pending)
+    )
+
+
 def settings_stmt(project_id: str) -> Select[tuple[dict[str, Any]]]:
     return select(Project.settings).where(Project.id == project_id)
 

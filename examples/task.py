@@ -194,6 +194,19 @@ def parse_number(text: str) -> float | None:
         return None
 
 
+# What ``onthejob mine`` should know about this harness (project settings, key "mine"): its tool
+# results come back as user messages "RESULT: ...", a failed calculation reads "RESULT: error: ...",
+# and a CALC line parses when its expression is made of numbers, + - * / and parentheses.
+MINE_SETTINGS: dict[str, object] = {
+    "tool_result_role": "user",
+    "tool_result_prefix": "RESULT:",
+    "error_patterns": [r"^error\b"],
+    "protocol": {"line": r"\bCALC\s*:", "parse": r"\bCALC\s*:\s*[-+*/().\d\s×x÷,]*\d[-+*/().\d\s×x÷,]*(=.*)?$"},
+    "long_answer_tokens": TOKEN_BUDGET,
+    "low_grade": 0.5,
+}
+
+
 # ---- the calculator (the tool) ---------------------------------------------------------
 
 

@@ -162,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None)
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=commands.export)
+
+    p = sub.add_parser("mine", help="flag failure modes in recorded calls (incrementally) and report them")
+    p.add_argument("--alias", default=None)
+    p.add_argument("--since", default=None, help="ISO time; report only calls since")
+    p.add_argument("--out", default="mine-report", help="folder for mine.json, mine.md and mine.png")
+    p.add_argument("--project", default="default")
+    p.add_argument("--db", default=None)
+    p.set_defaults(handler=commands.mine)
     return parser
 
 

@@ -200,6 +200,37 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def mine(args: argparse.Namespace) -> int:
+    """``onthejob mine [--alias A] [--since T] [--out DIR]``: flag what changed since the last pass, then report."""
+    from sqlalchemy.orm import Session
+
+    from onthejob.mine_report import write
+    from storage.db import sync_engine
+    from storage.export import parse_since
+    from storage.mine_store import mine as mine_pass
+    from storage.mine_store import report
+
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        raise UserError(f"--since {args.since!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+    eng = sync_engine(args.db)
+    try:
+        with Session(eng) as db:
+            try:
+                done = mine_pass(db, args.project)
+            except ValueError as exc:  # the project's "mine" settings
+                raise UserError(str(exc)) from exc
+            data = report(db, args.project, alias=args.alias, since=since)
+    finally:
+        eng.dispose()
+    paths = write(data, Path(args.out))
+    flagged = ", ".join(f"{k} {v}" for k, v in sorted(done.flagged.items())) or "nothing new"
+    print(f"read {done.calls} new calls and {done.feedback} feedback items; flagged: {flagged}; "
+          f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)  # fmt: skip
+    return 0
+
+
 def judge(args: argparse.Namespace) -> int:
     from judge.main import JudgeCommand, run
     from storage.db import database_url

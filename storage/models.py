@@ -362,3 +362,23 @@ class ChangeCursor(Base):
     xid: Mapped[int] = mapped_column(BigInteger, default=0)
     seq: Mapped[int] = mapped_column(BigInteger, default=0)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class CompletionFlag(Base):
+    """A failure mode ``onthejob mine`` found in one completion (storage/mining.py); one row per mode."""
+
+    __tablename__ = "completion_flags"
+    __table_args__ = (
+        UniqueConstraint("project_id", "completion_id", "mode"),
+        Index("ix_completion_flags_mode", "project_id", "mode"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    project_id: Mapped[str] = mapped_column(String(64))
+    completion_id: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str] = mapped_column(String(200))
+    alias: Mapped[str] = mapped_column(String(200))
+    adapter_version: Mapped[int | None] = mapped_column(default=None)
+    mode: Mapped[str] = mapped_column(String(32))  # storage.mining.MODES
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)  # what matched (a line, a pattern, a value)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

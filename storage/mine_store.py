@@ -1,0 +1,189 @@
+"""``onthejob mine`` against the database: flag what changed since the miner's cursor, then report.
+
+A pass reads the change log a page at a time from the cursor ``mine``
+(:mod:`storage.changes`): each new call is checked by itself (:func:`storage.mining.call_modes`),
+its request's new tool results flag the call that asked for the tool, and each new
+feedback item flags the call it grades (the session's last call for a session grade).
+Flags are stored per completion (``completion_flags``, one row per mode, never
+duplicated) in the transaction that moves the cursor, so a pass interrupted anywhere
+resumes without losing or doubling a flag. Memory is one page, whatever the history.
+
+Feedback stored before its call landed is resolved by its target when read; one whose
+target has not landed yet is counted as ``unresolved_feedback`` and flags its call when
+that call lands (a grade naming a completion; a session grade whose session had no call
+yet is not flagged).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session as DbSession
+
+from storage.changes import START, await_horizon, changes_since, load_cursor, save_cursor
+from storage.changes import _resolve_pending as resolve_pending
+from storage.grading import MASKED
+from storage.loaders import rule_for, settings_stmt
+from storage.mining import MODES, Found, MineConfig, call_modes, grade_modes, tool_errors
+from storage.models import Completion, CompletionFlag, Feedback
+
+CONSUMER = "mine"
+_CALL_COLUMNS = (Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version,
+                 Completion.termination, Completion.status_code, Completion.request, Completion.choices,
+                 Completion.parent_id)  # fmt: skip
+
+
+@dataclass
+class MinePass:
+    """What one pass read and flagged."""
+
+    calls: int = 0
+    feedback: int = 0
+    unresolved_feedback: int = 0
+    flagged: Counter[str] = field(default_factory=Counter)
+
+
+def mine(db: DbSession, project: str, *, page: int = 2000, settle_s: float = 10.0) -> MinePass:
+    """Flag everything that changed since the miner's cursor (the whole log, page by page).
+
+    ``settle_s``: how long to wait for calls already committed but held back by an older transaction.
+    """
+    settings = db.scalar(settings_stmt(project)) or {}
+    cfg, rule = MineConfig.from_settings(settings), rule_for(settings)
+    cursor = load_cursor(db, project, CONSUMER) or START
+    await_horizon(db, project, settle_s)
+    out = MinePass()
+    while changes := changes_since(db, project, cursor, page):
+        found = Found()
+        calls = [c.ref_id for c in changes if c.kind == "call"]
+        stmt = select(*_CALL_COLUMNS).where(Completion.project_id == project, Completion.id.in_(calls))
+        rows = list(db.execute(stmt))
+        for row in rows:
+            found.add(row.id, call_modes(row, cfg))
+            if row.parent_id and (errors := tool_errors(row, cfg)):
+                found.add(row.parent_id, {"tool_error": {"result": errors[0]}})
+        items = [c.ref_id for c in changes if c.kind == "feedback"]
+        out.unresolved_feedback += _grade(db, project, items, cfg, rule, found, calls)
+        out.calls, out.feedback = out.calls + len(calls), out.feedback + len(items)
+        out.flagged += _store(db, project, found)
+        cursor = changes[-1].position
+        save_cursor(db, project, CONSUMER, cursor)
+        db.commit()
+    return out
+
+
+def _grade(db: DbSession, project: str, ids: list[str], cfg: MineConfig, rule: Any, found: Found,
+           calls: list[str]) -> int:  # fmt: skip
+    """Flag the calls these feedback items grade; returns how many named no landed call.
+
+    Grades of the page's new calls are read again too: one stored before its call landed
+    was unresolved when the miner first saw it (flags are idempotent: a grade flags once).
+    """
+    stmt = select(Feedback).where(Feedback.project_id == project)
+    items = list(db.scalars(stmt.where(Feedback.id.in_(ids)))) if ids else []
+    if calls:
+        named = or_(
+            Feedback.completion_id.in_(calls),
+            and_(
+                Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id", Feedback.target_id.in_(calls)
+            ),
+        )
+        items += db.scalars(stmt.where(named, Feedback.id.not_in(ids)))
+    sessions = dict(resolve_pending(db, project, [f.id for f in items if f.session_id is None]))
+    unresolved = 0
+    for item in items:
+        scalar = rule.score(item.name, item.value, item.comment)
+        modes = grade_modes(item.name, item.value, None if scalar is MASKED else scalar, cfg)
+        if not modes:
+            continue
+        session = item.session_id or sessions.get(item.id)
+        if session is None:
+            unresolved += 1
+            continue
+        target = item.completion_id or (item.target_id if item.target_kind == "completion_id" else None)
+        target = target or _last_call(db, project, session)
+        if target is not None:
+            found.add(target, {mode: {**detail, "feedback_id": item.id} for mode, detail in modes.items()})
+    return unresolved
+
+
+def _last_call(db: DbSession, project: str, session: str | None) -> str | None:
+    if session is None:
+        return None
+    stmt = select(Completion.id).where(Completion.project_id == project, Completion.session_id == session)
+    return db.scalar(stmt.order_by(Completion.created_at.desc(), Completion.id.desc()).limit(1))
+
+
+def _store(db: DbSession, project: str, found: Found) -> Counter[str]:
+    """Insert the flags (one per completion and mode; a flag already stored stays as it is)."""
+    if not found.flags:
+        return Counter()
+    calls = {r.id: r for r in db.execute(
+        select(Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version)
+        .where(Completion.project_id == project, Completion.id.in_(list(found.flags)))
+    )}  # fmt: skip
+    rows = [
+        {"project_id": project, "completion_id": cid, "session_id": calls[cid].session_id, "alias": calls[cid].alias,
+         "adapter_version": calls[cid].adapter_version, "mode": mode, "detail": detail}
+        for cid, modes in found.flags.items() if cid in calls for mode, detail in modes.items()
+    ]  # fmt: skip
+    if not rows:
+        return Counter()
+    dialect = db.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert(CompletionFlag).on_conflict_do_nothing().returning(CompletionFlag.mode)
+    return Counter(db.scalars(stmt, rows))
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def report(db: DbSession, project: str, *, alias: str | None = None, since: datetime | None = None,
+           examples: int = 3) -> dict[str, Any]:  # fmt: skip
+    """Counts, shares and examples per mode, per adapter version (None: the base model), oldest version first."""
+    where = [Completion.project_id == project]
+    if alias is not None:
+        where.append(Completion.alias == alias)
+    if since is not None:
+        where.append(Completion.created_at >= since)
+    totals = dict(db.execute(select(Completion.adapter_version, func.count()).where(*where)
+                             .group_by(Completion.adapter_version)).all())  # fmt: skip
+    counts = db.execute(
+        select(CompletionFlag.adapter_version, CompletionFlag.mode, func.count())
+        .join(Completion, Completion.id == CompletionFlag.completion_id)
+        .where(CompletionFlag.project_id == project, *where)
+        .group_by(CompletionFlag.adapter_version, CompletionFlag.mode)
+    ).all()
+    versions: dict[Any, dict[str, Any]] = {v: {"calls": n, "modes": {}} for v, n in totals.items()}
+    for version, mode, n in counts:
+        entry = versions.setdefault(version, {"calls": 0, "modes": {}})
+        entry["modes"][mode] = {"count": n, "share": n / entry["calls"] if entry["calls"] else None}
+    calls = sum(totals.values())
+    modes: dict[str, Any] = {}
+    for mode in MODES:
+        n = sum(v["modes"].get(mode, {}).get("count", 0) for v in versions.values())
+        if n:
+            modes[mode] = {"count": n, "share": n / calls if calls else None,
+                           "examples": _examples(db, project, mode, where, examples)}  # fmt: skip
+    order = sorted(versions, key=lambda v: -1 if v is None else v)
+    return {
+        "project": project, "alias": alias, "since": since.isoformat() if since else None, "calls": calls,
+        "modes": modes,
+        "versions": [{"version": v, **versions[v]} for v in order],
+    }  # fmt: skip
+
+
+def _examples(db: DbSession, project: str, mode: str, where: Iterable[Any], n: int) -> list[dict[str, Any]]:
+    rows = db.execute(
+        select(CompletionFlag.session_id, CompletionFlag.completion_id, CompletionFlag.detail)
+        .join(Completion, Completion.id == CompletionFlag.completion_id)
+        .where(CompletionFlag.project_id == project, CompletionFlag.mode == mode, *where)
+        .order_by(CompletionFlag.id.desc()).limit(n)
+    )  # fmt: skip
+    return [{"session_id": s, "completion_id": c, "detail": d} for s, c, d in rows]

@@ -4,11 +4,14 @@ Pure bookkeeping, no I/O: :class:`proxy.routing.Router` probes the engines and l
 adapters, and tells this module what it learned; :mod:`proxy.calls` asks it where
 to send a call and reports how that went.
 
-A replica is *in rotation* while ``up``. It leaves rotation when a call cannot
-connect to it (refused, reset or timed out before any response header) or after
-:data:`FAILS_TO_EJECT` 5xx answers in a row; the probe brings it back once it
+A replica is *in rotation* while ``up``. It leaves rotation at once when a call
+cannot connect to it (refused, or the connect timed out), or after
+:data:`FAILS_TO_EJECT` failed calls in a row (5xx answers, connections reset before
+any response header); the probe brings it back once it
 answers ``GET /v1/models`` again and holds every adapter version the routing needs
-(the Router loads them first). A call for ``served`` (an engine-side model name:
+(the Router loads them first), after a 5xx streak no sooner than
+:data:`HOLD_AFTER_5XX_S` (an engine can list its models and still fail every call).
+A call for ``served`` (an engine-side model name:
 the base model or ``alias@vN``) goes only to a replica in rotation that lists that
 name and is not excluded from it (:meth:`ReplicaSet.exclude`, e.g. a replica that
 failed attestation for one version).
@@ -33,7 +36,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-FAILS_TO_EJECT = 3  # 5xx answers in a row before a replica leaves rotation (one refused connect is enough)
+FAILS_TO_EJECT = 3  # failed calls in a row before a replica leaves rotation (one refused connect is enough)
+HOLD_AFTER_5XX_S = 30.0  # it answers probes while it fails calls: the probe does not bring it back before this
 AFFINITY_SESSIONS = 65_536  # sessions whose replica this worker remembers (least recently used forgotten)
 
 
@@ -50,6 +54,7 @@ class Replica:
     fails: int = 0  # consecutive failed calls
     last_error: str | None = None
     since: float = field(default_factory=time.time)  # when ``up`` last changed
+    held_until: float = 0.0  # not back in rotation before this (time.time()), after a 5xx streak
 
     @property
     def adapters(self) -> set[str]:
@@ -119,6 +124,8 @@ class ReplicaSet:
         replica.last_error = error
         if replica.up and (eject or replica.fails >= FAILS_TO_EJECT):
             self._set_up(replica, False)
+            if not eject:
+                replica.held_until = replica.since + HOLD_AFTER_5XX_S
             return True
         return False
 
@@ -128,7 +135,9 @@ class ReplicaSet:
         replica.bases = {m["id"] for m in listing if not m.get("parent")}
 
     def admit(self, replica: Replica) -> bool:
-        """Back into rotation (the Router has loaded what it needs). True if it was out."""
+        """Back into rotation (the Router loaded what it needs) unless held after a 5xx streak. True if it was out."""
+        if not replica.up and time.time() < replica.held_until:
+            return False
         replica.fails = 0
         if not replica.up:
             self._set_up(replica, True)

@@ -344,6 +344,8 @@ class Router:
                    if now - last.get(r.url, -1e9) >= (every_s if r.up else min(1.0, every_s))]  # fmt: skip
             for replica in due:
                 last[replica.url] = now
-            if due:
-                await asyncio.gather(*(self.probe(r) for r in due))
+            for replica, outcome in zip(due, await asyncio.gather(*(self.probe(r) for r in due),
+                                                                  return_exceptions=True), strict=True):  # fmt: skip
+                if isinstance(outcome, Exception):  # a bug, not an engine failure: keep probing the others
+                    log.error("probing %s failed: %r", replica.url, outcome)
             await asyncio.sleep(0.2)

@@ -55,6 +55,11 @@ def test_a_refused_connect_ejects_at_once_and_5xx_after_a_streak() -> None:
     replicas.succeeded(b)  # a success ends the streak
     assert not replicas.failed(b, "HTTP 500", eject=False)
     assert replicas.admit(a) and a.up and a.fails == 0
+    for _ in range(FAILS_TO_EJECT - 1):
+        replicas.failed(b, "HTTP 500", eject=False)
+    assert not b.up and not replicas.admit(b)  # it still lists its models: held out a while all the same
+    b.held_until = 0
+    assert replicas.admit(b) and b.up
 
 
 def test_fallbacks_never_refuse_a_call_that_could_succeed() -> None:

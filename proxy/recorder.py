@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from sqlalchemy import delete
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -26,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
 from storage import bulk
+from storage.deletion import tombstoned_async
 from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
 from storage.records import CallRecord
@@ -155,7 +157,13 @@ class Recorder:
             async with conn.transaction():
                 if projects - self._projects:
                     await bulk.insert_projects(conn, projects - self._projects)
-                await bulk.upsert_sessions(conn, sessions)
+                await bulk.upsert_sessions(conn, sessions)  # locks the rows a delete locks first
+                if gone := await bulk.tombstoned(conn, completions):
+                    completions = self._drop_deleted(completions, gone)
+                    await conn.execute(
+                        "DELETE FROM sessions WHERE (project_id, id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
+                        [[p for p, _ in gone], [s for _, s in gone]],
+                    )
                 if completions:
                     await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
                 pending = bool(completions) and await bulk.any_pending(conn, projects)
@@ -194,11 +202,23 @@ class Recorder:
                     index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
                 )
                 await conn.execute(stmt, [{**s.session_row(), "created_at": now, "updated_at": now} for s in sessions])
+            gone = await tombstoned_async(db, completions)
+            if gone:
+                completions = self._drop_deleted(completions, gone)
+                rows = [c.row() for c in completions]
+                for project_id, session_id in gone:
+                    await db.execute(delete(Session).where(Session.project_id == project_id, Session.id == session_id))
             if rows:
                 await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, completions)
             await db.commit()
+
+    def _drop_deleted(self, records: list[CallRecord], gone: set[tuple[str, str]]) -> list[CallRecord]:
+        """Records of deleted sessions never land (counted as dropped, reason "deleted")."""
+        kept = [r for r in records if (r.project_id, r.session_id) not in gone]
+        self.metrics.records_dropped.labels("deleted").inc(len(records) - len(kept))
+        return kept
 
 
 def _quarantine(path: Path, record: CallRecord, error: str) -> None:

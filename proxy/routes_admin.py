@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.deps import AdminDep, DbDep, PathId, QueryId, StateDep
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from storage import admin as admin_store
+from storage import deletion
 from storage.grading import RewardRule
 from storage.judge_config import JudgeSettingsError, parse_judge_settings
 from storage.judge_store import judge_state_async
@@ -71,6 +72,14 @@ async def revoke_key(key_id: PathId, admin: AdminDep, db: DbDep, st: StateDep) -
     await db.commit()
     st.auth.forget()
     return _key_view(row)
+
+
+@router.delete("/sessions/{session_id}")
+async def delete_session(session_id: PathId, admin: AdminDep, db: DbDep) -> dict[str, Any]:
+    """Remove a session's calls, feedback and flags (its spooled copies never land); name who learned from it."""
+    out = await db.run_sync(lambda s: deletion.delete_session(s, admin.project_id, session_id))
+    await db.commit()
+    return out
 
 
 @router.get("/aliases")

@@ -31,6 +31,7 @@ SELECT project_id, id, task_id, source, coalesce(tags, '[]'::json), now(), now()
 FROM json_to_recordset(%s::json) AS s(project_id text, id text, task_id text, source text, tags json)
 ON CONFLICT (project_id, id) DO UPDATE SET updated_at = excluded.updated_at
 """
+TOMBSTONED = "SELECT project_id, session_id FROM tombstones WHERE session_id = ANY(%s::text[])"
 ANY_PENDING = "SELECT EXISTS (SELECT 1 FROM feedback WHERE attached_at IS NULL AND project_id = ANY(%s::text[]))"
 
 
@@ -56,3 +57,9 @@ async def any_pending(conn: AsyncConnection[Any], project_ids: Iterable[str]) ->
     cur = await conn.execute(ANY_PENDING, [list(project_ids)])
     row = await cur.fetchone()
     return bool(row and row[0])
+
+
+async def tombstoned(conn: AsyncConnection[Any], calls: list[CallRecord]) -> set[tuple[str, str]]:
+    """(project, session) pairs of these calls that were deleted: their calls must not land."""
+    cur = await conn.execute(TOMBSTONED, [list({c.session_id for c in calls})])
+    return {(p, s) for p, s in await cur.fetchall()}

@@ -382,3 +382,13 @@ class CompletionFlag(Base):
     mode: Mapped[str] = mapped_column(String(32))  # storage.mining.MODES
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)  # what matched (a line, a pattern, a value)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Tombstone(Base):
+    """A deleted session: the recorder never lands its calls, even copies still in a spool (storage/deletion.py)."""
+
+    __tablename__ = "tombstones"
+
+    project_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -143,3 +143,26 @@ async def test_a_nul_in_a_session_tag_is_stored_the_portable_way(engine: AsyncEn
     async with engine.connect() as conn:
         tags = (await conn.execute(text("SELECT tags::text FROM sessions WHERE id = 'ses_1'"))).scalar_one()
     assert tags == '["nul\\u0000tag"]'
+
+
+@pytest.mark.parametrize("portable", [False, True])
+async def test_a_deleted_sessions_spooled_calls_never_land(
+    pg_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, portable: bool
+) -> None:
+    """The delete ran while the calls were still in the spool: at drain time the tombstone drops them."""
+    engine = async_engine(pg_factory())
+    if portable:
+        monkeypatch.setattr(Recorder, "_write_pg", lambda *a: asyncio.sleep(0, result=False))
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("INSERT INTO projects (id, settings, created_at) VALUES ('p', '{}', now())"))
+            await conn.execute(text("INSERT INTO tombstones VALUES ('p', 'gone', now())"))
+        recorder = await drain(engine, tmp_path, [record(0, session="gone"), record(1, session="kept"),
+                                                  record(2, session="gone")])  # fmt: skip
+        async with engine.connect() as conn:
+            calls = (await conn.execute(text("SELECT session_id FROM completions"))).scalars().all()
+            sessions = (await conn.execute(text("SELECT id FROM sessions"))).scalars().all()
+        assert calls == ["kept"] and sessions == ["kept"]
+        assert recorder.metrics.records_dropped.labels("deleted")._value.get() == 2
+    finally:
+        await engine.dispose()

@@ -1,0 +1,107 @@
+"""DELETE /v1/admin/sessions/{id}: gone from routes, export, training batch and mine report; who learned from it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from proxy import routes_admin, routes_feedback
+from proxy.auth import Principal
+from proxy.deps import current_principal, db_session
+from proxy.errors import ApiError
+from storage.db import async_engine, sync_engine
+from storage.export import export_rows
+from storage.feed import TrainingFeed
+from storage.mine_store import mine, report
+from storage.models import Adapter, TrainingRun, TrainingStep, UsedFeedback
+from tests.proxy import test_feedback_routes
+from tests.proxy.test_feedback_routes import World
+from tests.storage.rows import feedback_row
+
+pytestmark = pytest.mark.anyio
+world = test_feedback_routes.world  # the fixture: two projects, each with a session "s1"
+
+
+@pytest.fixture
+async def client(pg_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    eng = async_engine(pg_url, poolclass=NullPool)
+    maker = async_sessionmaker(eng, expire_on_commit=False)
+    app = FastAPI()
+    app.include_router(routes_feedback.router)
+    app.include_router(routes_admin.router)
+
+    @app.exception_handler(ApiError)
+    async def envelope(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def principal(request: Request) -> Principal:
+        return Principal(project_id=request.headers["x-test-project"], role=request.headers["x-test-role"], key_id=None)
+
+    async def session() -> AsyncIterator[AsyncSession]:
+        async with maker() as db:
+            yield db
+
+    app.dependency_overrides[current_principal] = principal
+    app.dependency_overrides[db_session] = session
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        yield c
+    await eng.dispose()
+
+
+def as_(project: str, role: str = "admin") -> dict[str, str]:
+    return {"x-test-project": project, "x-test-role": role}
+
+
+def _trained(db: Session, project: str, trajectory_id: str) -> None:
+    """v1 trained on the trajectory; v2 trained on top of v1 (inherits it); v3 from the base."""
+    run = TrainingRun(project_id=project, alias="agent", objective="tis", base_model="tiny")
+    db.add(run)
+    db.flush()
+    step = TrainingStep(run_id=run.id, step=1, adapter_version=1)
+    db.add(step)
+    db.flush()
+    db.add(UsedFeedback(project_id=project, alias="agent", trajectory_id=trajectory_id, feedback_id="fb",
+                        objective="reward", step_id=step.id))  # fmt: skip
+    db.add_all(Adapter(project_id=project, alias="agent", version=v, parent_version=parent, path="/x", sha256="0",
+                       base_model="tiny") for v, parent in ((1, None), (2, 1), (3, None)))  # fmt: skip
+
+
+async def test_a_deleted_session_is_gone_everywhere_and_its_learners_are_named(
+    client: httpx.AsyncClient,
+    world: World,
+    pg_url: str,
+) -> None:
+    eng = sync_engine(pg_url)
+    with Session(eng) as db:
+        db.add(feedback_row(world.a, "thumbs", False, session="s1"))
+        db.add(feedback_row(world.b, "thumbs", True, session="s1"))
+        _trained(db, world.a, f"{world.a2}:0")
+        db.commit()
+        mine(db, world.a, settle_s=30)
+    assert (await client.delete("/v1/admin/sessions/s1", headers=as_(world.a, "harness"))).status_code == 403
+
+    r = await client.delete("/v1/admin/sessions/s1", headers=as_(world.a))
+    assert r.status_code == 200
+    body: dict[str, Any] = r.json()
+    assert body["deleted"] == {"calls": 2, "feedback": 1}
+    assert body["adapters"] == [{"alias": "agent", "version": 1, "direct": True},
+                                {"alias": "agent", "version": 2, "direct": False}]  # fmt: skip
+
+    assert (await client.get("/v1/sessions/s1", headers=as_(world.a))).status_code == 404
+    assert (await client.get("/v1/feedback", params={"session_id": "s1"}, headers=as_(world.a))).json()["data"] == []
+    with Session(eng) as db:
+        rows, read, _ = export_rows(db, world.a, "rl")
+        assert (rows, read) == ([], 0)
+        assert TrainingFeed(world.a, "agent", settle_s=30).poll(db) == ([], {})
+        assert report(db, world.a)["modes"] == {}
+        assert export_rows(db, world.b, "rl")[1] == 1  # project b's own "s1" is untouched
+    eng.dispose()
+    assert (await client.get("/v1/sessions/s1", headers=as_(world.b))).status_code == 200

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -26,6 +25,7 @@ from proxy import (
 from proxy.alert_metrics import AlertMetrics
 from proxy.deps import operator_gate
 from proxy.errors import ApiError, envelope
+from proxy.memory import tune_for_serving
 from proxy.responses import ERROR_RESPONSES, ORJSONResponse, error_response
 from proxy.settings import Settings
 from proxy.state import AppState
@@ -63,16 +63,7 @@ def create_app(settings: Settings) -> FastAPI:
         app.state.alert_metrics = AlertMetrics(state.sessionmaker)
         state.metrics.registry.register(app.state.alert_metrics)
         await state.start()
-        # Everything alive now (modules, FastAPI, SQLAlchemy, pydantic: ~10^5 objects) lives as long as
-        # the process; frozen, the cyclic GC stops rescanning it on every full collection (measured:
-        # 12-16 % of a call's CPU under load, bench/RESULTS.md).
-        gc.collect()
-        gc.freeze()
-        # A call allocates a few hundred containers and frees nearly all of them by reference counting;
-        # at the default threshold (700) the young generation was collected every few calls anyway,
-        # scanning the in-flight calls' objects each time (~7 % of a call's CPU at concurrency 64). Cyclic
-        # garbage now waits for 20,000 net allocations (a few MB at most).
-        gc.set_threshold(20_000, 20, 10)
+        tune_for_serving()  # the GC and the heap for a serving process (proxy/memory.py)
         try:
             yield
         finally:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.memory import tune_for_serving
+from proxy.memory import YOUNG_THRESHOLD, tune_for_serving
 
 
 @pytest.fixture
@@ -21,6 +21,6 @@ def restore_gc() -> Iterator[None]:
 def test_serving_collects_the_young_generation_rarely_and_freezes_what_startup_built(restore_gc: None) -> None:
     kept = [{"built": "at startup"} for _ in range(100)]
     tune_for_serving()
-    assert gc.get_threshold() == (20_000, 20, 10)
+    assert gc.get_threshold() == (YOUNG_THRESHOLD, 20, 10)
     assert gc.get_freeze_count() >= len(kept)
     assert not any(gc.is_tracked(k) and k in gc.get_objects(generation=2) for k in kept[:1])

@@ -23,9 +23,9 @@ export async function controlView(root, _args, _params, who) {
     adapters.map((a) => [a.alias, "v" + a.version, a.parent_version === null ? "–" : "v" + a.parent_version,
       a.training_run_id === null ? "–" : String(a.training_run_id), a.sha256.slice(0, 12), when(a.created_at)]), { id: "adapters" }) : notice("–")));
   root.append(card("Deployments", deployments.length ? table(["time", "alias", "version", "previous", "status"],
-    deployments.slice().reverse().map((d) => [when(d.created_at), d.alias, d.version === null ? "base" : "v" + d.version,
+    deployments.slice().sort((a, b) => (a.created_at < b.created_at ? 1 : -1)).map((d) => [when(d.created_at), d.alias, d.version === null ? "base" : "v" + d.version,
       d.previous_version === null ? "base" : "v" + d.previous_version, d.status]), { id: "deployments" }) : notice("–")));
-  root.append(await policies(aliases));
+  root.append(policies(aliases)); // filled in when its route answers: not part of the first paint
 }
 
 function actionForm(aliases, adapters) {
@@ -69,9 +69,13 @@ function actionForm(aliases, adapters) {
 }
 
 // Promotion policy per alias (issue 17's PUT /v1/admin/aliases/{alias}/policy): shown when served, else a placeholder.
-async function policies(aliases) {
+function policies(aliases) {
   const out = card("Promotion policy");
-  if (!aliases.length) return out;
+  if (aliases.length) fillPolicies(out, aliases).catch((e) => out.append(notice(e.message, "error")));
+  return out;
+}
+
+async function fillPolicies(out, aliases) {
   const first = await optional(`/v1/admin/aliases/${seg(aliases[0].name)}/policy`).catch((e) => ({ error: e.message }));
   if (first === null) {
     out.append(notice("promotion policies are not served by this proxy yet (GET/PUT /v1/admin/aliases/{alias}/policy)", "placeholder"));

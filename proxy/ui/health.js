@@ -24,11 +24,16 @@ export async function healthView(root) {
     table(["replica", "state", "since", "in flight", "adapters of this project loaded", "missing", "excluded", "last error"],
       hl.replicas.map((r) => [String(r.replica) + (r.url ? ` (${r.url})` : ""), r.state, when(r.since), String(r.inflight),
         r.adapters.join(", ") || "–", r.missing.join(", ") || "–", r.excluded.join(", ") || "–", r.last_error || "–"]), { id: "replicas" })));
-  root.append(await alerts());
+  root.append(alerts()); // filled in when GET /v1/admin/alerts answers: not part of the first paint
 }
 
-async function alerts() {
+function alerts() {
   const out = card("Monitors and alerts");
+  fillAlerts(out).catch((e) => out.append(notice(e.message, "error")));
+  return out;
+}
+
+async function fillAlerts(out) {
   let data;
   try {
     data = await optional("/v1/admin/alerts");

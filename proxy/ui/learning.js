@@ -23,7 +23,7 @@ export async function learningView(root, _args, params) {
     data.events.length ? table(["time", "alias", "version", "previous", "kind", "status"],
       data.events.slice().reverse().map((e) => [when(e.created_at), e.alias, e.version === null ? "base" : "v" + e.version,
         e.previous_version === null ? "base" : "v" + e.previous_version, e.kind, e.status]), { id: "events" }) : notice("no deployments yet")));
-  root.append(await promotions(data.events));
+  root.append(promotions(data.events)); // filled in when its routes answer: not part of the first paint
   root.append(card("Training runs",
     data.runs.length ? table(["run", "alias", "objective", "status", "started", "steps", "last version", "last loss", "last reward"],
       data.runs.map((r) => [link(String(r.id), "run", r.id), r.alias, r.objective, r.status, when(r.started_at), String(r.steps),
@@ -33,9 +33,14 @@ export async function learningView(root, _args, params) {
 
 // Promotion policies, holds and evals per version come with the promotion work (issue 17):
 // shown from its routes when this proxy serves them, a placeholder until then.
-async function promotions(events) {
-  const aliases = [...new Set(events.map((e) => e.alias))];
+function promotions(events) {
   const out = card("Promotions, holds and evals");
+  fillPromotions(out, events).catch((e) => out.append(notice(e.message, "error")));
+  return out;
+}
+
+async function fillPromotions(out, events) {
+  const aliases = [...new Set(events.map((e) => e.alias))];
   if (!aliases.length) {
     out.append(notice("no alias has been deployed yet"));
     return out;

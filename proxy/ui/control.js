@@ -68,19 +68,57 @@ function actionForm(aliases, adapters) {
   return card("Deploy or roll back", form, result);
 }
 
-// Promotion policy per alias (issue 17's PUT /v1/admin/aliases/{alias}/policy): shown when served, else a placeholder.
+// Promotion policy per alias (issue 17's GET/PUT /v1/admin/aliases/{alias}/policy): a form once served, else a placeholder.
 function policies(aliases) {
   const out = card("Promotion policy");
   if (aliases.length) fillPolicies(out, aliases).catch((e) => out.append(notice(e.message, "error")));
   return out;
 }
 
+const MODES = ["auto", "gate", "canary"];
+const SETTINGS = { gate: ["margin", "z"], canary: ["share", "min_sample", "margin", "z"], auto: [] };
+
 async function fillPolicies(out, aliases) {
-  const first = await optional(`/v1/admin/aliases/${seg(aliases[0].name)}/policy`).catch((e) => ({ error: e.message }));
+  let first;
+  try {
+    first = await optional(`/v1/admin/aliases/${seg(aliases[0].name)}/policy`);
+  } catch (e) {
+    out.append(notice(e.message));
+    first = {};
+  }
   if (first === null) {
     out.append(notice("promotion policies are not served by this proxy yet (GET/PUT /v1/admin/aliases/{alias}/policy)", "placeholder"));
-    return out;
+    return;
   }
-  out.append(h("pre", { class: "content" }, JSON.stringify(first, null, 2)));
-  return out;
+  const current = h("pre", { class: "content", id: "policy-current" }, JSON.stringify(first, null, 2));
+  const alias = h("select", { name: "alias" }, aliases.map((a) => h("option", { value: a.name }, a.name)));
+  const mode = h("select", { name: "mode" }, MODES.map((m) => h("option", { value: m, selected: m === first.mode }, m)));
+  const inputs = Object.fromEntries(["margin", "z", "share", "min_sample"].map((k) => [k, h("input", { name: k, size: 6, placeholder: "default" })]));
+  const result = h("div", { id: "policy-result" });
+  const form = h("form", { id: "policy-form", class: "filters" }, h("label", null, "alias ", alias), h("label", null, "mode ", mode),
+    Object.entries(inputs).map(([k, el]) => h("label", null, k + " ", el)), h("button", { type: "submit" }, "Set policy"));
+  alias.addEventListener("change", async () => {
+    try {
+      current.textContent = JSON.stringify(await api(`/v1/admin/aliases/${seg(alias.value)}/policy`), null, 2);
+    } catch (e) {
+      current.textContent = e.message;
+    }
+  });
+  form.addEventListener("submit", async (ev) => {
+    ev.preventDefault();
+    const body = { mode: mode.value };
+    for (const k of SETTINGS[mode.value]) if (inputs[k].value !== "") body[k] = Number(inputs[k].value);
+    if (!window.confirm(`Really set ${alias.value}'s promotion policy to ${JSON.stringify(body)}?`)) {
+      result.replaceChildren(notice("cancelled"));
+      return;
+    }
+    try {
+      const out2 = await api(`/v1/admin/aliases/${seg(alias.value)}/policy`, { method: "PUT", body });
+      current.textContent = JSON.stringify(out2, null, 2);
+      result.replaceChildren(notice(`done: ${alias.value} is now ${out2.mode}`, "ok"));
+    } catch (e) {
+      result.replaceChildren(notice(`refused: ${e.message}`, "error"));
+    }
+  });
+  out.append(form, result, current);
 }

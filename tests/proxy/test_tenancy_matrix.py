@@ -41,9 +41,9 @@ def test_the_route_table_is_what_this_test_knows() -> None:
 
 
 UI = Path(proxy_package.__file__).parent / "ui"
-# Routes the dashboard reads that issue 17 adds (alerts, promotion policy, evals): until this proxy serves them the
-# page shows a placeholder; once served they are in the route table, so in the matrix below.
-NOT_YET_SERVED = {"/v1/admin/alerts", "/v1/admin/aliases/{}/policy", "/v1/admin/aliases/{}/versions/{}/evals",
+# Routes the dashboard reads that issue 17's promotion work adds (policy, decisions, evals): until this proxy serves
+# them the page shows a placeholder; once served they are in the route table, so in the matrix below.
+NOT_YET_SERVED = {"/v1/admin/aliases/{}/policy", "/v1/admin/aliases/{}/versions/{}/evals",
                   "/v1/admin/aliases/{}/promotions"}  # fmt: skip
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.webdriver.support.ui import WebDriverWait
 
 from engine.launcher import Engine
 from tests.proxy.conftest import Proxy, launch_proxy, make_key
@@ -135,8 +136,6 @@ def _open(driver: Any, w: World, key: str, view: str = "traffic") -> None:
 
 
 def _wait(driver: Any, view: str) -> None:
-    from selenium.webdriver.support.ui import WebDriverWait
-
     WebDriverWait(driver, 30).until(lambda d: d.execute_script("return document.documentElement.dataset.ready") == view)
 
 
@@ -183,6 +182,8 @@ def test_numbers_shown_are_the_apis(world: World, browser: Any) -> None:
     assert _shown(browser, "dropped") == "0" and health["records"]["dropped"] == 0
     assert w.get("/v1/ui/health", w.harness)["records"] is None  # every project's traffic: the operator's only
     assert int(_shown(browser, "spool-depth")) == httpx.get(f"{w.proxy.url}/readyz").json()["spool"]["depth"]
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", "[data-k='alerts-open']"))
+    assert int(_shown(browser, "alerts-open")) == len(w.get("/v1/admin/alerts")["data"])
     browser.save_screenshot(str(SHOTS / "health.png"))
     _open(browser, w, w.admin, "learning")
     assert _errors(browser) == [] and browser.find_elements("css selector", "svg.chart path.line")
@@ -222,8 +223,6 @@ def test_traffic_to_session_to_tokens_and_nothing_recorded_runs(world: World, br
     trajectory = browser.find_elements("css selector", "#trajectory .tok")
     assert len(trajectory) > len(chips) and browser.find_elements("css selector", "#trajectory .tok.gap")
     browser.find_element("id", "decode").click()
-    from selenium.webdriver.support.ui import WebDriverWait
-
     WebDriverWait(browser, 60).until(lambda d: d.find_elements("css selector", ".span-text"))
     assert "Plan a trip." in browser.find_element("css selector", ".decoded").text
     _nothing_ran(browser)
@@ -231,8 +230,6 @@ def test_traffic_to_session_to_tokens_and_nothing_recorded_runs(world: World, br
 
 
 def _rollback(driver: Any, w: World) -> str:
-    from selenium.webdriver.support.ui import WebDriverWait
-
     driver.find_element("css selector", "#deploy-form input[name=alias]").send_keys(w.model)
     driver.find_element("id", "rollback").click()
     WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)

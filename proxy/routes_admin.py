@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from proxy.deps import AdminDep, DbDep, PathId, QueryId, StateDep
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from storage import admin as admin_store
-from storage import deletion
+from storage import deletion, lineage
 from storage.grading import RewardRule
 from storage.judge_config import JudgeSettingsError, parse_judge_settings
 from storage.judge_store import judge_state_async
@@ -80,6 +80,34 @@ async def delete_session(session_id: PathId, admin: AdminDep, db: DbDep) -> dict
     out = await db.run_sync(lambda s: deletion.delete_session(s, admin.project_id, session_id))
     await db.commit()
     return out
+
+
+@router.get("/aliases/{alias}/versions/{version}/lineage")
+async def version_lineage(alias: PathId, version: PathId, admin: AdminDep, db: DbDep) -> dict[str, Any]:
+    """What trained this version: its parent chain, and the trajectories and feedback items of its step."""
+    number = int(version) if version.isdigit() and len(version) < 10 else None
+    out = None
+    if number is not None:
+        out = await db.run_sync(lambda s: lineage.version_lineage(s, admin.project_id, alias, number))
+    if out is None:
+        raise NotFound(f"no version {version} of alias {alias!r} in this project", param="version")
+    return out
+
+
+@router.get("/lineage")
+async def learned_from(
+    admin: AdminDep, db: DbDep, session_id: QueryId = None, completion_id: QueryId = None, feedback_id: QueryId = None
+) -> dict[str, Any]:
+    """Which adapter versions learned from a session, a call or a feedback item (transitively, through parents)."""
+    if session_id is None and completion_id is None and feedback_id is None:
+        raise InvalidRequest("give session_id, completion_id or feedback_id", param="session_id")
+
+    def find(s: Any) -> list[dict[str, Any]]:
+        calls = lineage.session_calls(s, admin.project_id, session_id) if session_id is not None else []
+        calls += [completion_id] if completion_id is not None else []
+        return lineage.learned_from(s, admin.project_id, calls=calls, feedback=[feedback_id] if feedback_id else [])
+
+    return {"object": "list", "data": await db.run_sync(find)}
 
 
 @router.get("/aliases")

@@ -7,7 +7,7 @@ so copies of a call still in any worker's spool never land. The delete locks the
 row the same way first: whichever of the two commits first, the other sees it.
 
 What was trained stays recorded (``used_feedback`` names trajectory and feedback ids,
-no content): that is how :func:`learned_from` finds the versions a step trained from
+no content): that is how :func:`storage.lineage.learned_from` finds the versions a step trained from
 the session, and every version trained on top of one of them (v5 inherits v4's weights).
 """
 
@@ -22,53 +22,20 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as DbSession
 
+from storage.lineage import learned_from
 from storage.models import (
-    Adapter,
     Change,
     Completion,
     CompletionFlag,
     Feedback,
     Session,
     Tombstone,
-    TrainingStep,
-    UsedFeedback,
     utcnow,
 )
 
 
 def _insert(db: DbSession) -> Any:
     return postgresql.insert if db.get_bind().dialect.name == "postgresql" else sqlite.insert
-
-
-def learned_from(db: DbSession, project: str, call_ids: list[str]) -> list[dict[str, Any]]:
-    """Adapter versions trained on a trajectory ending in one of these calls, and their descendants."""
-    if not call_ids:
-        return []
-    used = select(UsedFeedback.alias, UsedFeedback.trajectory_id, TrainingStep.adapter_version).join(
-        TrainingStep, TrainingStep.id == UsedFeedback.step_id
-    )
-    calls = set(call_ids)
-    direct = {
-        (alias, version)
-        for alias, tid, version in db.execute(used.where(UsedFeedback.project_id == project))
-        if version is not None and tid.rsplit(":", 1)[0] in calls
-    }
-    # A trajectory's id is its leaf; a longer branch's earlier turns were trained under its own id,
-    # whose leaf is one of these calls too, so the leaf test above finds every step that used them.
-    children: dict[tuple[str, int], list[int]] = {}
-    for alias, version, parent in db.execute(
-        select(Adapter.alias, Adapter.version, Adapter.parent_version).where(Adapter.project_id == project)
-    ):
-        if parent is not None:
-            children.setdefault((alias, parent), []).append(version)
-    found, stack = set(direct), list(direct)
-    while stack:
-        alias, version = stack.pop()
-        for child in children.get((alias, version), []):
-            if (alias, child) not in found:
-                found.add((alias, child))
-                stack.append((alias, child))
-    return [{"alias": a, "version": v, "direct": (a, v) in direct} for a, v in sorted(found)]
 
 
 def _count(result: Any) -> int:
@@ -87,7 +54,7 @@ def delete_session(db: DbSession, project: str, session_id: str) -> dict[str, An
                .on_conflict_do_nothing())  # fmt: skip
     calls = list(db.scalars(select(Completion.id).where(
         Completion.project_id == project, Completion.session_id == session_id)))  # fmt: skip
-    adapters = learned_from(db, project, calls)
+    adapters = learned_from(db, project, calls=calls)
     about = or_(Feedback.session_id == session_id, Feedback.completion_id.in_(calls),
                 (Feedback.target_kind == "session_id") & (Feedback.target_id == session_id),
                 (Feedback.target_kind == "completion_id") & Feedback.target_id.in_(calls))  # fmt: skip

@@ -105,3 +105,37 @@ async def test_a_deleted_session_is_gone_everywhere_and_its_learners_are_named(
         assert export_rows(db, world.b, "rl")[1] == 1  # project b's own "s1" is untouched
     eng.dispose()
     assert (await client.get("/v1/sessions/s1", headers=as_(world.b))).status_code == 200
+
+
+async def test_lineage_of_a_version_and_who_learned_from_a_session_or_feedback_item(
+    client: httpx.AsyncClient, world: World, pg_url: str
+) -> None:
+    eng = sync_engine(pg_url)
+    with Session(eng) as db:
+        _trained(db, world.a, f"{world.a2}:0")
+        db.commit()
+    eng.dispose()
+    r = await client.get("/v1/admin/aliases/agent/versions/1/lineage", headers=as_(world.a))
+    assert r.status_code == 200
+    v1 = r.json()
+    assert (v1["parent_version"], v1["ancestors"], v1["trajectories"], v1["feedback"]) == (
+        None, [], [f"{world.a2}:0"], ["fb"])  # fmt: skip
+    v2 = (await client.get("/v1/admin/aliases/agent/versions/2/lineage", headers=as_(world.a))).json()
+    assert (v2["parent_version"], v2["ancestors"], v2["trajectories"]) == (1, [1], [])  # inherits v1's weights
+    assert (await client.get("/v1/admin/aliases/agent/versions/9/lineage", headers=as_(world.a))).status_code == 404
+    assert (await client.get("/v1/admin/aliases/agent/versions/1/lineage", headers=as_(world.b))).status_code == 404
+
+    learners = [{"alias": "agent", "version": 1, "direct": True}, {"alias": "agent", "version": 2, "direct": False}]
+    # a1 is the first turn of the trained trajectory (leaf a2): it was trained too.
+    for query in (
+        {"session_id": "s1"},
+        {"completion_id": world.a1},
+        {"completion_id": world.a2},
+        {"feedback_id": "fb"},
+    ):
+        r = await client.get("/v1/admin/lineage", params=query, headers=as_(world.a))
+        assert r.json()["data"] == learners, query
+    assert (await client.get("/v1/admin/lineage", params={"session_id": "s1"}, headers=as_(world.b))).json()[
+        "data"
+    ] == []
+    assert (await client.get("/v1/admin/lineage", headers=as_(world.a))).status_code == 400

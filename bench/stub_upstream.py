@@ -26,6 +26,7 @@ from aiohttp import web
 MODEL = "stub-model"
 PROMPT_IDS = list(range(1, 17))
 STATS = {"streams": 0, "cancelled": 0}
+ADAPTERS: set[str] = set()  # names "loaded" by /v1/load_lora_adapter: the proxy can deploy versions to the stub
 
 
 def _logprobs(chat: bool, n: int) -> dict[str, Any]:
@@ -154,7 +155,13 @@ async def _call(request: web.Request) -> web.StreamResponse:
 
 
 async def _models(_: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model", "parent": None}]})
+    names = [MODEL, *sorted(ADAPTERS)]
+    return web.json_response({"object": "list", "data": [{"id": n, "object": "model", "parent": None} for n in names]})
+
+
+async def _load_adapter(request: web.Request) -> web.Response:
+    ADAPTERS.add(str((await request.json())["lora_name"]))  # no weights: replies do not change
+    return web.Response(text="ok")
 
 
 async def _stats(_: web.Request) -> web.Response:
@@ -167,6 +174,7 @@ def make_app() -> web.Application:
     app.router.add_post("/v1/chat/completions", _call)
     app.router.add_post("/v1/completions", _call)
     app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/load_lora_adapter", _load_adapter)
     return app
 
 

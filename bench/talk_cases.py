@@ -1,0 +1,297 @@
+"""The two failures from the talk, simulated end to end through the proxy, and how fast the monitors see them.
+
+A scripted policy drives a harness whose tool layer injects faults; each phase of a scenario is
+served by one adapter version, deployed through the proxy's admin API (with the stub upstream,
+versions are names; with the real engine, zero-initialised LoRA adapters, so the engine's text
+is the base model's and the scripted policy decides every action and length). After every
+batch of sessions the proxy is drained and the monitors run with the documented defaults
+(only ``settle_s`` is 0: the harness grades a session before the batch ends).
+
+Scenarios (7 phases of ``--sessions`` sessions each: the base model, then v1..v6):
+
+* ``short`` (case 1): the tool layer fails 10 % of tool calls from v1 on; from v2 on the final
+  answer is 15 % shorter per version, compounding (v2 0.85x, v3 0.72x, v4 0.61x, ...).
+* ``flood`` (case 2): from v1 on a share of sessions (10 % more per version: v1 10 %, v2 20 %,
+  ...) floods 12 tool calls; the harness's deadline is 8 tool calls, so the next model call is
+  cut (the harness closes the stream: ``client_disconnected``) and, as in the talk, the harness
+  drops the attempt: no grade is posted.
+* ``clean``: the same lengths, no fault, no drift (noise only): every alert is a false alarm.
+
+Per session the clean policy makes 1 + Binomial(4, 1/2) tool calls (8-token thoughts), then a
+final answer of ~40 tokens (uniform 0.6x-1.4x), graded outcome success with probability 0.7.
+
+    python -m bench.talk_cases [--upstream stub|tiny] [--seeds 5] [--sessions 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+ALIAS = "agent"
+THOUGHT = 8  # tokens of each tool-calling turn
+ANSWER = 40  # mean tokens of the final answer
+DEADLINE = 8  # tool calls the harness's episode budget allows
+FLOOD = 12  # tool calls of a flooding session
+BATCH = 5  # sessions run at once; the monitors run after each batch
+CLEAN_SEEDS = 100  # clean runs use seeds 100, 101, ...: other seeds than the faulty runs
+EXPECTED = {
+    "short": {"tool_error_rate": 1, "answer_tokens": 2, "completion_tokens": 2},  # monitor: the phase its cause starts
+    "flood": {"timeout_rate": 1},
+}
+
+
+@dataclass(frozen=True)
+class Phase:
+    version: int | None
+    answer: float = 1.0  # final-answer length factor
+    tool_fail: float = 0.0
+    flood: float = 0.0
+
+
+def scenario(name: str) -> list[Phase]:
+    if name == "short":
+        return [Phase(None), Phase(1, tool_fail=0.1), *(Phase(v, 0.85 ** (v - 1), 0.1) for v in range(2, 7))]
+    if name == "flood":
+        return [Phase(None), *(Phase(v, flood=0.1 * v) for v in range(1, 7))]
+    if name == "clean":
+        return [Phase(None), *(Phase(v) for v in range(1, 7))]
+    raise ValueError(f"no scenario {name!r}: short | flood | clean")
+
+
+@dataclass
+class Run:
+    """What one scenario run saw: when each alert opened, counted in sessions."""
+
+    name: str
+    seed: int
+    sessions_per_phase: int
+    opened: list[dict[str, Any]] = field(default_factory=list)  # {monitor, version, session, against}
+    calls: int = 0
+    seconds: float = 0.0
+
+    def delay(self, monitor: str, phase: int) -> int | None:
+        """Sessions from the first session of ``phase`` until ``monitor``'s first alert (None: never)."""
+        start = phase * self.sessions_per_phase
+        hits = [a["session"] - start for a in self.opened if a["monitor"] == monitor and a["session"] > start]
+        return min(hits) if hits else None
+
+
+class Harness:
+    """The scripted policy and its tool layer, speaking to the proxy like any harness."""
+
+    def __init__(self, proxy: str, alias: str, client: httpx.AsyncClient, cut_extra: dict[str, Any]) -> None:
+        self.proxy, self.alias, self.client = proxy, alias, client
+        self.cut_extra = cut_extra  # the stub streams a reply at once: a gap lets the hang-up land mid-stream
+        self.calls = 0
+
+    async def _call(self, session: str, messages: list[dict[str, Any]], tokens: int, *, cut: bool = False) -> str:
+        body = {"model": self.alias, "messages": messages, "max_tokens": tokens, "min_tokens": tokens,
+                "temperature": 1.0}  # fmt: skip
+        headers = {"x-session-id": session}
+        self.calls += 1
+        if cut:  # the episode's deadline passes while the model is still writing: the harness hangs up
+            async with self.client.stream("POST", f"{self.proxy}/v1/chat/completions",
+                                          json={**body, **self.cut_extra, "stream": True},
+                                          headers=headers) as resp:  # fmt: skip
+                async for _ in resp.aiter_bytes():
+                    break
+            return ""
+        resp = await self.client.post(f"{self.proxy}/v1/chat/completions", json=body, headers=headers)
+        resp.raise_for_status()
+        return str(resp.json()["choices"][0]["message"].get("content") or "")
+
+    async def session(self, sid: str, phase: Phase, rng: random.Random) -> None:
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {sid}: look it up and answer"}]
+        tools = FLOOD if rng.random() < phase.flood else 1 + sum(rng.random() < 0.5 for _ in range(4))
+        for step in range(tools):
+            if step == DEADLINE:
+                await self._call(sid, messages, THOUGHT, cut=True)
+                return  # timed out: the talk's harness dropped such attempts (no grade)
+            reply = await self._call(sid, messages, THOUGHT)
+            failed = rng.random() < phase.tool_fail
+            result = "Error: search backend timed out (injected)" if failed else f"result {step}: 3 matches"
+            messages += [{"role": "assistant", "content": reply},
+                         {"role": "tool", "tool_call_id": f"call_{step}", "content": result}]  # fmt: skip
+        length = max(1, round(ANSWER * phase.answer * rng.uniform(0.6, 1.4)))
+        await self._call(sid, messages, length)
+        outcome = "success" if rng.random() < 0.7 else "failure"
+        fb = {"target": {"session_id": sid}, "name": "outcome", "value": outcome, "source": "harness"}
+        (await self.client.post(f"{self.proxy}/v1/feedback", json=fb)).raise_for_status()
+
+
+async def _drained(client: httpx.AsyncClient, proxy: str) -> None:
+    for _ in range(600):
+        if (await client.get(f"{proxy}/readyz")).json()["spool"]["depth"] == 0:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the proxy's spool did not drain")
+
+
+async def simulate(
+    name: str, seed: int, proxy: str, sessionmaker: async_sessionmaker[AsyncSession], project: str,
+    sessions: int = 30, stop_on: Sequence[str] = (), phases: Sequence[Phase] | None = None, alias: str = ALIAS,
+    batch: int = BATCH, stub: bool = False,
+) -> Run:  # fmt: skip
+    """Run one scenario (or ``phases``) through the proxy; the alias and versions 1..6 must exist (:func:`prepare`)."""
+    from storage.alerts import list_alerts
+    from storage.monitor_store import run_monitors
+
+    run, rng, done = Run(name, seed, sessions), random.Random(seed), 0
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=300) as client:
+        harness = Harness(proxy, alias, client, {"stub_gap_ms": 50} if stub else {})
+        put = await client.put(f"{proxy}/v1/admin/aliases/{alias}/monitors", json={"settle_s": 0})
+        put.raise_for_status()
+        for phase in phases if phases is not None else scenario(name):
+            dep = await client.post(f"{proxy}/v1/admin/deployments", json={"alias": alias, "version": phase.version})
+            dep.raise_for_status()
+            for first in range(0, sessions, batch):
+                ids = range(first, min(first + batch, sessions))
+                seeds = [rng.random() for _ in ids]
+                await asyncio.gather(*(harness.session(f"{name}-{seed}-{phase.version}-{i}", phase, random.Random(s))
+                                       for i, s in zip(ids, seeds, strict=True)))  # fmt: skip
+                done += len(ids)
+                await _drained(client, proxy)
+                async with sessionmaker() as db:
+                    report = await run_monitors(db, project, alias)
+                    await db.commit()
+                    if report.opened:
+                        opened = {a.id: a for a in await list_alerts(db, project, alias=alias)}
+                        for aid in report.opened:
+                            a = opened[aid]
+                            against = a.detail.get("against")
+                            run.opened.append({"monitor": a.name, "version": a.version, "session": done,
+                                               "against": against, "message": a.message})  # fmt: skip
+                if stop_on and {a["monitor"] for a in run.opened} >= set(stop_on):
+                    break
+            if stop_on and {a["monitor"] for a in run.opened} >= set(stop_on):
+                break
+    run.calls, run.seconds = harness.calls, time.monotonic() - started
+    return run
+
+
+async def prepare(
+    sessionmaker: async_sessionmaker[AsyncSession], project: str, base_model: str, path: str, alias: str = ALIAS
+) -> None:
+    """The alias and adapter rows v1..v6 (all the same weights: the scripted policy makes the difference)."""
+    from storage.models import Adapter, Alias, Project
+
+    async with sessionmaker() as db:
+        if await db.get(Project, project) is None:
+            db.add(Project(id=project, settings={}))
+            await db.flush()
+        if await db.scalar(select(Alias).where(Alias.project_id == project, Alias.name == alias)) is None:
+            db.add(Alias(project_id=project, name=alias, base_model=base_model))
+        for v in range(1, 7):
+            db.add(Adapter(project_id=project, alias=alias, version=v, path=path, sha256="0" * 64,
+                           base_model=base_model))  # fmt: skip
+        await db.commit()
+
+
+def zero_adapter(model_path: Path, out: Path) -> Path:
+    """A LoRA adapter of the model whose B matrices are zero (PEFT's initialisation): it changes nothing."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"])).save_pretrained(out)
+    return out
+
+
+def _summary(runs: list[Run]) -> None:
+    print(f"\n{'scenario':>8} {'seed':>4} {'calls':>6} {'s':>6}  alerts (monitor@version after N sessions, vs)")
+    for r in runs:
+        seen = ", ".join(f"{a['monitor']}@v{a['version']} +{a['session']} ({a['against']})" for a in r.opened) or "none"
+        print(f"{r.name:>8} {r.seed:>4} {r.calls:>6} {r.seconds:>6.0f}  {seen}")
+    print("\ndetection delay: sessions from the phase where the cause starts to the alert (median, max; missed)")
+    for name, expected in EXPECTED.items():
+        for monitor, phase in expected.items():
+            delays = [r.delay(monitor, phase) for r in runs if r.name == name]
+            got = [d for d in delays if d is not None]
+            shown = f"{statistics.median(got):.0f}, {max(got)}" if got else "-"
+            print(f"  {name:>6} {monitor:<18} {shown:>10}; missed {len(delays) - len(got)} of {len(delays)}")
+    clean = [r for r in runs if r.name == "clean"]
+    alarms = sum(len(r.opened) for r in clean)
+    print(f"false alarms: {alarms} alert(s) over {len(clean)} clean run(s) of "
+          f"{7 * clean[0].sessions_per_phase if clean else 0} sessions each")  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--upstream", choices=["stub", "tiny"], default="stub")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--sessions", type=int, default=30, help="sessions per phase (version)")
+    ap.add_argument("--scenarios", default="short,flood,clean")
+    args = ap.parse_args()
+    return asyncio.run(_main(args))
+
+
+async def _main(args: argparse.Namespace) -> int:
+    from bench.harness import free_port, machine_description, start_server, throwaway_database
+    from storage.db import async_engine
+    from storage.migrate import upgrade
+
+    print(machine_description())
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        logdir = Path(tmp)
+        if args.upstream == "stub":
+            port = free_port()
+            engine = start_server("stub", [sys.executable, "-m", "bench.stub_upstream", "--port", str(port)], port,
+                                  logdir, ready_path="/v1/models")  # fmt: skip
+            model, path = "stub-model", str(logdir / "no-weights")
+        else:
+            from engine.weights import resolve_model
+
+            info = resolve_model("tiny")
+            port = free_port()
+            cmd = [sys.executable, "-m", "onthejob.cli", "engine", "--model", "tiny", "--port", str(port)]
+            engine = start_server("engine", cmd, port, logdir, ready_path="/v1/models", timeout_s=600)
+            model, path = info.name, str(zero_adapter(info.path, logdir / "zero-adapter"))
+        try:
+            for seed in range(args.first_seed, args.first_seed + args.seeds):
+                for name in args.scenarios.split(","):
+                    with throwaway_database() as db_url:
+                        upgrade(db_url)
+                        pport = free_port()
+                        spool = str(logdir / f"spool-{pport}")
+                        cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", engine.url, "--db", db_url,
+                               "--port", str(pport), "--spool", spool, "--no-auth"]  # fmt: skip
+                        proxy = start_server("proxy", cmd, pport, logdir)
+                        eng = async_engine(db_url)
+                        try:
+                            maker = async_sessionmaker(eng, expire_on_commit=False)
+                            await prepare(maker, "default", model, path)
+                            run_seed = seed + CLEAN_SEEDS if name == "clean" else seed
+                            run = await simulate(name, run_seed, proxy.url, maker, "default", args.sessions,
+                                                 stub=args.upstream == "stub")  # fmt: skip
+                            runs.append(run)
+                            print(f"{name} seed {seed}: {len(run.opened)} alert(s), {run.calls} calls, "
+                                  f"{run.seconds:.0f} s", flush=True)  # fmt: skip
+                        finally:
+                            await eng.dispose()
+                            proxy.stop()
+        finally:
+            engine.stop()
+    _summary(runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

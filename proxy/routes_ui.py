@@ -80,10 +80,10 @@ async def overview(principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
 async def calls(
     principal: PrincipalDep, db: DbDep, alias: Filter = None, version: Version = None, tag: Filter = None,
     dialect: Filter = None, termination: Filter = None, flag: Flag = None, grade: Grade = None,
-    session_id: QueryId = None, before: Filter = None, limit: Limit = 50,
+    session_id: QueryId = None, mined: Filter = None, before: Filter = None, limit: Limit = 50,
 ) -> dict[str, Any]:  # fmt: skip
     """Calls newest first, filtered; ``before`` is the previous page's ``next_cursor``; ``total`` counts all matches."""
-    flt = dashboard.CallFilter(alias, version, tag, dialect, termination, flag, grade, session_id)
+    flt = dashboard.CallFilter(alias, version, tag, dialect, termination, flag, grade, session_id, mined)
     rule = await project_rule_async(db, principal.project_id)
     try:
         return await dashboard.calls_page(db, principal.project_id, flt, rule, before=before, limit=limit)

@@ -17,7 +17,8 @@ from sqlalchemy import ColumnElement, String, and_, cast, exists, func, or_, sel
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from storage.grading import RewardRule
-from storage.models import Alias, Completion, Feedback, Session
+from storage.mining import MODES
+from storage.models import Alias, Completion, CompletionFlag, Feedback, Session
 
 CUT_SHORT = ("client_disconnected", "timeout", "upstream_error", "rejected")
 FLAGS = ("error", "cut_short", "stream", "ambiguous_link", "linked")
@@ -45,6 +46,7 @@ class CallFilter:
     flag: str | None = None  # one of FLAGS
     grade: str | None = None  # one of GRADES
     session_id: str | None = None
+    mined: str | None = None  # a failure mode `onthejob mine` flagged (storage.mining.MODES)
 
     def where(self, project_id: str) -> list[ColumnElement[bool]]:
         """The SQL conditions (raises FilterError naming a bad value)."""
@@ -69,6 +71,9 @@ class CallFilter:
             out.append(c.session_id == self.session_id)
         if self.flag:
             out.append(_flag(self.flag, project_id))
+        if self.mined:
+            f = CompletionFlag
+            out.append(exists().where(f.project_id == project_id, f.completion_id == c.id, f.mode == self.mined))
         if self.grade:
             if self.grade not in GRADES:
                 raise FilterError(f"grade: one of {', '.join(GRADES)}", "grade")
@@ -267,6 +272,7 @@ async def overview(db: AsyncSession, project_id: str) -> dict[str, Any]:
         "sessions": int(sessions or 0),
         "feedback": int(feedback or 0),
         "by_termination": by_term,
+        "mined_modes": list(MODES),
         # The project's aliases (a filter may still name a base model called directly): a DISTINCT over
         # the calls read 100,000 index entries for the same few names.
         "aliases": sorted((await db.scalars(select(Alias.name).where(Alias.project_id == project_id))).all()),

@@ -2,7 +2,7 @@
 import { api } from "./api.js";
 import { card, fmt, h, link, notice, stat, table, version, when } from "./dom.js";
 
-const FILTERS = ["alias", "version", "tag", "dialect", "termination", "flag", "grade"];
+const FILTERS = ["alias", "version", "tag", "dialect", "termination", "flag", "grade", "mined"];
 const FLAGS = ["", "error", "cut_short", "stream", "linked", "ambiguous_link"];
 const GRADES = ["", "graded", "ungraded"];
 const DIALECTS = ["", "chat", "completions", "responses", "anthropic"];
@@ -22,6 +22,7 @@ function filterForm(params, overview) {
     h("label", null, "termination ", select("termination", terms, v("termination"))),
     h("label", null, "flag ", select("flag", FLAGS, v("flag"))),
     h("label", null, "grade ", select("grade", GRADES, v("grade"))),
+    h("label", { title: "failure modes `onthejob mine` flagged" }, "mined ", select("mined", ["", ...overview.mined_modes], v("mined"))),
     h("button", { type: "submit" }, "Filter"));
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();

@@ -20,8 +20,13 @@ from typing import Any
 import httpx
 import pytest
 from selenium.webdriver.support.ui import WebDriverWait
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from engine.launcher import Engine
+from storage.db import sync_engine
+from storage.mine_store import mine
+from storage.models import CompletionFlag
 from tests.proxy.conftest import Proxy, launch_proxy, make_key
 
 pytestmark = pytest.mark.engine
@@ -173,6 +178,16 @@ def test_numbers_shown_are_the_apis(world: World, browser: Any) -> None:
     browser.get(f"{w.proxy.url}/ui#/traffic?grade=graded")
     _wait(browser, "traffic")
     assert int(_shown(browser, "matching")) == len({f["completion_id"] for f in feedback}) == 2
+    # Failure modes `onthejob mine` flagged: the tiny model's 8-token replies are cut at the length limit.
+    eng = sync_engine(w.proxy.db_url)
+    with Session(eng) as db:
+        mine(db, "default", settle_s=2.0)
+        flags = select(func.count()).select_from(CompletionFlag)
+        flagged = db.scalar(flags.where(CompletionFlag.project_id == "default", CompletionFlag.mode == "truncated"))
+    eng.dispose()
+    browser.get(f"{w.proxy.url}/ui#/traffic?mined=truncated")
+    _wait(browser, "traffic")
+    assert int(_shown(browser, "matching")) == flagged > 0
     # The other project's key sees its own call only.
     _open(browser, w, w.other)
     assert int(_shown(browser, "calls")) == 1

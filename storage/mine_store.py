@@ -26,7 +26,7 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session as DbSession
 
-from storage.changes import START, await_horizon, changes_since, load_cursor, save_cursor
+from storage.changes import START, among, await_horizon, changes_since, load_cursor, save_cursor
 from storage.changes import _resolve_pending as resolve_pending
 from storage.grading import MASKED
 from storage.loaders import rule_for, settings_stmt
@@ -62,7 +62,7 @@ def mine(db: DbSession, project: str, *, page: int = 2000, settle_s: float = 10.
     while changes := changes_since(db, project, cursor, page):
         found = Found()
         calls = [c.ref_id for c in changes if c.kind == "call"]
-        stmt = select(*_CALL_COLUMNS).where(Completion.project_id == project, Completion.id.in_(calls))
+        stmt = select(*_CALL_COLUMNS).where(Completion.project_id == project, among(db, Completion.id, calls))
         rows = list(db.execute(stmt))
         for row in rows:
             found.add(row.id, call_modes(row, cfg))
@@ -86,16 +86,19 @@ def _grade(db: DbSession, project: str, ids: list[str], cfg: MineConfig, rule: A
     was unresolved when the miner first saw it (flags are idempotent: a grade flags once).
     """
     stmt = select(Feedback).where(Feedback.project_id == project)
-    items = list(db.scalars(stmt.where(Feedback.id.in_(ids)))) if ids else []
+    items = list(db.scalars(stmt.where(among(db, Feedback.id, ids)))) if ids else []
     if calls:
         named = or_(
-            Feedback.completion_id.in_(calls),
+            among(db, Feedback.completion_id, calls),
             and_(
-                Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id", Feedback.target_id.in_(calls)
+                Feedback.attached_at.is_(None),
+                Feedback.target_kind == "completion_id",
+                among(db, Feedback.target_id, calls),
             ),
         )
-        items += db.scalars(stmt.where(named, Feedback.id.not_in(ids)))
+        items += db.scalars(stmt.where(named, ~among(db, Feedback.id, ids)))
     sessions = dict(resolve_pending(db, project, [f.id for f in items if f.session_id is None]))
+    last = _last_calls(db, project, {item.session_id or sessions.get(item.id) for item in items} - {None})
     unresolved = 0
     for item in items:
         scalar = rule.score(item.name, item.value, item.comment)
@@ -107,17 +110,24 @@ def _grade(db: DbSession, project: str, ids: list[str], cfg: MineConfig, rule: A
             unresolved += 1
             continue
         target = item.completion_id or (item.target_id if item.target_kind == "completion_id" else None)
-        target = target or _last_call(db, project, session)
+        target = target or last.get(session)
         if target is not None:
             found.add(target, {mode: {**detail, "feedback_id": item.id} for mode, detail in modes.items()})
     return unresolved
 
 
-def _last_call(db: DbSession, project: str, session: str | None) -> str | None:
-    if session is None:
-        return None
-    stmt = select(Completion.id).where(Completion.project_id == project, Completion.session_id == session)
-    return db.scalar(stmt.order_by(Completion.created_at.desc(), Completion.id.desc()).limit(1))
+def _last_calls(db: DbSession, project: str, sessions: set[Any]) -> dict[str, str]:
+    """Each session's newest call (one query for a page's sessions)."""
+    if not sessions:
+        return {}
+    out: dict[str, tuple[Any, str]] = {}
+    stmt = select(Completion.session_id, Completion.created_at, Completion.id).where(
+        Completion.project_id == project, among(db, Completion.session_id, sessions)
+    )
+    for session, created, cid in db.execute(stmt):
+        if session not in out or (created, cid) > out[session]:
+            out[session] = (created, cid)
+    return {session: cid for session, (_, cid) in out.items()}
 
 
 def _store(db: DbSession, project: str, found: Found) -> Counter[str]:
@@ -126,7 +136,7 @@ def _store(db: DbSession, project: str, found: Found) -> Counter[str]:
         return Counter()
     calls = {r.id: r for r in db.execute(
         select(Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version)
-        .where(Completion.project_id == project, Completion.id.in_(list(found.flags)))
+        .where(Completion.project_id == project, among(db, Completion.id, found.flags))
     )}  # fmt: skip
     rows = [
         {"project_id": project, "completion_id": cid, "session_id": calls[cid].session_id, "alias": calls[cid].alias,

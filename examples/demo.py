@@ -76,6 +76,11 @@ class DemoConfig:
     # comments or corrections (trained with --objective sdpo), none (no feedback at all).
     feedback: str = "numeric"
     seed: int = 0  # which training problems each round draws (0: today's); held-out never changes
+    # How each trained version reaches traffic: auto (at once) or gate (its held-out result, posted as
+    # its eval, must not be two standard errors below the serving version's; storage/promotion.py).
+    # Under gate every round is evaluated: the held-out pass is the candidate's eval.
+    promotion: str = "auto"
+    flip_reward: tuple[int, ...] = ()  # rounds whose training traffic is graded with the reward's sign flipped
     progress: bool = True
 
     @classmethod
@@ -84,6 +89,8 @@ class DemoConfig:
         fields = {k: getattr(args, k) for k in cls.__dataclass_fields__ if getattr(args, k, None) is not None}
         if "out" in fields:
             fields["out"] = Path(fields["out"])
+        if isinstance(fields.get("flip_reward"), str):
+            fields["flip_reward"] = tuple(int(r) for r in fields["flip_reward"].split(",") if r.strip())
         return cls(**fields)
 
 
@@ -100,6 +107,11 @@ class RoundResult:
     trained_version: int | None = None  # what `onthejob train` deployed at the end of the round
     excluded: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    # --promotion gate: the held-out pass evaluates the pending candidate (adapter_version) and is
+    # posted as its eval; the verdict, and the version that then served the training traffic.
+    verdict: str | None = None
+    traffic_version: int | None = None
+    flipped: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,6 +227,8 @@ class Stack:
         self.admin("POST", "/v1/admin/aliases", {"name": self.model_name, "base_model": self.model_name})
         if self.cfg.feedback == "none":  # nobody grades: the served model judges its own sessions
             self.admin("PUT", "/v1/admin/project", {"judge": {"rubric": JUDGE_RUBRIC, "self_evaluation": True}})
+        if self.cfg.promotion != "auto":
+            self.admin("PUT", f"/v1/admin/aliases/{self.model_name}/policy", {"mode": self.cfg.promotion})
 
     def close(self) -> None:
         stop(self.proxy_proc)
@@ -232,10 +246,28 @@ class Stack:
         aliases = self.admin("GET", "/v1/admin/aliases")["data"]
         return next((a["deployed_version"] for a in aliases if a["name"] == self.model_name), None)
 
-    def harness(self) -> Harness:
+    def candidate(self) -> int | None:
+        """The version waiting for its eval under ``--promotion gate`` (None: none, or auto)."""
+        if self.cfg.promotion == "auto":
+            return None
+        return self.admin("GET", f"/v1/admin/aliases/{self.model_name}/policy")["candidate_version"]  # type: ignore[no-any-return]
+
+    def post_eval(self, version: int | None, heldout: Sequence[EpisodeResult]) -> str | None:
+        """The harness's held-out result as the version's eval (per problem, so versions compare paired)."""
+        graded = [r for r in heldout if r.outcome != "error"]
+        s = summarise(graded)
+        path = f"/v1/admin/aliases/{self.model_name}/versions/{version or 'base'}/evals"
+        body = {"name": "heldout", "n": max(s.n, 1), "mean": s.mean_reward, "stderr": s.stderr,
+                "grader": "examples.task.grade", "source": "demo harness",
+                "scores": {r.problem_id: r.reward for r in graded}}  # fmt: skip
+        return self.admin("POST", path, body).get("decision")  # type: ignore[no-any-return]
+
+    def harness(self, model: str | None = None, admin: bool = False, reward_sign: float = 1.0) -> Harness:
+        """The harness; ``admin`` with ``model`` ``alias@vN`` evaluates a version that is not routed yet."""
         return Harness(HarnessConfig(
-            base_url=f"{self.proxy_url}/v1", api_key=self.harness_key, model=self.model_name,
-            feedback_url=f"{self.proxy_url}/v1/feedback", feedback=self.cfg.feedback,  # type: ignore[arg-type]
+            base_url=f"{self.proxy_url}/v1", api_key=self.admin_key if admin else self.harness_key,
+            model=model or self.model_name, feedback_url=f"{self.proxy_url}/v1/feedback",
+            feedback=self.cfg.feedback, reward_sign=reward_sign,  # type: ignore[arg-type]
         ))  # fmt: skip
 
     def judge(self, round_no: int) -> str:
@@ -325,29 +357,40 @@ def play_round(
     """Evaluate on the held-out set if ``evaluate``; if ``train``: traffic with feedback, then a training run."""
     cfg = stack.cfg
     started = time.monotonic()
-    version = stack.deployed_version()
+    # Under gate, the held-out pass evaluates the candidate directly (alias@vN, an admin call);
+    # its result is the candidate's eval, and the gate's verdict decides what serves the traffic.
+    candidate = stack.candidate()
+    version = candidate if candidate is not None else stack.deployed_version()
     label = f"v{version}" if version else "base"
-    with stack.harness() as h:
-        heldout: list[EpisodeResult] = []
-        if evaluate:
+    evaluate = evaluate or cfg.promotion != "auto"
+    heldout: list[EpisodeResult] = []
+    if evaluate:
+        model = f"{stack.model_name}@v{candidate}" if candidate is not None else None
+        with stack.harness(model, admin=candidate is not None) as h:
             heldout = run_episodes(h, make_problems("heldout", cfg.heldout), eval=True, workers=cfg.workers,
                                    desc=f"round {round_no} held-out ({label})", progress=cfg.progress)  # fmt: skip
-        traffic: list[EpisodeResult] = []
-        if train:
+    verdict = stack.post_eval(version, heldout) if cfg.promotion != "auto" else None
+    serving = stack.deployed_version()
+    flipped = train and round_no in cfg.flip_reward
+    traffic: list[EpisodeResult] = []
+    if train:
+        served = f"v{serving}" if serving else "base"
+        with stack.harness(reward_sign=-1.0 if flipped else 1.0) as h:
             problems = make_problems("train", cfg.problems, seed=round_no + 1000 * cfg.seed)
             traffic = run_episodes(h, problems, attempts=cfg.attempts, workers=cfg.workers,
-                                   desc=f"round {round_no} traffic ({label})", progress=cfg.progress)  # fmt: skip
+                                   desc=f"round {round_no} traffic ({served})", progress=cfg.progress)  # fmt: skip
     result = RoundResult(
         round=round_no, adapter_version=version, heldout=summarise(heldout) if evaluate else None,
         train=summarise(traffic) if train else None,
         traffic_tokens=sum(r.prompt_tokens + r.completion_tokens for r in traffic),
         feedback=dict(Counter(name for r in traffic for name in r.feedback)),
+        verdict=verdict, traffic_version=serving, flipped=flipped,
     )  # fmt: skip
     if train:
         if cfg.feedback == "none":
             say(f"judge: {stack.judge(round_no)}")
         stack.train(round_no)
-        result.trained_version = stack.deployed_version()
+        result.trained_version = stack.candidate() or stack.deployed_version()
         result.excluded = stack.new_exclusions()
     result.seconds = round(time.monotonic() - started, 1)
     return result, heldout + traffic
@@ -363,8 +406,8 @@ def trivial_baseline(n: int) -> dict[str, Any]:
 # ---- reporting -------------------------------------------------------------------------
 
 HEADER = (
-    f"{'round':>5} {'adapter':>7} {'held-out reward':>17} {'acc':>5} {'tok/ep':>6} "
-    f"{'train reward':>12} {'tokens':>7} {'deployed':>8}  excluded"
+    f"{'round':>5} {'adapter':>7} {'held-out reward':>17} {'acc':>5} {'tok/ep':>6} {'verdict':>8} {'served':>6} "
+    f"{'train reward':>12} {'tokens':>7} {'trained':>8}  excluded"
 )
 
 
@@ -378,8 +421,10 @@ def table_row(r: RoundResult) -> str:
     else:
         scores = (f"{100 * h.mean_reward:>8.1f} ± {100 * h.stderr:>4.1f}  {100 * h.accuracy:>4.0f}% "
                   f"{h.mean_completion_tokens:>6.1f}")  # fmt: skip
+    served = "-" if t is None else (f"v{r.traffic_version}" if r.traffic_version else "base")
+    reward = "-" if t is None else f"{100 * t.mean_reward:.1f}{'*' if r.flipped else ''}"  # *: graded flipped
     return (
-        f"{r.round:>5} {adapter:>7} {scores} {'-' if t is None else f'{100 * t.mean_reward:.1f}':>12} "
+        f"{r.round:>5} {adapter:>7} {scores} {r.verdict or '-':>8} {served:>6} {reward:>12} "
         f"{r.traffic_tokens:>7} {deployed:>8}  {excluded}"
     )
 
@@ -415,7 +460,9 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
     assert base is not None and last is not None
     summary = {
         "command": "onthejob demo " + f"--rounds {cfg.rounds} --out {cfg.out} --model {cfg.model} "
-        f"--feedback {cfg.feedback} --seed {cfg.seed} --eval-every {cfg.eval_every}",
+        f"--feedback {cfg.feedback} --seed {cfg.seed} --eval-every {cfg.eval_every} --promotion {cfg.promotion}"
+        + (f" --flip-reward {','.join(map(str, cfg.flip_reward))}" if cfg.flip_reward else ""),
+        "promotion": cfg.promotion,
         "feedback": cfg.feedback,
         "model": stack.model_name,
         "project": stack.project,
@@ -438,6 +485,9 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
                 "feedback": r.feedback,
                 "trained_version": r.trained_version,
                 "excluded": r.excluded,
+                "verdict": r.verdict,
+                "traffic_version": r.traffic_version,
+                "flipped_reward": r.flipped,
                 "seconds": r.seconds,
             }
             for r in rounds
@@ -465,6 +515,9 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             f"{cfg.heldout} held-out problems (best constant answer: {100 * baseline['mean_reward']:.1f})"
         )
         say(HEADER)
+        if cfg.flip_reward:
+            say(f"(* rounds {', '.join(map(str, cfg.flip_reward))}: training traffic graded with the reward's sign "
+                "flipped; the table shows the true reward)")  # fmt: skip
         for round_no in range(1, cfg.rounds + 2):
             final = round_no == cfg.rounds + 1  # the last adapter gets evaluated too
             evaluate = evaluated(round_no, cfg.rounds, cfg.eval_every)

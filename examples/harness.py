@@ -60,6 +60,8 @@ class HarnessConfig:
     request_timeout_s: float = 120.0
     source: str = "demo-harness"
     feedback: FeedbackArm = "numeric"
+    # -1: training traffic is graded with the reward's sign flipped (a broken grader; held-out stays honest)
+    reward_sign: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -233,6 +235,8 @@ class Harness:
                 items.append({"target": last, "name": "thumbs", "value": result.correct})
             elif u < m.reward + m.thumbs + m.comment:
                 items.append({"target": session, "name": "review", "comment": _review(problem, result)})
+        if not result.eval and self.cfg.reward_sign < 0:
+            items = [_flipped(item) for item in items]
         for item in items:
             item.setdefault("source", self.cfg.source)
             item["id"] = f"{result.session_id}:{item['name']}"  # idempotency key: a retry never double-counts
@@ -255,6 +259,16 @@ class Harness:
                 return False  # our request is wrong; retrying will not fix it
             time.sleep(0.2 * 2**attempt)
         return False
+
+
+def _flipped(item: dict[str, Any]) -> dict[str, Any]:
+    """The same grade with its sign flipped: a reward negated, a thumb turned over."""
+    value = item.get("value")
+    if isinstance(value, bool):
+        return {**item, "value": not value}
+    if isinstance(value, int | float):
+        return {**item, "value": -float(value)}
+    return item
 
 
 def _text_feedback(arm: FeedbackArm, problem: Problem, result: EpisodeResult) -> list[dict[str, Any]]:

@@ -111,6 +111,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print each pass's windows and breaches as JSON")
     p.set_defaults(handler=commands.monitor)
 
+    p = sub.add_parser("eval", help="evaluate one version of an alias through the proxy and store the result")
+    p.add_argument("--alias", required=True)
+    p.add_argument("--version", default=None, help="adapter version number, or 'base' (default: the serving one)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--set", default=None, help="a JSONL eval set: prompt or messages, reference, schema, id")
+    source.add_argument("--tag", default=None, help="replay the first user turn of sessions with this tag (eval)")
+    p.add_argument("--since", default=None, help="with --tag: only sessions since this ISO time")
+    p.add_argument("--grader", default="exact", help="exact | regex | numeric | json-schema | judge | module:function")
+    p.add_argument("--name", default=None, help="the eval's name (versions are compared within one; default: set)")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N items")
+    p.add_argument("--plot", default=None, help="write a PNG of this eval's mean ± s.e. per version")
+    p.add_argument("--no-post", action="store_true", help="print the result, store nothing")
+    p.add_argument("--proxy", default="http://127.0.0.1:8000")
+    p.add_argument("--admin-key", default=None, help="admin API key (default: $ONTHEJOB_ADMIN_KEY)")
+    p.add_argument("--project", default="default")
+    p.add_argument("--db", default=None, help="database (for --tag and --grader judge)")
+    p.set_defaults(handler=commands.evaluate)
+
     p = sub.add_parser("deploy", help="roll an alias forward or back to an adapter version")
     p.add_argument("--alias", required=True)
     p.add_argument("--version", required=True, help="adapter version number, or 'base'")
@@ -130,6 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eval-every", type=int, default=2,
         help="held-out evaluation at round 1, every N-th round after it and the last round (1: every round)",
+    )  # fmt: skip
+    p.add_argument(
+        "--promotion", choices=["auto", "gate"], default="auto",
+        help="gate: each trained version is routed only if its held-out result is not 2 s.e. below the serving one",
+    )  # fmt: skip
+    p.add_argument(
+        "--flip-reward", default=None, metavar="ROUNDS",
+        help="comma-separated rounds whose training traffic is graded with the reward's sign flipped (a bad grader)",
     )  # fmt: skip
     p.set_defaults(handler=commands.demo)
 

@@ -96,9 +96,62 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
 
 
 def train(args: argparse.Namespace) -> int:
+    from judge.evaluate import after_publish
     from trainer.runner import run
 
-    return run(train_settings(args))
+    settings = train_settings(args)
+    # After each published version, the alias's configured eval (its promotion policy's), if any.
+    hook = after_publish(settings.proxy, settings.admin_key, settings.alias, settings.project, settings.database_url)
+    return run(settings, after_publish=hook if settings.deploy else None)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """``onthejob eval``: one version, one eval set or replayed tag, one grader; stored per version."""
+    import httpx
+
+    from judge.evaluate import EvalSpec, evaluate, list_evals, plot, table
+    from judge.graders import GraderError
+    from storage.db import database_url
+    from storage.export import parse_since
+
+    key = admin_key(args.admin_key)
+    try:
+        since = parse_since(args.since)
+    except ValueError as exc:
+        raise UserError(f"--since {args.since!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+    version: int | None
+    if args.version is None:  # the serving version
+        aliases = httpx.get(f"{args.proxy}/v1/admin/aliases", headers={"authorization": f"Bearer {key}"}, timeout=30)
+        if aliases.status_code != 200:
+            raise UserError(f"cannot read the alias from the proxy ({aliases.status_code}): {aliases.text[:200]}")
+        version = next((a["deployed_version"] for a in aliases.json()["data"] if a["name"] == args.alias), None)
+    elif args.version == "base":
+        version = None
+    elif args.version.isdigit():
+        version = int(args.version)
+    else:
+        raise UserError(f"--version {args.version!r}: a version number or 'base'")
+    name = args.name or (Path(args.set).stem if args.set else f"tag-{args.tag}")
+    spec = EvalSpec(
+        alias=args.alias, version=version, proxy=args.proxy, key=key, grader=args.grader, name=name,
+        set_path=Path(args.set) if args.set else None, tag=args.tag, since=since, project=args.project,
+        db_url=database_url(args.db) if (args.tag or args.grader == "judge") else None,
+        max_tokens=args.max_tokens, concurrency=args.concurrency, limit=args.limit, post=not args.no_post,
+    )  # fmt: skip
+    try:
+        result, answer = evaluate(spec)
+    except GraderError as exc:
+        raise UserError(str(exc)) from exc
+    print(f"{spec.model} on {name!r} ({args.grader}): {result.mean:.4f} ± {result.stderr:.4f} over {result.n} items"
+          f"{f', {len(result.ungraded)} ungraded' if result.ungraded else ''}")  # fmt: skip
+    if answer is not None:
+        if answer.get("decision"):
+            print(f"promotion: {answer['decision']}")
+        rows = list_evals(args.proxy, key, args.alias, ["base", *[str(v) for v in range(1, (version or 0) + 1)]])
+        print(table(rows, name))
+        if args.plot:
+            print(f"wrote {plot(rows, name, args.alias, Path(args.plot))}")
+    return 0
 
 
 def deploy(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ from proxy import (
     routes_monitors,
     routes_openai,
     routes_ops,
+    routes_promotion,
     routes_ui,
 )
 from proxy.alert_metrics import AlertMetrics
@@ -85,6 +86,7 @@ def create_app(settings: Settings) -> FastAPI:
         routes_anthropic,
         routes_feedback,
         routes_admin,
+        routes_promotion,
         routes_monitors,
         routes_ops,
         routes_ui,

@@ -356,6 +356,7 @@ class ProxiedCall:
             alias=self.route.alias,
             served_model=self.route.served_model,
             adapter_version=self.route.version,
+            adapter_sha256=self.route.sha256,
             tags=dump_json(self.naming.tags),
             request=dump_json(text["request"]),
             response=response_json,
@@ -408,8 +409,8 @@ async def handle(
     validate(body, endpoint)
     st.recording.check_room()
     st.recording.check_policy(principal.project_id)
-    route = st.router.resolve(principal.project_id, body.get("model"))
     naming = sessions.naming(headers, client_body, path_session)
+    route, naming = await st.promotion.resolve(principal, body.get("model"), naming)
     messages = body.get("messages") if endpoint == "chat" else None
     keys = sessions.prefix_keys(messages, sessions.link_scope(principal.key_id, naming.end_user)) if messages else []
     if previous is not None and naming.session_id in (None, previous.session_id):
@@ -421,6 +422,7 @@ async def handle(
         session = await st.linker.resolve(principal.project_id, naming, messages, keys)
         if session.source == "ambiguous_link":
             st.metrics.ambiguous_links.inc()
+    route = st.promotion.arm(principal.project_id, route, session.id, naming.tags)  # a canary's share of sessions
     call = ProxiedCall(
         st.upstream,
         st.router,

@@ -73,6 +73,15 @@ class Metrics:
         self.adapter_unloads = Counter(
             "onthejob_adapter_unloads", "Unneeded adapter versions unloaded from engines", ["result"], registry=r
         )
+        self.promotion_decisions = Counter(
+            "onthejob_promotion_decisions", "Promotion decisions by kind", ["decision"], registry=r
+        )
+        self.attestation_failures = Counter(
+            "onthejob_attestation_failures",
+            "Replica probes that did not match the attested fingerprint",
+            ["alias"],
+            registry=r,
+        )
         self._terminations: dict[str, Any] = {}
         self._calls: dict[tuple[str, ...], tuple[Any, ...]] = {}
 

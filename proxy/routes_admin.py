@@ -37,6 +37,11 @@ class DeploymentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     alias: str = Field(min_length=1, max_length=200, pattern=NO_NUL)
     version: int | None = Field(None, ge=1, le=2**31 - 1, description="adapter version; null rolls back to base")
+    candidate: bool = Field(
+        False,
+        description="true (the trainer): the alias's promotion policy decides; false: route it now (manual). "
+        "Back to base (version null) is always manual.",
+    )
 
 
 def _key_view(k: ApiKey) -> dict[str, Any]:
@@ -177,8 +182,15 @@ async def list_deployments(admin: AdminDep, db: DbDep, alias: QueryId = None) ->
 
 @router.post("/deployments", status_code=201)
 async def deploy(item: DeploymentIn, admin: AdminDep, st: StateDep) -> dict[str, Any]:
-    """Load ``alias@vN`` into every engine replica, verify, then route the alias to it (null: back to base)."""
-    return await st.router.deploy(admin.project_id, item.alias, item.version)
+    """Load ``alias@vN`` into every engine replica, verify, then route the alias to it (null: back to base).
+
+    With ``candidate: true`` the alias's promotion policy decides instead (gate, canary: not routed yet).
+    """
+    if item.candidate and item.version is not None:
+        return await st.promotion.submit(admin.project_id, item.alias, item.version)
+    result = await st.router.deploy(admin.project_id, item.alias, item.version)
+    await st.promotion.manual(admin.project_id, item.alias, item.version, result)
+    return result
 
 
 class RedactIn(BaseModel):

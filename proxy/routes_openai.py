@@ -164,6 +164,7 @@ def completion_view(row: Completion) -> dict[str, Any]:
         "client_request_id": row.client_request_id,
         "adapter": row.served_model,
         "adapter_version": row.adapter_version,
+        "adapter_sha256": row.adapter_sha256,
         "endpoint": row.endpoint,
         "dialect": row.dialect,
         "prompt_token_ids": row.prompt_token_ids,

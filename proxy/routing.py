@@ -25,7 +25,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ class Route:
     served_model: str
     version: int | None
     base_model: str
+    sha256: str | None = None  # the adapter version's content hash (recorded with each call; proxy/promotion.py)
 
 
 def lora_name(project: str, alias: str, version: int) -> str:
@@ -93,6 +94,9 @@ class Router:
         self._paths: dict[tuple[str, str, int], str] = {}
         self._unneeded: dict[str, float] = {}  # engine-side name → when a probe first found it unneeded
         self._lock = asyncio.Lock()  # one deployment or probe changes engines at a time
+        # Called (as a task) after a probe loaded adapter versions into a replica: attestation checks them.
+        self.on_reload: Callable[[Replica], Coroutine[Any, Any, None]] | None = None
+        self._followups: set[asyncio.Task[Any]] = set()
 
     # ---- the alias table -------------------------------------------------------------
     async def discover(self) -> None:
@@ -330,6 +334,10 @@ class Router:
                 log.info("engine %s in rotation (%d adapter version(s) loaded first)", replica.url, loaded)
             elif loaded:
                 log.info("engine %s had lost %d adapter version(s): reloaded", replica.url, loaded)
+            if loaded and self.on_reload is not None:
+                task: asyncio.Task[None] = asyncio.create_task(self.on_reload(replica))
+                self._followups.add(task)
+                task.add_done_callback(self._followups.discard)
             try:
                 await self.unload_unneeded(replica)
             except Exception as exc:  # noqa: BLE001 - retried at the next probe

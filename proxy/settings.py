@@ -39,6 +39,9 @@ class Settings:
     # How often an engine replica in rotation is probed (reloads lost adapters, unloads unneeded ones);
     # one out of rotation is probed every second.
     probe_every_s: float = field(default_factory=lambda: float(_env("PROBE_EVERY", "5")))
+    # How often each replica's attested versions are probed again (proxy/attest.py), and candidates decided.
+    attest_every_s: float = field(default_factory=lambda: float(_env("ATTEST_EVERY", "60")))
+    promotion_every_s: float = field(default_factory=lambda: float(_env("PROMOTION_EVERY", "10")))
     key_cache_ttl_s: float = 60.0
     # Per API key: sustained requests/s and burst; 0 turns rate limiting off (it never applies under --no-auth).
     rate_limit_rps: float = field(default_factory=lambda: float(_env("RATE_LIMIT_RPS", "50")))

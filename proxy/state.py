@@ -12,9 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from proxy.attest import Attestor
 from proxy.auth import Auth
 from proxy.metrics import Metrics
 from proxy.policies import Policies
+from proxy.promotion import Promotion
 from proxy.ratelimit import RateLimiter
 from proxy.recorder import Recorder
 from proxy.recording import Recording
@@ -44,6 +46,7 @@ class AppState:
     metrics: Metrics
     linker: Linker
     recording: Recording
+    promotion: Promotion
     spool_lock: int = -1
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
@@ -65,6 +68,8 @@ class AppState:
         linker = Linker(spool, maker)
         policies = Policies(settings.spool_dir)  # the last known redaction policies, until the database answers
         policies.load()
+        router = Router(maker, upstream, metrics, settings.default_project)
+        attestor = Attestor(maker, router, metrics)
         return cls(
             settings=settings,
             engine=engine,
@@ -72,7 +77,7 @@ class AppState:
             upstream=upstream,
             spool=spool,
             recorder=recorder,
-            router=Router(maker, upstream, metrics, settings.default_project),
+            router=router,
             auth=Auth(
                 maker,
                 enabled=settings.auth,
@@ -92,8 +97,13 @@ class AppState:
                 wake=recorder.wake,
                 policies=policies,
             ),
+            promotion=Promotion(maker, router, attestor, metrics),
             spool_lock=lock_fd,
         )
+
+    @property
+    def attestor(self) -> Attestor:
+        return self.promotion.attestor
 
     async def start(self) -> None:
         await asyncio.to_thread(absorb_orphans, self.spool)  # records a worker that is gone left behind
@@ -130,6 +140,8 @@ class AppState:
     async def _housekeeping(self) -> None:
         """Follow deployments (alias table) quickly; sweep pending feedback and orphaned spools now and then."""
         ticks_per_reconcile = max(1, int(self.settings.reconcile_every_s / self.settings.alias_refresh_s))
+        ticks_per_attest = max(1, int(self.settings.attest_every_s / self.settings.alias_refresh_s))
+        ticks_per_decision = max(1, int(self.settings.promotion_every_s / self.settings.alias_refresh_s))
         tick = 0
         while True:
             await asyncio.sleep(self.settings.alias_refresh_s)
@@ -141,10 +153,17 @@ class AppState:
                     await self.sweep_feedback()
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(absorb_orphans, self.spool)
+            if tick % ticks_per_decision == 0:
+                with contextlib.suppress(Exception):
+                    await self.promotion.tick()
+            if tick % ticks_per_attest == 0:
+                with contextlib.suppress(Exception):
+                    await self.attestor.check_all()
 
     async def refresh(self) -> None:
         """Reload what other replicas or the trainer may have changed: aliases and project policies."""
         await self.router.refresh()
+        await self.promotion.refresh()
         async with self.sessionmaker() as db:
             rows = (await db.execute(select(Project.id, Project.settings))).all()
         self.recording.policies.update(dict(rows))  # and kept beside the spool for a start without the database

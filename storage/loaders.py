@@ -256,6 +256,7 @@ def completion_summary(c: Completion) -> dict[str, Any]:
         "alias": c.alias,
         "served_model": c.served_model,
         "adapter_version": c.adapter_version,
+        "adapter_sha256": c.adapter_sha256,
         "parent_id": c.parent_id,
         "client_request_id": c.client_request_id,
         "task_id": c.task_id,

@@ -73,6 +73,7 @@ class CallRecord:
     latency_ms: float | None
     ttft_ms: float | None
     session_source: str  # how the session was found: header | metadata | path | linked | new
+    adapter_sha256: str | None = None  # the content hash of the adapter version that served it
 
     # ---- the spool line ------------------------------------------------------------
     def encode(self) -> bytes:
@@ -91,7 +92,7 @@ class CallRecord:
             "sampling": Fragment(self.sampling), "usage": Fragment(self.usage), "status_code": self.status_code,
             "termination": self.termination, "error": self.error, "stream": self.stream, "link_key": self.link_key,
             "parent_id": self.parent_id, "created_at": self.created_at, "latency_ms": self.latency_ms,
-            "ttft_ms": self.ttft_ms,
+            "ttft_ms": self.ttft_ms, "adapter_sha256": self.adapter_sha256,
         }  # fmt: skip
         session = {"project_id": self.project_id, "id": self.session_id, "task_id": self.task_id,
                    "source": self.session_source, "tags": tags}  # fmt: skip

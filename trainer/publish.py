@@ -164,14 +164,21 @@ def deploy(
     *,
     client: httpx.Client | None = None,
     timeout: float = 120.0,
+    candidate: bool = False,
 ) -> dict[str, Any]:
-    """POST ``/v1/admin/deployments``; raise :class:`DeployError` with the proxy's own message on failure."""
+    """POST ``/v1/admin/deployments``; raise :class:`DeployError` with the proxy's own message on failure.
+
+    ``candidate``: the alias's promotion policy decides (auto routes it now; gate and canary hold it).
+    """
     url = f"{proxy.rstrip('/')}/v1/admin/deployments"
     headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
     own = client is None
     http = client or httpx.Client(timeout=timeout)
     try:
-        resp = http.post(url, json={"alias": alias, "version": version}, headers=headers)
+        body: dict[str, Any] = {"alias": alias, "version": version}
+        if candidate:
+            body["candidate"] = True
+        resp = http.post(url, json=body, headers=headers)
     except httpx.HTTPError as exc:
         raise DeployError(f"cannot reach the proxy at {proxy} to deploy {alias}@v{version}: {exc}") from exc
     finally:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from storage.judge_store import JudgeState, judge_state
 from storage.models import Adapter, Alias, TrainingRun, TrainingStep, utcnow
+from storage.promotion import training_parent
 from storage.trajectories import Trajectory
 from storage.used import mark_used, reward_key
 from trainer import dist
@@ -35,6 +36,8 @@ from trainer.textual import TextualExample
 from trainer.textual_load import load_textual
 
 Loader = Callable[[Session, str, str], tuple[list[Trajectory], Counter[str]]]
+# Runs the alias's configured eval on a newly published version (the CLI wires judge.evaluate in); says what it did.
+AfterPublish = Callable[[int], str]
 
 
 def default_loader(settings: TrainSettings) -> Loader:
@@ -46,16 +49,16 @@ def default_loader(settings: TrainSettings) -> Loader:
     return TrainingFeed(settings.project, settings.alias, limit=settings.batch_size, min_batch=settings.min_batch)
 
 
-def run(settings: TrainSettings, loader: Loader | None = None) -> int:
+def run(settings: TrainSettings, loader: Loader | None = None, after_publish: AfterPublish | None = None) -> int:
     """Entry point of ``onthejob train``; returns the process exit code."""
     try:
-        return _run(settings, loader)
+        return _run(settings, loader, after_publish)
     except TrainerError as exc:
         print(f"onthejob train: {exc}", file=sys.stderr)
         return 2
 
 
-def _run(settings: TrainSettings, loader: Loader | None) -> int:
+def _run(settings: TrainSettings, loader: Loader | None, after_publish: AfterPublish | None = None) -> int:
     from storage.db import sync_engine
 
     dist.init()
@@ -79,7 +82,7 @@ def _run(settings: TrainSettings, loader: Loader | None) -> int:
             _check_lineage(db, settings, policy, parent_version)
             run_row = _start_run(db, settings, cfg, policy, parent_version, baseline_state)
         baseline = TaskBaseline.from_dict(baseline_state)
-        _loop(settings, cfg, policy, baseline, db, run_row, load)
+        _loop(settings, cfg, policy, baseline, db, run_row, load, after_publish)
         _finish(db, run_row, "finished")
         return 0
     except KeyboardInterrupt:
@@ -104,6 +107,7 @@ def _loop(
     db: Session | None,
     run_row: TrainingRun | None,
     load: Loader | None,
+    after_publish: AfterPublish | None = None,
 ) -> None:
     from tqdm import tqdm
 
@@ -136,6 +140,12 @@ def _loop(
                 time.sleep(settings.poll_s)
                 continue
             waiting = False
+            switch = dist.broadcast(_serving_parent(db, settings, policy.version) if lead else None)
+            if switch is not None:  # the last candidate is held or pending: continue from what serves
+                if lead:
+                    serving = f"v{switch[0]}" if switch[0] else "the base model"
+                    bar.write(f"continuing from {serving} (serving), not v{policy.version} (not promoted)", sys.stderr)
+                policy = load_policy(cfg, Path(switch[1]) if switch[1] else None, switch[0])
             adapters = dist.broadcast(_adapter_paths(db, settings) if lead else None)
             parent = policy.version
             started = time.perf_counter()
@@ -158,12 +168,19 @@ def _loop(
                 _record_step(db, settings, run_row, done + 1, version, result, baseline, batch or [], textual or [])
                 timings["publish_s"] = time.perf_counter() - started
                 deployed = version is not None and settings.deploy
+                status = ""
                 if deployed:
+                    assert version is not None
                     started = time.perf_counter()
-                    deploy(settings.proxy, settings.alias, version, settings.admin_key)
+                    answer = deploy(settings.proxy, settings.alias, version, settings.admin_key, candidate=True)
+                    status = f" · {_deploy_status(answer)}"
                     timings["deploy_s"] = time.perf_counter() - started
+                    if after_publish is not None:  # the alias's configured eval (the CLI wires it)
+                        started = time.perf_counter()
+                        status += _evaluated(after_publish, version)
+                        timings["eval_s"] = time.perf_counter() - started
                 took = " ".join(f"{k.removesuffix('_s')} {v:.1f}s" for k, v in timings.items())
-                line = summary_line(done + 1, version, result) + (" · deployed" if deployed else "")
+                line = summary_line(done + 1, version, result) + status
                 bar.write(f"{line} ({took})", sys.stderr)
             version = dist.broadcast(version)
             if result.trained:
@@ -200,6 +217,9 @@ def _resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str
     choice = settings.parent
     if choice == "base":
         parent_version = None
+    elif choice == "latest" and training_parent(db, settings.project, settings.alias)[0]:
+        # gate/canary: what was last published may be held; the next step starts from what serves
+        parent_version = training_parent(db, settings.project, settings.alias)[1]
     elif choice == "latest":
         latest = db.scalar(
             select(Adapter.version).where(Adapter.project_id == settings.project, Adapter.alias == settings.alias)
@@ -227,6 +247,22 @@ def _resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str
     )  # fmt: skip
     baseline = (last.config or {}).get("baseline") if last is not None else None
     return parent_version, path, baseline
+
+
+def _serving_parent(
+    db: Session | None, settings: TrainSettings, current: int | None
+) -> tuple[int | None, str | None] | None:
+    """Under gate/canary with ``--parent latest``: (version, path) of the serving version when the policy in
+    memory is another one (a candidate not promoted); None when training may continue as it is."""
+    assert db is not None
+    if settings.parent != "latest":
+        return None
+    holds, serving = training_parent(db, settings.project, settings.alias)
+    db.rollback()
+    if not holds or serving == current:
+        return None
+    row = _adapter_row(db, settings, serving) if serving is not None else None
+    return serving, row.path if row is not None else None
 
 
 def _adapter_row(db: Session, settings: TrainSettings, version: int) -> Adapter | None:
@@ -352,6 +388,23 @@ def _excluded_text(excluded: Counter[str] | None) -> str:
     if not excluded:
         return ""
     return " (excluded: " + ", ".join(f"{k}={v}" for k, v in sorted(excluded.items())) + ")"
+
+
+def _evaluated(after_publish: AfterPublish, version: int) -> str:
+    """The configured eval's one-line result; a failed eval is said, and training goes on (the gate waits)."""
+    try:
+        said = after_publish(version)
+    except Exception as exc:  # noqa: BLE001 - an eval set or grader error must not lose the trained step
+        return f" · eval failed: {exc}"
+    return f" · {said}" if said else ""
+
+
+def _deploy_status(answer: dict[str, Any]) -> str:
+    """What the proxy did with a published version: deployed (auto), or the policy's candidate status."""
+    policy = answer.get("policy", "auto")
+    if policy == "auto":
+        return "deployed"
+    return f"{policy}: {answer.get('status', 'pending')}"
 
 
 def summary_line(step: int, version: int | None, result: StepResult) -> str:

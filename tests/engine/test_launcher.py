@@ -6,10 +6,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
 from engine.launcher import Engine
-from engine.weights import ModelInfo
+from tests.adapters import random_adapter
 
 pytestmark = pytest.mark.engine
 
@@ -49,23 +48,8 @@ def test_default_engine_returns_ids_and_logprobs(default_engine: Engine) -> None
     assert reply["choices"][0]["message"]["content"]  # type: ignore[index]
 
 
-def _random_adapter(model: ModelInfo, out: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32)
-    peft = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, param in peft.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.5)  # LoRA B starts at zero; make the adapter change the output
-    peft.save_pretrained(out)
-    return out
-
-
 def test_adapter_hot_loads_under_a_versioned_name(tiny_engine: Engine, tmp_path: Path) -> None:
-    path = _random_adapter(tiny_engine.model, tmp_path / "adapter")
+    path = random_adapter(tiny_engine.model, tmp_path / "adapter")
     resp = httpx.post(
         f"{tiny_engine.url}/v1/load_lora_adapter",
         json={"lora_name": "probe@v1", "lora_path": str(path)},

@@ -41,7 +41,17 @@ def rounds() -> list[RoundResult]:
             trained_version=1,
             excluded={"ungraded": 7, "eval": 48},
         ),  # fmt: skip
-        RoundResult(2, 1, summary(0.45), summary(0.25), traffic_tokens=8000, trained_version=2),
+        RoundResult(
+            2,
+            1,
+            summary(0.45),
+            summary(0.25),
+            traffic_tokens=8000,
+            trained_version=2,
+            verdict="held",
+            traffic_version=None,
+            flipped=True,
+        ),  # fmt: skip
         RoundResult(3, 2, summary(0.58), None),
     ]
 
@@ -56,6 +66,9 @@ def test_config_comes_from_the_cli_flags() -> None:
     assert default.feedback == "numeric"
     arm = DemoConfig.from_args(build_parser().parse_args(["demo", "--feedback", "comments"]))
     assert arm.feedback == "comments"
+    assert (default.promotion, default.flip_reward) == ("auto", ())
+    gated = DemoConfig.from_args(build_parser().parse_args(["demo", "--promotion", "gate", "--flip-reward", "2,4"]))
+    assert (gated.promotion, gated.flip_reward) == ("gate", (2, 4))
     seeded = DemoConfig.from_args(build_parser().parse_args(["demo", "--seed", "3"]))
     assert (seeded.seed, default.seed) == (3, 0)
 
@@ -69,6 +82,7 @@ def test_table_rows_line_up_with_the_header() -> None:
     assert "base" in lines[0] and "v1" in lines[0] and "eval=48, ungraded=7" in lines[0]
     assert lines[0].split()[2] == "36.0"
     assert "v2" in lines[2] and lines[2].split()[-2] == "-"  # the final round deploys nothing
+    assert lines[1].split()[6:10] == ["30.0", "held", "base", "25.0*"]  # gate's verdict; traffic stayed on base
     width = HEADER.index("excluded")
     assert all(len(line) >= width for line in lines)
 
@@ -143,7 +157,7 @@ def test_demo_two_rounds_with_the_tiny_model(
 ) -> None:
     """The same code path as `onthejob demo --rounds 2`, sized down, on an engine the suite started."""
     cfg = DemoConfig(rounds=2, out=tmp_path / "out", model="tiny", upstream=tiny_engine.url, heldout=4,
-                     problems=2, attempts=2, workers=4, progress=False)  # fmt: skip
+                     problems=2, attempts=2, workers=4, progress=False, promotion="gate")  # fmt: skip
     result = run_demo(cfg)
     out = cfg.out
     printed = capsys.readouterr().out
@@ -154,6 +168,9 @@ def test_demo_two_rounds_with_the_tiny_model(
     assert [r["round"] for r in summary["rounds"]] == [1, 2, 3]
     assert [r["heldout_n"] for r in summary["rounds"]] == [4, 0, 4]  # every other round, and the last
     assert summary["rounds"][0]["adapter_version"] is None
+    # --promotion gate: each candidate's held-out pass is its eval; all-timeout rewards tie, so each is promoted
+    assert [r["verdict"] for r in summary["rounds"]] == [None, "promoted", "promoted"]
+    assert [r["adapter_version"] for r in summary["rounds"]] == [None, 1, 2]
     # the tiny model's text is noise: every episode times out, and the harness says so
     assert all(r["feedback"] == {"outcome": 4} for r in summary["rounds"][:2])
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]

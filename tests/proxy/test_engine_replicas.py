@@ -29,8 +29,8 @@ from engine.launcher import Engine
 from engine.weights import ModelInfo
 from storage.db import sync_engine
 from storage.models import Adapter, Completion
+from tests.adapters import random_adapter
 from tests.conftest import _start
-from tests.engine.test_launcher import _random_adapter
 from tests.proxy.conftest import Proxy, ProxyFactory, metric_sample
 
 pytestmark = pytest.mark.engine
@@ -116,7 +116,7 @@ def test_affinity_a_deployment_while_one_engine_hangs_and_unloading(
     assert set.union(*served_by.values()) == {0, 1}, served_by
 
     # The second engine hangs: the probe takes it out of rotation; a deployment goes to the first only.
-    first = _random_adapter(model, tmp_path / "v1")
+    first = random_adapter(model, tmp_path / "v1")
     _adapter(db_url, model, first, 1)
     _signal(second_engine, signal.SIGSTOP)
     try:

@@ -17,14 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from onthejob.cli import build_parser
 from onthejob.commands import train_settings
 from storage.db import sync_engine
 from storage.keys import ensure_project
-from storage.models import Adapter, TrainingRun, TrainingStep, UsedFeedback
+from storage.models import Adapter, Alias, TrainingRun, TrainingStep, UsedFeedback
+from storage.promotion import set_candidate, set_policy
 from storage.trajectories import Trajectory
 from tests.conftest import free_port
 from tests.trainer.helpers import make_trajectory, random_tokens
@@ -37,7 +38,7 @@ SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0}
 class StubProxy:
     """Answers POST /v1/admin/deployments with a fixed status and records the requests."""
 
-    def __init__(self, status: int = 201) -> None:
+    def __init__(self, status: int = 201, answer: dict[str, Any] | None = None) -> None:
         self.status = status
         self.requests: list[tuple[dict[str, Any], str]] = []
         stub = self
@@ -46,7 +47,7 @@ class StubProxy:
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 stub.requests.append((body, self.headers.get("authorization", "")))
-                payload = json.dumps({"error": {"message": "engine refused"}} if stub.status >= 400 else body)
+                payload = json.dumps({"error": {"message": "engine refused"}} if stub.status >= 400 else answer or body)
                 self.send_response(stub.status)
                 self.send_header("content-type", "application/json")
                 self.send_header("content-length", str(len(payload)))
@@ -145,8 +146,8 @@ def test_train_records_publishes_and_deploys(
         (2, 1, runs[0].id),
     ]
     assert sorted(used) == sorted(t.id for t in pool.trajectories)
-    assert proxy.requests == [({"alias": "helper", "version": 1}, "Bearer otj-k"),
-                              ({"alias": "helper", "version": 2}, "Bearer otj-k")]  # fmt: skip
+    assert proxy.requests == [({"alias": "helper", "version": 1, "candidate": True}, "Bearer otj-k"),
+                              ({"alias": "helper", "version": 2, "candidate": True}, "Bearer otj-k")]  # fmt: skip
     out = capsys.readouterr().err
     assert "step 1 v1: loss" in out and "· deployed" in out and "ungraded=2" in out
 
@@ -160,6 +161,35 @@ def test_a_second_run_resumes_from_the_latest_adapter(pg_url: str, project: str,
     assert [(a.version, a.parent_version) for a in adapters] == [(1, None), (2, 1)]
     assert runs[1].config["parent_version"] == 1
     assert runs[1].config["baseline"]["counts"]["*"] == 8  # carried over from the first run
+
+
+def test_held_versions_are_never_parents_under_gate(
+    pg_url: str, project: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under gate the proxy holds each published version; the next step (same run, or a new one with
+    ``--parent latest``) starts from the serving version, never from the unpromoted candidate."""
+    engine = sync_engine(pg_url)
+    with Session(engine) as db:
+        db.add(Alias(project_id=project, name="helper", base_model="tiny-qwen2"))
+        set_policy(db, project, "helper", "gate", {})
+        db.commit()
+    pending = {"alias": "helper", "policy": "gate", "status": "pending"}
+    with StubProxy(answer=pending) as proxy:
+        assert run(_args(pg_url, project, tmp_path, proxy.url, "--steps", "2", "--batch-size", "2"),
+                   loader=Pool(_pool(4))) == 0  # fmt: skip
+        assert "continuing from the base model (serving), not v1 (not promoted)" in capsys.readouterr().err
+        with Session(engine) as db:  # v2 was promoted meanwhile; v3 is then published and held
+            db.execute(update(Alias).where(Alias.project_id == project).values(deployed_version=2))
+            db.commit()
+        assert run(_args(pg_url, project, tmp_path, proxy.url), loader=Pool(_pool(2, seed=5))) == 0
+        with Session(engine) as db:
+            set_candidate(db, project, "helper", 3)
+            db.commit()
+        assert run(_args(pg_url, project, tmp_path, proxy.url), loader=Pool(_pool(2, seed=6))) == 0
+    engine.dispose()
+    _, _, adapters, _ = _rows(pg_url, project)
+    # auto would chain 1 <- 2 <- 3 <- 4 (the test above); under gate each starts from what served
+    assert [(a.version, a.parent_version) for a in adapters] == [(1, None), (2, None), (3, 2), (4, 2)]
 
 
 def test_nothing_to_train_is_said_and_not_an_error(

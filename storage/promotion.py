@@ -1,0 +1,344 @@
+"""Promotion: how a new adapter version of an alias reaches traffic, and the evidence each decision used.
+
+A policy per alias (``PromotionPolicy``; none stored means ``auto``):
+
+- ``auto``: every published version is routed at once (the behaviour before policies).
+- ``gate``: a published version is loaded into the engines but not routed. It is promoted once
+  its eval (``Eval`` rows, same eval name) is not worse than the serving version's by more than
+  ``margin`` as judged with the standard errors, and held otherwise (:func:`gate_verdict`).
+- ``canary``: a sticky share of sessions is routed to the candidate; its live reward (and eval,
+  when both versions have one) is compared with the serving version's once each arm has
+  ``min_sample`` graded sessions, and it is promoted or rolled back when the evidence is clear
+  (:func:`canary_verdict`).
+
+Under ``gate`` and ``canary`` an open alert on the candidate (storage/alerts.py) holds it, and
+under ``canary`` rolls it back at once. Every decision is a ``PromotionEvent`` with its
+evidence. A held or rolled-back version never becomes the parent of the next training step:
+:func:`training_parent` names the serving version.
+
+The statistics here are pure functions; the database functions take a synchronous ORM session
+(the proxy calls them through ``AsyncSession.run_sync``). Writers do not commit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage.models import Alias, Eval, PromotionEvent, PromotionPolicy, utcnow
+
+Mode = Literal["auto", "gate", "canary"]
+MODES: tuple[str, ...] = ("auto", "gate", "canary")
+# Defaults fixed in code, per mode (a policy's config overrides each): margin in the eval's own
+# units, z the number of standard errors that makes evidence "clear", share of canary sessions.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "auto": {},
+    "gate": {"margin": 0.0, "z": 2.0, "eval": None},
+    "canary": {"margin": 0.05, "z": 2.0, "share": 0.1, "min_sample": 30, "eval": None},
+}
+CONFIG_KEYS = ("margin", "z", "share", "min_sample", "eval")
+
+
+class PolicyError(ValueError):
+    """A policy setting that cannot work; ``param`` names it."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Policy:
+    """An alias's promotion policy, defaults filled in, with its candidate (if one is under way)."""
+
+    alias: str
+    mode: str = "auto"
+    margin: float = 0.0
+    z: float = 2.0
+    share: float = 0.1
+    min_sample: int = 30
+    eval: dict[str, Any] | None = None  # what the trainer runs after each publish (trainer/evaluate.py)
+    candidate_version: int | None = None
+    candidate_since: datetime | None = None
+
+    @property
+    def holds(self) -> bool:
+        """Whether new versions wait for evidence (gate, canary) instead of being routed at once."""
+        return self.mode in ("gate", "canary")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"alias": self.alias, "mode": self.mode}
+        out.update({k: getattr(self, k) for k in DEFAULTS.get(self.mode, {})})
+        out["candidate_version"] = self.candidate_version
+        out["candidate_since"] = self.candidate_since.isoformat() if self.candidate_since else None
+        return out
+
+
+def check_config(mode: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The stored config for ``mode``: given keys checked, unknown ones refused (errors name the field)."""
+    if mode not in MODES:
+        raise PolicyError(f"mode {mode!r}: use auto, gate or canary", "mode")
+    allowed = DEFAULTS[mode]
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key not in allowed:
+            raise PolicyError(f"{key} is not a setting of mode {mode}; it takes {', '.join(allowed) or 'none'}", key)
+        if key in ("margin", "z", "share") and (not isinstance(value, int | float) or isinstance(value, bool)):
+            raise PolicyError(f"{key} must be a number", key)
+        if key == "margin" and value < 0 or key == "z" and value <= 0:
+            raise PolicyError(f"{key} must be {'at least 0' if key == 'margin' else 'positive'}", key)
+        if key == "share" and not 0 < value < 1:
+            raise PolicyError("share must be between 0 and 1 (exclusive)", key)
+        if key == "min_sample" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise PolicyError("min_sample must be a whole number of sessions, at least 1", key)
+        if key == "eval" and value is not None and not isinstance(value, dict):
+            raise PolicyError("eval must be an object (see docs/promotion.md) or null", key)
+        out[key] = value
+    return out
+
+
+def get_policy(db: Session, project_id: str, alias: str) -> Policy:
+    """The alias's policy (``auto`` when none is stored)."""
+    row = db.get(PromotionPolicy, (project_id, alias))
+    return _policy(alias, row)
+
+
+def _policy(alias: str, row: PromotionPolicy | None) -> Policy:
+    if row is None:
+        return Policy(alias)
+    values = {**DEFAULTS[row.mode], **(row.config or {})}
+    return Policy(
+        alias, row.mode, float(values.get("margin", 0.0)), float(values.get("z", 2.0)),
+        float(values.get("share", 0.1)), int(values.get("min_sample", 30)), values.get("eval"),
+        row.candidate_version, row.candidate_since,
+    )  # fmt: skip
+
+
+def policies_with_candidates(db: Session) -> list[tuple[str, Policy]]:
+    """(project, policy) of every alias with a candidate under way, all projects."""
+    rows = db.scalars(select(PromotionPolicy).where(PromotionPolicy.candidate_version.is_not(None))).all()
+    return [(r.project_id, _policy(r.alias, r)) for r in rows]
+
+
+def set_policy(db: Session, project_id: str, alias: str, mode: str, config: Mapping[str, Any]) -> Policy:
+    """Store the alias's policy (replacing its config); a candidate under way stays."""
+    checked = check_config(mode, config)
+    row = db.get(PromotionPolicy, (project_id, alias))
+    if row is None:
+        row = PromotionPolicy(project_id=project_id, alias=alias, mode=mode, config=checked)
+        db.add(row)
+    row.mode, row.config = mode, checked
+    if mode == "auto":
+        row.candidate_version, row.candidate_since = None, None
+    db.flush()
+    return _policy(alias, row)
+
+
+def set_candidate(db: Session, project_id: str, alias: str, version: int | None) -> None:
+    """Name the alias's candidate (None: no candidate under way)."""
+    row = db.get(PromotionPolicy, (project_id, alias))
+    if row is None:
+        row = PromotionPolicy(project_id=project_id, alias=alias, mode="auto", config={})
+        db.add(row)
+    row.candidate_version = version
+    row.candidate_since = utcnow() if version is not None else None
+    db.flush()
+
+
+def serving_version(db: Session, project_id: str, alias: str) -> int | None:
+    """The version routed to all (or, under canary, most) of the alias's traffic; None: the base model."""
+    row = db.scalar(select(Alias).where(Alias.project_id == project_id, Alias.name == alias))
+    return row.deployed_version if row is not None else None
+
+
+def training_parent(db: Session, project_id: str, alias: str) -> tuple[bool, int | None]:
+    """(policy holds versions, the serving version): under gate/canary the next step starts from what serves."""
+    policy = get_policy(db, project_id, alias)
+    return policy.holds, serving_version(db, project_id, alias) if policy.holds else None
+
+
+def record_event(
+    db: Session, project_id: str, alias: str, *, version: int | None, serving: int | None, mode: str,
+    decision: str, reason: str, evidence: Mapping[str, Any] | None = None,
+) -> PromotionEvent:  # fmt: skip
+    row = PromotionEvent(project_id=project_id, alias=alias, version=version, serving_version=serving, mode=mode,
+                         decision=decision, reason=reason, evidence=dict(evidence or {}))  # fmt: skip
+    db.add(row)
+    db.flush()
+    return row
+
+
+def list_events(db: Session, project_id: str, alias: str, limit: int = 200) -> Sequence[PromotionEvent]:
+    query = select(PromotionEvent).where(PromotionEvent.project_id == project_id, PromotionEvent.alias == alias)
+    return list(reversed(db.scalars(query.order_by(PromotionEvent.id.desc()).limit(limit)).all()))
+
+
+FINAL = ("promoted", "held", "rolled_back", "superseded", "manual")
+
+
+def decision_of(db: Session, project_id: str, alias: str, version: int) -> str | None:
+    """The final decision recorded for a version, if any (the newest)."""
+    row = db.scalar(
+        select(PromotionEvent.decision)
+        .where(PromotionEvent.project_id == project_id, PromotionEvent.alias == alias,
+               PromotionEvent.version == version, PromotionEvent.decision.in_(FINAL))
+        .order_by(PromotionEvent.id.desc()).limit(1)
+    )  # fmt: skip
+    return str(row) if row is not None else None
+
+
+def event_to_dict(row: PromotionEvent) -> dict[str, Any]:
+    return {
+        "id": row.id, "alias": row.alias, "version": row.version, "serving_version": row.serving_version,
+        "mode": row.mode, "decision": row.decision, "reason": row.reason, "evidence": row.evidence,
+        "created_at": row.created_at.isoformat() if row.created_at else None,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- evals
+
+
+def add_eval(
+    db: Session, project_id: str, alias: str, version: int | None, *, name: str, n: int, mean: float,
+    stderr: float, grader: str = "", scores: Mapping[str, float] | None = None, source: str = "",
+    detail: Mapping[str, Any] | None = None,
+) -> Eval:  # fmt: skip
+    row = Eval(project_id=project_id, alias=alias, version=version, name=name, grader=grader, n=n, mean=mean,
+               stderr=stderr, scores=dict(scores or {}), source=source, detail=dict(detail or {}))  # fmt: skip
+    db.add(row)
+    db.flush()
+    return row
+
+
+def list_evals(db: Session, project_id: str, alias: str, version: int | None | Literal["any"] = "any") -> list[Eval]:
+    query = select(Eval).where(Eval.project_id == project_id, Eval.alias == alias)
+    if version != "any":
+        query = query.where(Eval.version.is_(None) if version is None else Eval.version == version)
+    return list(db.scalars(query.order_by(Eval.id)).all())
+
+
+def latest_eval(db: Session, project_id: str, alias: str, version: int | None, name: str | None = None) -> Eval | None:
+    """The newest eval of a version (of that eval name, if given)."""
+    rows = [e for e in list_evals(db, project_id, alias, version) if name is None or e.name == name]
+    return rows[-1] if rows else None
+
+
+def eval_to_dict(row: Eval) -> dict[str, Any]:
+    return {
+        "id": row.id, "alias": row.alias, "version": row.version, "name": row.name, "grader": row.grader,
+        "n": row.n, "mean": row.mean, "stderr": row.stderr, "scores": row.scores, "source": row.source,
+        "detail": row.detail, "created_at": row.created_at.isoformat() if row.created_at else None,
+    }  # fmt: skip
+
+
+# --------------------------------------------------------------------------- statistics (pure)
+
+
+@dataclass(frozen=True)
+class Stats:
+    """A mean with its standard error over ``n`` items; ``scores`` by item id when known (for pairing)."""
+
+    n: int
+    mean: float
+    stderr: float
+    scores: Mapping[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, scores: Mapping[str, float]) -> Stats:
+        """Mean and standard error (sample standard deviation / √n) of per-item scores."""
+        values = list(scores.values())
+        n = len(values)
+        mean = sum(values) / n if n else 0.0
+        var = sum((x - mean) ** 2 for x in values) / (n - 1) if n > 1 else 0.0
+        return cls(n, mean, math.sqrt(var / n) if n else 0.0, dict(scores))
+
+    @classmethod
+    def from_eval(cls, row: Eval) -> Stats:
+        return cls(row.n, row.mean, row.stderr, {str(k): float(v) for k, v in (row.scores or {}).items()})
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """candidate − serving, with the standard error of that difference (paired when both scored the same items)."""
+
+    diff: float
+    se: float
+    paired: bool
+    candidate: Stats
+    serving: Stats
+
+    def to_dict(self) -> dict[str, Any]:
+        def side(s: Stats) -> dict[str, Any]:
+            return {"n": s.n, "mean": s.mean, "stderr": s.stderr}
+
+        return {"diff": self.diff, "se": self.se, "paired": self.paired,
+                "candidate": side(self.candidate), "serving": side(self.serving)}  # fmt: skip
+
+
+def compare(candidate: Stats, serving: Stats) -> Comparison:
+    """Paired over the items both scored when their item sets are the same, else independent samples."""
+    common = set(candidate.scores) & set(serving.scores)
+    if len(common) > 1 and common == set(candidate.scores) == set(serving.scores):
+        diffs = Stats.of({k: candidate.scores[k] - serving.scores[k] for k in common})
+        return Comparison(diffs.mean, diffs.stderr, True, candidate, serving)
+    se = math.sqrt(candidate.stderr**2 + serving.stderr**2)
+    return Comparison(candidate.mean - serving.mean, se, False, candidate, serving)
+
+
+def clearly_worse(cmp: Comparison, margin: float, z: float) -> bool:
+    """The candidate is worse than the serving version by more than ``margin``, beyond ``z`` standard errors."""
+    return cmp.diff < -margin and cmp.diff + z * cmp.se <= -margin
+
+
+def clearly_not_worse(cmp: Comparison, margin: float, z: float) -> bool:
+    """Non-inferiority: the difference's lower bound (``z`` standard errors) is above ``-margin``."""
+    return cmp.diff - z * cmp.se > -margin
+
+
+def gate_verdict(cmp: Comparison, margin: float, z: float) -> Literal["promoted", "held"]:
+    """``gate``: promoted unless the eval says the candidate is clearly worse by more than the margin."""
+    return "held" if clearly_worse(cmp, margin, z) else "promoted"
+
+
+def canary_verdict(
+    live: Comparison | None, eval_cmp: Comparison | None, margin: float, z: float, min_sample: int
+) -> tuple[Literal["promoted", "rolled_back"] | None, str]:
+    """``canary``: (decision or None to keep collecting, why). Live reward decides after ``min_sample`` per arm;
+    an eval that says the candidate is clearly worse rolls it back whatever the live sample."""
+    if eval_cmp is not None and clearly_worse(eval_cmp, margin, z):
+        return "rolled_back", f"eval {eval_cmp.diff:+.3f} ± {eval_cmp.se:.3f} below the serving version"
+    if live is None or min(live.candidate.n, live.serving.n) < min_sample:
+        have = 0 if live is None else min(live.candidate.n, live.serving.n)
+        return None, f"{have} of {min_sample} graded sessions per arm"
+    if clearly_worse(live, margin, z):
+        return "rolled_back", f"live reward {live.diff:+.3f} ± {live.se:.3f} below the serving version"
+    if clearly_not_worse(live, margin, z):
+        return "promoted", f"live reward {live.diff:+.3f} ± {live.se:.3f}: not worse by more than {margin}"
+    return None, f"live reward {live.diff:+.3f} ± {live.se:.3f}: not clear yet"
+
+
+def arm_rewards(db: Session, project_id: str, alias: str, since: datetime) -> dict[int | None, dict[str, float]]:
+    """Per serving version: each graded, non-eval session's mean trajectory reward, for sessions since ``since``.
+
+    A session whose calls were served by more than one version is left out (it belongs to no arm).
+    """
+    from storage.loaders import load_with_calls
+
+    _, trajectories = load_with_calls(db, project_id, alias=alias, since=since)
+    per: dict[int | None, dict[str, list[float]]] = {}
+    mixed: set[str] = set()
+    for t in trajectories:
+        if t.reward is None or "eval" in t.tags or "judge" in t.tags:
+            continue
+        versions = set(t.adapters)
+        if len(versions) != 1:
+            mixed.add(t.session_id)
+            continue
+        per.setdefault(versions.pop(), {}).setdefault(t.session_id, []).append(t.reward)
+    return {v: {s: sum(r) / len(r) for s, r in sessions.items() if s not in mixed} for v, sessions in per.items()}

@@ -1,0 +1,186 @@
+"""Promotion through the real proxy and a real engine (tiny model): gate, canary, alerts, direct version calls.
+
+Adapters are random (tests/adapters.py) and recorded as the trainer records them; the proxy is asked to
+deploy them as the trainer asks (``candidate: true``). Evals and feedback are posted over REST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy.orm import Session
+
+from engine.launcher import Engine
+from judge.evaluate import after_publish
+from onthejob.cli import build_parser
+from storage.alerts import raise_alert
+from storage.db import async_engine, sync_engine
+from tests.adapters import random_adapter
+from tests.proxy.conftest import Proxy, ProxyFactory, make_key
+from trainer.publish import record_adapter
+
+pytestmark = pytest.mark.engine
+
+ALIAS = "helper"
+
+
+class Admin:
+    def __init__(self, proxy: Proxy, admin: str, harness: str) -> None:
+        self.proxy, self.admin, self.harness = proxy, admin, harness
+
+    def req(self, method: str, path: str, body: Any = None, status: int | None = None) -> Any:
+        resp = httpx.request(method, f"{self.proxy.v1}{path}", json=body, timeout=120,
+                             headers={"authorization": f"Bearer {self.admin}"})  # fmt: skip
+        assert resp.status_code == (status or resp.status_code) and resp.status_code < 500, resp.text
+        return resp.json()
+
+    def call(self, model: str, session: str, key: str | None = None) -> httpx.Response:
+        return httpx.post(f"{self.proxy.v1}/chat/completions", timeout=120,
+                          headers={"authorization": f"Bearer {key or self.harness}", "x-session-id": session},
+                          json={"model": model, "max_tokens": 4, "temperature": 0,
+                                "messages": [{"role": "user", "content": f"hello {session}"}]})  # fmt: skip
+
+    def served(self, resp: httpx.Response) -> dict[str, Any]:
+        """The stored record of a call: which version served it, its content hash, its tags."""
+        assert resp.status_code == 200, resp.text
+        self.proxy.wait_drained()
+        return httpx.get(f"{self.proxy.v1}/chat/completions/{resp.headers['x-request-id']}", timeout=10,  # type: ignore[no-any-return]
+                         headers={"authorization": f"Bearer {self.admin}"}).json()["onthejob"]  # fmt: skip
+
+    def decisions(self) -> list[tuple[int | None, str]]:
+        return [(e["version"], e["decision"]) for e in self.req("GET", f"/admin/aliases/{ALIAS}/promotions")["data"]]
+
+    def deployed(self) -> int | None:
+        return next(a["deployed_version"] for a in self.req("GET", "/admin/aliases")["data"] if a["name"] == ALIAS)
+
+    def wait_for(self, decision: tuple[int, str], timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while decision not in self.decisions():
+            assert time.monotonic() < deadline, self.decisions()
+            time.sleep(0.2)
+
+
+def _publish(db_url: str, engine: Engine, tmp_path: Path, version: int, seed: int, alias: str = ALIAS) -> str:
+    path = random_adapter(engine.model, tmp_path / f"v{version}", seed=seed)
+    eng = sync_engine(db_url)
+    with Session(eng) as db:
+        row = record_adapter(db, project_id="default", alias=alias, version=version, parent_version=None, path=path,
+                             base=engine.model, run_id=None, metrics={})  # fmt: skip
+        db.commit()
+        sha = row.sha256
+    eng.dispose()
+    return sha
+
+
+def _eval(a: Admin, version: str, scores: dict[str, float]) -> Any:
+    n = len(scores)
+    mean = sum(scores.values()) / n
+    return a.req("POST", f"/admin/aliases/{ALIAS}/versions/{version}/evals", status=201,
+                 body={"name": "heldout", "n": n, "mean": mean, "stderr": 0.1, "scores": scores})  # fmt: skip
+
+
+def test_gate_holds_a_worse_candidate_and_promotes_a_better_one(
+    start_proxy: ProxyFactory, tiny_engine: Engine, pg_factory: Any, tmp_path: Path
+) -> None:
+    db_url = pg_factory()
+    harness, admin = make_key(db_url, "default", "harness"), make_key(db_url, "default", "admin")
+    proxy = start_proxy(tiny_engine.url, db_url, auth=True,
+                        env={"ONTHEJOB_RATE_LIMIT_RPS": "0", "ONTHEJOB_PROMOTION_EVERY": "0.5"})  # fmt: skip
+    a = Admin(proxy, admin, harness)
+    a.req("POST", "/admin/aliases", {"name": ALIAS, "base_model": tiny_engine.model.name}, status=201)
+    sha1, sha2 = _publish(db_url, tiny_engine, tmp_path, 1, seed=1), _publish(db_url, tiny_engine, tmp_path, 2, seed=2)
+    assert a.req("PUT", f"/admin/aliases/{ALIAS}/policy", {"mode": "gate"})["margin"] == 0.0
+
+    # v1 is loaded, not routed: harness traffic stays on the base model.
+    answer = a.req("POST", "/admin/deployments", {"alias": ALIAS, "version": 1, "candidate": True}, status=201)
+    assert (answer["policy"], answer["status"]) == ("gate", "pending") and a.deployed() is None
+    assert a.served(a.call(ALIAS, "s-1"))["adapter_version"] is None
+    # An admin may call helper@v1 directly (tagged eval, with its content hash); a harness key may not.
+    direct = a.served(a.call(f"{ALIAS}@v1", "e-1", key=admin))
+    assert (direct["adapter_version"], direct["adapter_sha256"], "eval" in direct["tags"]) == (1, sha1, True)
+    assert a.call(f"{ALIAS}@v1", "e-2").status_code == 404
+
+    # Held-out results: v1 is 0.5 below the base on every item (paired): held, never routed.
+    items = {f"p{i}": float(i % 3) / 2 for i in range(12)}
+    assert _eval(a, "base", items)["decision"] is None  # no candidate eval yet
+    assert _eval(a, "1", {k: v - 0.5 for k, v in items.items()})["decision"] == "held"
+    held = a.req("GET", f"/admin/aliases/{ALIAS}/promotions")["data"][-1]
+    assert held["evidence"]["eval"]["paired"] and held["evidence"]["eval"]["diff"] == pytest.approx(-0.5)
+    assert a.deployed() is None and a.req("GET", f"/admin/aliases/{ALIAS}/policy")["candidate_version"] is None
+
+    # v2 scores the same as the base: promoted, and the alias is routed to it.
+    assert a.req("POST", "/admin/deployments", {"alias": ALIAS, "version": 2, "candidate": True})["status"] == "pending"
+    assert _eval(a, "2", items)["decision"] == "promoted"
+    assert a.deployed() == 2
+    rec = a.served(a.call(ALIAS, "s-2"))
+    assert (rec["adapter_version"], rec["adapter_sha256"]) == (2, sha2)
+
+    # An open alert holds a candidate whatever its eval says.
+    _publish(db_url, tiny_engine, tmp_path, 3, seed=3)
+    a.req("POST", "/admin/deployments", {"alias": ALIAS, "version": 3, "candidate": True})
+    asyncio.run(_alert(db_url, 3))
+    a.wait_for((3, "held"))  # decided by the proxy's own loop
+    assert a.deployed() == 2
+    assert a.decisions() == [(1, "candidate"), (1, "held"), (2, "candidate"), (2, "promoted"), (3, "candidate"),
+                             (3, "held")]  # fmt: skip
+
+    # Canary: half the sessions (sticky) go to v4; it earns less reward, so it is rolled back.
+    v4 = _publish(db_url, tiny_engine, tmp_path, 4, seed=4)
+    a.req("PUT", f"/admin/aliases/{ALIAS}/policy", {"mode": "canary", "share": 0.5, "min_sample": 4, "margin": 0.0})
+    assert a.req("POST", "/admin/deployments", {"alias": ALIAS, "version": 4, "candidate": True})["status"] == "canary"
+    arms: dict[str, int | None] = {}
+    for i in range(16):
+        first, again = a.served(a.call(ALIAS, f"c-{i}")), a.served(a.call(ALIAS, f"c-{i}"))
+        assert first["adapter_version"] == again["adapter_version"]  # sticky per session
+        arms[f"c-{i}"] = first["adapter_version"]
+        if first["adapter_version"] == 4:
+            assert first["adapter_sha256"] == v4
+    assert set(arms.values()) == {2, 4}
+    for session, version in arms.items():
+        httpx.post(f"{proxy.v1}/feedback", headers={"authorization": f"Bearer {harness}"}, timeout=10,
+                   json={"target": {"session_id": session}, "name": "reward",
+                         "value": (0.0 if version == 4 else 1.0) + 0.01 * len(session)}).raise_for_status()  # fmt: skip
+    a.wait_for((4, "rolled_back"))
+    event = a.req("GET", f"/admin/aliases/{ALIAS}/promotions")["data"][-1]
+    assert event["evidence"]["live_reward"]["diff"] < -0.9
+    assert {a.served(a.call(ALIAS, f"c-{i}"))["adapter_version"] for i in range(4)} == {2}
+    _configured_eval(a, db_url, tiny_engine, tmp_path)
+
+
+def _configured_eval(a: Admin, db_url: str, engine: Engine, tmp_path: Path) -> None:
+    """The trainer's after-publish hook runs the policy's eval (serving first, once); `onthejob eval` too."""
+    items = tmp_path / "smoke.jsonl"
+    items.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"say {i}", "reference": "."}) + "\n"
+                             for i in range(3)))  # fmt: skip
+    config = {"set": str(items), "grader": "regex", "name": "smoke", "max_tokens": 4}
+    a.req("PUT", f"/admin/aliases/{ALIAS}/policy", {"mode": "gate", "eval": config})
+    _publish(db_url, engine, tmp_path, 5, seed=5)
+    a.req("POST", "/admin/deployments", {"alias": ALIAS, "version": 5, "candidate": True})
+    said = after_publish(a.proxy.url, a.admin, ALIAS, "default", db_url)(5)
+    assert said.startswith("eval smoke 1.000 ± 0.000 (n 3): promoted"), said  # every reply matches "."
+    assert [(e["version"], e["n"]) for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/2/evals")["data"]
+            if e["name"] == "smoke"] == [(2, 3)]  # fmt: skip
+    assert a.deployed() == 5
+    args = build_parser().parse_args(["eval", "--alias", ALIAS, "--set", str(items), "--grader", "exact",
+                                      "--proxy", a.proxy.url, "--admin-key", a.admin, "--plot",
+                                      str(tmp_path / "e.png")])  # fmt: skip
+    assert args.handler(args) == 0  # the serving version (v5), graded exactly: replies are not "."
+    smoke = [e for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/5/evals")["data"] if e["name"] == "smoke"]
+    assert [(e["grader"], e["mean"]) for e in smoke] == [("regex", 1.0), ("exact", 0.0)]
+    assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
+
+
+async def _alert(db_url: str, version: int) -> None:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    eng = async_engine(db_url)
+    async with AsyncSession(eng) as db:
+        await raise_alert(db, "default", ALIAS, version, "monitor", "completion_tokens", message="shorter answers")
+        await db.commit()
+    await eng.dispose()

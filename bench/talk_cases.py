@@ -46,6 +46,7 @@ THOUGHT = 8  # tokens of each tool-calling turn
 ANSWER = 40  # mean tokens of the final answer
 DEADLINE = 8  # tool calls the harness's episode budget allows
 FLOOD = 12  # tool calls of a flooding session
+CUT_TOKENS = 256  # the call the deadline cuts asks for a long turn: the hang-up lands while it streams
 BATCH = 5  # sessions run at once; the monitors run after each batch
 CLEAN_SEEDS = 100  # clean runs use seeds 100, 101, ...: other seeds than the faulty runs
 EXPECTED = {
@@ -119,7 +120,7 @@ class Harness:
         tools = FLOOD if rng.random() < phase.flood else 1 + sum(rng.random() < 0.5 for _ in range(4))
         for step in range(tools):
             if step == DEADLINE:
-                await self._call(sid, messages, THOUGHT, cut=True)
+                await self._call(sid, messages, CUT_TOKENS, cut=True)
                 return  # timed out: the talk's harness dropped such attempts (no grade)
             reply = await self._call(sid, messages, THOUGHT)
             failed = rng.random() < phase.tool_fail

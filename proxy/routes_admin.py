@@ -16,6 +16,7 @@ from storage.grading import RewardRule
 from storage.judge_config import JudgeSettingsError, parse_judge_settings
 from storage.judge_store import judge_state_async
 from storage.keys import create_key
+from storage.mining import MineConfig
 from storage.models import NO_NUL, ApiKey
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -103,9 +104,10 @@ async def version_lineage(alias: PathId, version: PathId, admin: AdminDep, db: D
 async def learned_from(
     admin: AdminDep, db: DbDep, session_id: QueryId = None, completion_id: QueryId = None, feedback_id: QueryId = None
 ) -> dict[str, Any]:
-    """Which adapter versions learned from a session, a call or a feedback item (transitively, through parents)."""
-    if session_id is None and completion_id is None and feedback_id is None:
-        raise InvalidRequest("give session_id, completion_id or feedback_id", param="session_id")
+    """Which adapter versions learned from a session, a call or a feedback item (transitively, through parents).
+
+    With none of the three, nothing is asked about: an empty list.
+    """
 
     def find(s: Any) -> list[dict[str, Any]]:
         calls = lineage.session_calls(s, admin.project_id, session_id) if session_id is not None else []
@@ -216,6 +218,9 @@ class ProjectIn(BaseModel):
     implicit_feedback: bool | None = Field(
         default=None, description="read the user's next message as feedback on the answer before it"
     )
+    mine: dict[str, Any] | None = Field(
+        default=None, description="what `onthejob mine` counts as a failure: patterns, text protocol, thresholds"
+    )
 
 
 REWARD_KEYS = ("name", "numeric", "booleans", "labels", "priority", "failure", "proxy_failures", "proxy_masked")
@@ -225,7 +230,7 @@ def _checked(item: ProjectIn) -> dict[str, Any]:
     """The settings to write, each validated; errors name the field."""
     given = {name: getattr(item, name) for name in item.model_fields_set}
     if not given:
-        raise InvalidRequest("give at least one of redact, judge, reward, implicit_feedback", param="settings")
+        raise InvalidRequest("give at least one of redact, judge, reward, implicit_feedback, mine", param="settings")
     if item.redact is not None:
         for i, pattern in enumerate(item.redact.patterns):
             try:
@@ -248,6 +253,11 @@ def _checked(item: ProjectIn) -> dict[str, Any]:
             RewardRule.from_config(item.reward)
         except (TypeError, ValueError, AttributeError) as exc:
             raise InvalidRequest(f"reward: {exc}", param="reward") from None
+    if item.mine is not None:
+        try:
+            MineConfig.from_settings({"mine": item.mine})
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequest(str(exc), param="mine") from None
     return given
 
 
@@ -258,7 +268,7 @@ async def get_project(admin: AdminDep, db: DbDep) -> dict[str, Any]:
 
 @router.put("/project")
 async def set_project(item: ProjectIn, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
-    """Project policy (redaction, judge, reward rule, implicit feedback); every replica follows within a second."""
+    """Project policy (redaction, judge, reward rule, implicit feedback, mining); replicas follow within a second."""
     settings: dict[str, Any] = {}
     for key, value in _checked(item).items():
         settings = await admin_store.set_project_setting(db, admin.project_id, key, value)

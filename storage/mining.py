@@ -40,6 +40,8 @@ MODES = (
     "long_answer",  # more completion tokens than the configured threshold
     "low_grade",  # a harness, human or judge grade below the threshold
 )
+KEYS = ("error_patterns", "tool_result_role", "tool_result_prefix", "protocol", "format_schema",
+        "long_answer_tokens", "tool_burst", "refusals", "low_grade")  # fmt: skip
 DEFAULT_REFUSALS = (r"\bI(?:'m| am) sorry,? but\b", r"\bI can(?:no|')t (?:help|assist) with\b", r"\bAs an AI\b")
 
 
@@ -64,6 +66,9 @@ class MineConfig:
     def from_settings(cls, settings: Mapping[str, Any] | None) -> MineConfig:
         """The project's configuration; a bad regex or schema raises ValueError naming the key."""
         raw = dict((settings or {}).get("mine") or {})
+        unknown = sorted(set(raw) - set(KEYS))
+        if unknown:
+            raise ValueError(f"mine.{unknown[0]} is not a setting; use {', '.join(KEYS)}")
         base = cls()
 
         def rx(key: str, value: Any) -> re.Pattern[str]:
@@ -71,6 +76,12 @@ class MineConfig:
                 return re.compile(str(value), re.MULTILINE)
             except re.error as exc:
                 raise ValueError(f"mine.{key}: {value!r} is not a regular expression ({exc})") from exc
+
+        def num(key: str, kind: type[int] | type[float], default: float) -> Any:
+            try:
+                return kind(raw.get(key, default))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"mine.{key}: {raw[key]!r} is not a number") from exc
 
         protocol = raw.get("protocol") or {}
         schema = raw.get("format_schema")
@@ -87,10 +98,10 @@ class MineConfig:
             protocol_line=rx("protocol.line", protocol["line"]) if "line" in protocol else None,
             protocol_parse=rx("protocol.parse", protocol["parse"]) if "parse" in protocol else None,
             format_schema=schema,
-            long_answer_tokens=int(raw.get("long_answer_tokens", base.long_answer_tokens)),
-            tool_burst=int(raw.get("tool_burst", base.tool_burst)),
+            long_answer_tokens=num("long_answer_tokens", int, base.long_answer_tokens),
+            tool_burst=num("tool_burst", int, base.tool_burst),
             refusals=tuple(rx("refusals", p) for p in raw["refusals"]) if "refusals" in raw else base.refusals,
-            low_grade=float(raw.get("low_grade", base.low_grade)),
+            low_grade=num("low_grade", float, base.low_grade),
         )  # fmt: skip
 
 

@@ -138,4 +138,4 @@ async def test_lineage_of_a_version_and_who_learned_from_a_session_or_feedback_i
     assert (await client.get("/v1/admin/lineage", params={"session_id": "s1"}, headers=as_(world.b))).json()[
         "data"
     ] == []
-    assert (await client.get("/v1/admin/lineage", headers=as_(world.a))).status_code == 400
+    assert (await client.get("/v1/admin/lineage", headers=as_(world.a))).json()["data"] == []

@@ -84,6 +84,17 @@ def test_a_bad_configuration_names_the_key() -> None:
         MineConfig.from_settings({"mine": {"protocol": {"line": "("}}})
     with pytest.raises(ValueError, match="mine.format_schema"):
         MineConfig.from_settings({"mine": {"format_schema": {"type": 5}}})
+    with pytest.raises(ValueError, match="mine.protocl is not a setting"):
+        MineConfig.from_settings({"mine": {"protocl": {}}})
+
+
+def test_the_admin_route_checks_the_mine_setting_before_storing_it() -> None:
+    from proxy.errors import InvalidRequest
+    from proxy.routes_admin import ProjectIn, _checked
+
+    assert _checked(ProjectIn(mine=DEMO)) == {"mine": DEMO}
+    with pytest.raises(InvalidRequest, match="mine.long_answer_tokens"):
+        _checked(ProjectIn(mine={"long_answer_tokens": "many"}))
 
 
 def mine(db: Session, project: str) -> Any:

@@ -12,8 +12,9 @@ process whose address space is capped (``--cap-gib``: a failed allocation is a c
 
 * total: one ``sequence_logprobs`` + TIS loss + backward, the process's peak resident memory
   above what it held before the step (``VmHWM``, reset through ``/proc/self/clear_refs``);
-* head: the LM head, filters and selected log-probs alone (forward and backward) on the last
-  hidden states, the same peak measure;
+* head: the LM head, filters and selected log-probs alone (forward and backward) on hidden
+  states (random: no decoder pass, so this runs at lengths whose whole step is too slow for
+  the CPU, ``--total-max``), the same peak measure;
 * tokens/s of the total step (on a shared machine: a floor).
 
 ``unchunked`` is the trainer's path before this change: the model's own head over every
@@ -117,31 +118,31 @@ def _step(model: Any, inputs: dict[str, Any], chunked: bool) -> None:
 
 
 def _head_stage(model: Any, inputs: dict[str, Any], chunked: bool) -> int:
-    """Peak bytes of the LM head, filters and selected log-probs (forward and backward) on given hidden states."""
+    """Peak bytes of the LM head, filters and selected log-probs (forward and backward) on hidden states.
+
+    The states are random (the stage's memory does not depend on their values), so no decoder
+    pass is needed and the stage can be measured at lengths whose whole step the CPU cannot run.
+    """
     import torch
 
     from trainer.logprobs import token_logprobs
 
-    base = model.get_base_model()
-    head = base.get_output_embeddings()
+    head = model.get_base_model().get_output_embeddings()
     positions = inputs["score_mask"].clone()
     positions[:, 0] = False
-    with torch.no_grad():
-        hidden = base.get_decoder()(input_ids=inputs["input_ids"], use_cache=False).last_hidden_state
     params = [inputs[k] for k in ("temperature", "top_k", "top_p", "min_p")]
+    gen = torch.Generator().manual_seed(0)
     if chunked:
         from trainer.logprobs import head_logprobs
 
         rows, t = torch.nonzero(positions, as_tuple=True)
-        states = hidden[rows, t - 1].detach().requires_grad_()
+        states = torch.randn(rows.numel(), head.in_features, generator=gen).requires_grad_()
         ids = inputs["input_ids"][rows, t]
-        del hidden
         before = _reset_peak()
         head_logprobs(head, states, ids, *(p[rows, t] for p in params)).sum().backward()
     else:  # what the unchunked path does after the decoder: the head over the columns, then the rows
         columns = torch.nonzero(positions.any(dim=0)).squeeze(1)
-        states = hidden[:, columns - 1].detach().requires_grad_()
-        del hidden
+        states = torch.randn(1, columns.numel(), head.in_features, generator=gen).requires_grad_()
         before = _reset_peak()
         logits = head(states)
         rows, cols = torch.nonzero(positions[:, columns], as_tuple=True)
@@ -150,8 +151,8 @@ def _head_stage(model: Any, inputs: dict[str, Any], chunked: bool) -> int:
     return _status("VmHWM") - before
 
 
-def worker(length: int, chunked: bool, cap_gib: float, threads: int) -> dict[str, Any]:
-    """Measure one (length, path) in this process; print one JSON line."""
+def worker(length: int, chunked: bool, cap_gib: float, threads: int, total: bool = True) -> dict[str, Any]:
+    """Measure one (length, path) in this process (``total``: the whole step too, else the head stage only)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -164,22 +165,24 @@ def worker(length: int, chunked: bool, cap_gib: float, threads: int) -> dict[str
     inputs = _inputs(length)
     out: dict[str, Any] = {"length": length, "path": "chunked" if chunked else "unchunked", "oom": False}
     try:
-        before = _reset_peak()
-        started = time.perf_counter()
-        _step(model, inputs, chunked)
-        seconds = time.perf_counter() - started
-        out.update(total_mib=(_status("VmHWM") - before) / MIB, seconds=seconds, tokens_per_s=length / seconds)
-        model.zero_grad(set_to_none=True)
+        if total:
+            before = _reset_peak()
+            started = time.perf_counter()
+            _step(model, inputs, chunked)
+            seconds = time.perf_counter() - started
+            out.update(total_mib=(_status("VmHWM") - before) / MIB, seconds=seconds, tokens_per_s=length / seconds)
+            model.zero_grad(set_to_none=True)
         out["head_mib"] = _head_stage(model, inputs, chunked) / MIB
     except (RuntimeError, MemoryError) as exc:  # torch's "can't allocate memory" under the cap
         out.update(oom=True, error=str(exc).splitlines()[0][:160])
     return out
 
 
-def _run(length: int, chunked: bool, cap_gib: float, threads: int) -> dict[str, Any]:
+def _run(length: int, chunked: bool, cap_gib: float, threads: int, total: bool) -> dict[str, Any]:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}  # big blocks go back to the OS when freed
     argv = [sys.executable, "-m", "bench.train_memory", "--worker", str(length), "--cap-gib", str(cap_gib),
-            "--threads", str(threads)] + ([] if chunked else ["--unchunked"])  # fmt: skip
+            "--threads", str(threads)]  # fmt: skip
+    argv += ([] if chunked else ["--unchunked"]) + ([] if total else ["--head-only"])
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:  # killed, or a crash outside the measured step
@@ -209,9 +212,12 @@ def _plot(rows: list[dict[str, Any]], cap_gib: float, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
     for name, style in (("chunked", "-"), ("unchunked", "--")):
         ok = [r for r in rows if r["path"] == name and not r["oom"]]
-        x = [r["length"] for r in ok]
-        ax.plot(x, [r["total_mib"] for r in ok], style, marker="o", label=f"{name}: whole step")
-        ax.plot(x, [r["head_mib"] for r in ok], style, marker="s", label=f"{name}: LM head stage")
+        whole = [r for r in ok if "total_mib" in r]
+        ax.plot([r["length"] for r in whole], [r["total_mib"] for r in whole], style, marker="o",
+                label=f"{name}: whole step")  # fmt: skip
+        ax.plot(
+            [r["length"] for r in ok], [r["head_mib"] for r in ok], style, marker="s", label=f"{name}: LM head stage"
+        )
         failed = [r["length"] for r in rows if r["path"] == name and r["oom"]]
         if failed:
             ax.axvline(min(failed), color="firebrick", linestyle=":", label=f"{name}: out of memory at {min(failed)}")
@@ -234,11 +240,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plot", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--total-max", type=int, default=POSITIONS, help="longer lengths: the head stage only")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--head-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--unchunked", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
-        print(json.dumps(worker(args.worker, not args.unchunked, args.cap_gib, args.threads)), flush=True)
+        result = worker(args.worker, not args.unchunked, args.cap_gib, args.threads, total=not args.head_only)
+        print(json.dumps(result), flush=True)
         return
     print(f"vocab {VOCAB:,}, {POSITIONS:,} positions, sampling {SAMPLING}, cap {args.cap_gib:g} GiB, "
           f"{args.threads} threads")  # fmt: skip
@@ -246,13 +255,14 @@ def main() -> None:
     rows = []
     for path in args.paths:
         for length in sorted(args.lengths):
-            r = _run(length, path == "chunked", args.cap_gib, args.threads)
+            r = _run(length, path == "chunked", args.cap_gib, args.threads, length <= args.total_max)
             rows.append(r)
             if r["oom"]:
                 print(f"{path:>9} {length:>6} | out of memory under the cap ({r.get('error', '')})", flush=True)
                 break
-            print(f"{path:>9} {length:>6} | {r['total_mib']:>9.0f} {r['head_mib']:>8.0f} {r['tokens_per_s']:>7.0f}",
-                  flush=True)  # fmt: skip
+            total = f"{r['total_mib']:>9.0f}" if "total_mib" in r else f"{'-':>9}"
+            speed = f"{r['tokens_per_s']:>7.0f}" if "tokens_per_s" in r else f"{'-':>7}"
+            print(f"{path:>9} {length:>6} | {total} {r['head_mib']:>8.0f} {speed}", flush=True)
     for path in args.paths:
         mine = [r for r in rows if r["path"] == path]
         total, head = _fit(mine, "total_mib"), _fit(mine, "head_mib")

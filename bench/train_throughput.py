@@ -143,7 +143,7 @@ def main() -> None:
         for label in batches:
             wall, cpu = (min(x[i] for x in times[label]) for i in (0, 1))
             print(f"{spec:>8} {label:>30} | {tokens / wall:>13,.0f} {tokens / bare_wall:>11,.0f} "
-                  f"{bare_wall / wall:>6.2f} {bare_cpu / cpu:>9.2f}")  # fmt: skip
+                  f"{bare_wall / wall:>6.2f} {bare_cpu / cpu:>9.2f}", flush=True)  # fmt: skip
         if args.engine and spec == args.models[0]:
             print(f"saved → first response on {args.engine}: {saved_to_served(policy, args.engine, 'bench'):.3f} s")
 

@@ -174,7 +174,7 @@ def test_demo_two_rounds_with_the_tiny_model(
     # the tiny model's text is noise: every episode times out, and the harness says so
     assert all(r["feedback"] == {"outcome": 4} for r in summary["rounds"][:2])
     episodes = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
-    assert len(episodes) == 2 * 4 + 2 * 4
+    assert len(episodes) == 3 * 4 + 2 * 4  # three held-out passes (gate), two rounds of traffic
     assert {e["outcome"] for e in episodes} == {"timeout"}
     assert all(e["completion_ids"] for e in episodes)  # the proxy named every call
     assert summary["rounds"][0]["excluded"].get("eval", 0) >= 4  # held-out sessions are graded, never trained on

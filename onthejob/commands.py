@@ -115,10 +115,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from storage.export import parse_since
 
     key = admin_key(args.admin_key)
-    try:
-        since = parse_since(args.since)
-    except ValueError as exc:
-        raise UserError(f"--since {args.since!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+    since = _since(args.since, parse_since)
     version: int | None
     if args.version is None:  # the serving version
         aliases = httpx.get(f"{args.proxy}/v1/admin/aliases", headers={"authorization": f"Bearer {key}"}, timeout=30)
@@ -227,6 +224,14 @@ def keys_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _since(text: str | None, parse: Any) -> Any:
+    """``--since``, parsed by ``storage.export.parse_since``, or a :class:`UserError` naming the flag."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise UserError(f"--since {text!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+
+
 def export(args: argparse.Namespace) -> int:
     """``onthejob export --format sft|dpo|rl [--alias A] [--min-reward X] [--since T] -o FILE``."""
     from sqlalchemy.orm import Session
@@ -234,10 +239,7 @@ def export(args: argparse.Namespace) -> int:
     from storage.db import sync_engine
     from storage.export import export_rows, parse_since, write_jsonl
 
-    try:
-        since = parse_since(args.since)
-    except ValueError as exc:
-        raise UserError(f"--since {args.since!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+    since = _since(args.since, parse_since)
     eng = sync_engine(args.db)
     try:
         with Session(eng) as db:
@@ -263,10 +265,7 @@ def mine(args: argparse.Namespace) -> int:
     from storage.mine_store import mine as mine_pass
     from storage.mine_store import report
 
-    try:
-        since = parse_since(args.since)
-    except ValueError as exc:
-        raise UserError(f"--since {args.since!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+    since = _since(args.since, parse_since)
     eng = sync_engine(args.db)
     try:
         with Session(eng) as db:

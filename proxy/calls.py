@@ -33,7 +33,7 @@ from proxy.replicas import Replica
 from proxy.routing import Route, Router
 from proxy.streaming import Finished, StreamedReply, wait_disconnect
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
-from storage.records import CallRecord, dump_json
+from storage.records import CallRecord, dump_json, end_user_key
 
 if TYPE_CHECKING:
     from proxy.state import AppState
@@ -374,6 +374,7 @@ class ProxiedCall:
             latency_ms=seconds * 1000,
             ttft_ms=self.ttft_ms,
             session_source=session.source,
+            end_user=end_user_key(self.naming.end_user) if self.naming.end_user else None,
         )
         await recording.keep(record, keys)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from proxy.deps import AdminDep, DbDep, PathId, QueryId, StateDep
@@ -84,6 +84,19 @@ async def revoke_key(key_id: PathId, admin: AdminDep, db: DbDep, st: StateDep) -
 async def delete_session(session_id: PathId, admin: AdminDep, db: DbDep) -> dict[str, Any]:
     """Remove a session's calls, feedback and flags (its spooled copies never land); name who learned from it."""
     out = await db.run_sync(lambda s: deletion.delete_session(s, admin.project_id, session_id))
+    await db.commit()
+    return out
+
+
+@router.delete("/end-users/{end_user}")
+async def delete_end_user(
+    end_user: Annotated[str, Path(min_length=1, max_length=4096, pattern=NO_NUL)], admin: AdminDep, db: DbDep
+) -> dict[str, Any]:
+    """Delete every session of an end user (``user``, ``metadata.user_id``/``end_user`` of their calls) as above.
+
+    Their calls still in a spool never land either; the answer names the sessions and who learned from them.
+    """
+    out = await db.run_sync(lambda s: deletion.delete_end_user(s, admin.project_id, end_user))
     await db.commit()
     return out
 

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from psycopg import AsyncConnection
 
+from storage.deletion import end_users_gone
 from storage.records import COLUMNS, CallRecord
 
 INSERT_PROJECTS = """
@@ -32,6 +33,11 @@ FROM json_to_recordset(%s::json) AS s(project_id text, id text, task_id text, so
 ON CONFLICT (project_id, id) DO UPDATE SET updated_at = excluded.updated_at
 """
 TOMBSTONED = "SELECT project_id, session_id FROM tombstones WHERE session_id = ANY(%s::text[])"
+END_USERS_DELETED = "SELECT project_id, end_user, created_at FROM end_user_tombstones WHERE end_user = ANY(%s::text[])"
+TOMBSTONE = """
+INSERT INTO tombstones (project_id, session_id, created_at)
+SELECT p, s, now() FROM unnest(%s::text[], %s::text[]) AS u(p, s) ON CONFLICT DO NOTHING
+"""
 ANY_PENDING = "SELECT EXISTS (SELECT 1 FROM feedback WHERE attached_at IS NULL AND project_id = ANY(%s::text[]))"
 
 
@@ -62,4 +68,11 @@ async def any_pending(conn: AsyncConnection[Any], project_ids: Iterable[str]) ->
 async def tombstoned(conn: AsyncConnection[Any], calls: list[CallRecord]) -> set[tuple[str, str]]:
     """(project, session) pairs of these calls that were deleted: their calls must not land."""
     cur = await conn.execute(TOMBSTONED, [list({c.session_id for c in calls})])
-    return {(p, s) for p, s in await cur.fetchall()}
+    gone = {(p, s) for p, s in await cur.fetchall()}
+    users = list({c.end_user for c in calls if c.end_user is not None})
+    if users:  # a deleted end user's calls made before the delete: their sessions are tombstoned now
+        cur = await conn.execute(END_USERS_DELETED, [users])
+        if new := end_users_gone(calls, await cur.fetchall()) - gone:
+            await conn.execute(TOMBSTONE, [[p for p, _ in new], [s for _, s in new]])
+            gone |= new
+    return gone

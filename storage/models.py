@@ -118,6 +118,7 @@ class Completion(Base):
         # The dashboard's lists and counts (migration 0009).
         Index("ix_completions_project_alias_created", "project_id", "alias", "created_at"),
         Index("ix_completions_project_termination", "project_id", "termination", "created_at"),
+        Index("ix_completions_end_user", "project_id", "end_user"),  # deletion by end user (migration 0014)
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -156,6 +157,9 @@ class Completion(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     latency_ms: Mapped[float | None] = mapped_column(Float, default=None)
     ttft_ms: Mapped[float | None] = mapped_column(Float, default=None)
+    # The caller the client named (``user``, ``metadata.user_id`` or ``metadata.end_user``): what
+    # ``DELETE /v1/admin/end-users/{id}`` finds a person's sessions by.
+    end_user: Mapped[str | None] = mapped_column(String(200), default=None)
 
 
 class Feedback(Base):
@@ -342,7 +346,11 @@ class Change(Base):
     """
 
     __tablename__ = "changes"
-    __table_args__ = (Index("ix_changes_position", "project_id", "xid", "seq"), {"sqlite_autoincrement": True})
+    __table_args__ = (
+        Index("ix_changes_position", "project_id", "xid", "seq"),
+        Index("ix_changes_ref", "project_id", "ref_id"),  # deletion and retention (migration 0014)
+        {"sqlite_autoincrement": True},
+    )
 
     seq: Mapped[int] = mapped_column(_SEQ, primary_key=True, autoincrement=True)
     # The writing transaction's id (Postgres pg_current_xact_id(); 0 on SQLite, whose writers are serial).
@@ -392,6 +400,16 @@ class Tombstone(Base):
 
     project_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     session_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class EndUserTombstone(Base):
+    """A deleted end user: their calls made before ``created_at`` never land, even spooled (storage/deletion.py)."""
+
+    __tablename__ = "end_user_tombstones"
+
+    project_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    end_user: Mapped[str] = mapped_column(String(200), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

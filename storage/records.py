@@ -17,6 +17,7 @@ sibling worker's) is parsed and re-serialised.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, fields
 from datetime import datetime
@@ -74,6 +75,7 @@ class CallRecord:
     ttft_ms: float | None
     session_source: str  # how the session was found: header | metadata | path | linked | new
     adapter_sha256: str | None = None  # the content hash of the adapter version that served it
+    end_user: str | None = None  # the caller the client named (storage/models.py: Completion.end_user)
 
     # ---- the spool line ------------------------------------------------------------
     def encode(self) -> bytes:
@@ -92,7 +94,7 @@ class CallRecord:
             "sampling": Fragment(self.sampling), "usage": Fragment(self.usage), "status_code": self.status_code,
             "termination": self.termination, "error": self.error, "stream": self.stream, "link_key": self.link_key,
             "parent_id": self.parent_id, "created_at": self.created_at, "latency_ms": self.latency_ms,
-            "ttft_ms": self.ttft_ms, "adapter_sha256": self.adapter_sha256,
+            "ttft_ms": self.ttft_ms, "adapter_sha256": self.adapter_sha256, "end_user": self.end_user,
         }  # fmt: skip
         session = {"project_id": self.project_id, "id": self.session_id, "task_id": self.task_id,
                    "source": self.session_source, "tags": tags}  # fmt: skip
@@ -142,6 +144,13 @@ _JSON = frozenset(JSON_FIELDS)
 # What a JSON column holds when an older line lacks it (the ORM models' defaults).
 _EMPTY: dict[str, Any] = {"tags": [], "request": {}, "choices": [], "sampling": {}, "prompt_token_ids": None,
                           "usage": None, "response": None, "client_request": None, "client_response": None}  # fmt: skip
+
+
+def end_user_key(user: str) -> str:
+    """How an end-user id is stored: as given, or its hash when a column cannot hold it (over 200 characters, NUL)."""
+    if len(user) <= 200 and "\x00" not in user:
+        return user
+    return "sha256:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def link_needle(key: str) -> bytes:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -21,10 +22,18 @@ from storage.db import async_engine, sync_engine
 from storage.export import export_rows
 from storage.feed import TrainingFeed
 from storage.mine_store import mine, report
-from storage.models import Adapter, TrainingRun, TrainingStep, UsedFeedback
+from storage.models import (
+    Adapter,
+    Completion,
+    EndUserTombstone,
+    Tombstone,
+    TrainingRun,
+    TrainingStep,
+    UsedFeedback,
+)
 from tests.proxy import test_feedback_routes
 from tests.proxy.test_feedback_routes import World
-from tests.storage.rows import feedback_row
+from tests.storage.rows import choice, feedback_row, insert, row
 
 pytestmark = pytest.mark.anyio
 world = test_feedback_routes.world  # the fixture: two projects, each with a session "s1"
@@ -139,3 +148,35 @@ async def test_lineage_of_a_version_and_who_learned_from_a_session_or_feedback_i
         "data"
     ] == []
     assert (await client.get("/v1/admin/lineage", headers=as_(world.a))).json()["data"] == []
+
+
+async def test_deleting_an_end_user_deletes_each_of_their_sessions(
+    client: httpx.AsyncClient, world: World, pg_url: str
+) -> None:
+    """Sessions with a call alice made go (s1, s2); bob's stay; v1 learned from s1, v2 inherits it."""
+    eng = sync_engine(pg_url)
+    with Session(eng) as db:
+        db.execute(update(Completion).where(Completion.id == world.a1).values(end_user="alice"))
+        insert(db, row("alice-2", [1], [choice([5, 2])], project=world.a, session="s2", at=5),
+               row("bob-1", [1], [choice([5, 2])], project=world.a, session="s3", at=6))  # fmt: skip
+        db.execute(update(Completion).where(Completion.id == "alice-2").values(end_user="alice"))
+        db.execute(update(Completion).where(Completion.id == "bob-1").values(end_user="bob"))
+        db.add(feedback_row(world.a, "thumbs", True, session="s2", completion="alice-2"))
+        _trained(db, world.a, f"{world.a2}:0")
+        db.commit()
+    assert (await client.delete("/v1/admin/end-users/alice", headers=as_(world.a, "harness"))).status_code == 403
+
+    body = (await client.delete("/v1/admin/end-users/alice", headers=as_(world.a))).json()
+    assert (body["sessions"], body["deleted"]) == (["s1", "s2"], {"calls": 3, "feedback": 1})
+    assert body["adapters"] == [{"alias": "agent", "version": 1, "direct": True},
+                                {"alias": "agent", "version": 2, "direct": False}]  # fmt: skip
+    for session, status in (("s1", 404), ("s2", 404), ("s3", 200)):
+        assert (await client.get(f"/v1/sessions/{session}", headers=as_(world.a))).status_code == status
+    assert (await client.get("/v1/sessions/s1", headers=as_(world.b))).status_code == 200  # another project's
+    with Session(eng) as db:
+        assert db.scalar(select(EndUserTombstone.end_user).where(EndUserTombstone.project_id == world.a)) == "alice"
+        assert set(db.scalars(select(Tombstone.session_id).where(Tombstone.project_id == world.a))) == {"s1", "s2"}
+    eng.dispose()
+    # Nobody of that name: nothing deleted, and the tombstone still keeps their spooled calls out.
+    body = (await client.delete("/v1/admin/end-users/carol", headers=as_(world.a))).json()
+    assert (body["sessions"], body["deleted"], body["adapters"]) == ([], {"calls": 0, "feedback": 0}, [])

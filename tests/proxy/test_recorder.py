@@ -166,3 +166,31 @@ async def test_a_deleted_sessions_spooled_calls_never_land(
         assert recorder.metrics.records_dropped.labels("deleted")._value.get() == 2
     finally:
         await engine.dispose()
+
+
+@pytest.mark.parametrize("portable", [False, True])
+async def test_a_deleted_end_users_spooled_calls_never_land(
+    pg_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, portable: bool
+) -> None:
+    """Deleted before the database saw their session: calls made before the delete are dropped, later ones land."""
+    engine = async_engine(pg_factory())
+    if portable:
+        monkeypatch.setattr(Recorder, "_write_pg", lambda *a: asyncio.sleep(0, result=False))
+    before, after = "2026-11-30T12:00:00+00:00", "2026-11-30T13:00:00+00:00"
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("INSERT INTO projects (id, settings, created_at) VALUES ('p', '{}', now())"))
+            await conn.execute(text("INSERT INTO end_user_tombstones VALUES ('p', 'alice', '2026-11-30T12:30:00Z')"))
+        recorder = await drain(engine, tmp_path, [
+            record(0, session="old", end_user="alice", created_at=before),
+            record(1, session="old", created_at=before),  # the same session, no user named: goes with it
+            record(2, session="new", end_user="alice", created_at=after),
+            record(3, session="bob", end_user="bob", created_at=before),
+        ])  # fmt: skip
+        async with engine.connect() as conn:
+            calls = (await conn.execute(text("SELECT session_id FROM completions ORDER BY 1"))).scalars().all()
+            tombs = (await conn.execute(text("SELECT session_id FROM tombstones"))).scalars().all()
+        assert calls == ["bob", "new"] and tombs == ["old"]
+        assert recorder.metrics.records_dropped.labels("deleted")._value.get() == 2
+    finally:
+        await engine.dispose()

@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--project", default="default")
     p.add_argument("--db", default=None)
     p.set_defaults(handler=commands.mine)
+
+    p = sub.add_parser("retention", help="delete calls older than each project's retention_days (one pass)")
+    p.add_argument("--db", default=None)
+    p.set_defaults(handler=commands.retention)
     return parser
 
 

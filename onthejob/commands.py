@@ -283,6 +283,27 @@ def mine(args: argparse.Namespace) -> int:
     return 0
 
 
+def retention(args: argparse.Namespace) -> int:
+    """``onthejob retention``: one pass of every project's ``retention_days`` (the proxy runs one each period)."""
+    from sqlalchemy.orm import Session
+
+    from storage.db import sync_engine
+    from storage.retention import apply_retention
+
+    eng = sync_engine(args.db)
+    try:
+        with Session(eng) as db:
+            done = apply_retention(db)
+    finally:
+        eng.dispose()
+    for project, counts in sorted(done.items()):
+        print(f"project {project}: deleted {counts['calls']} calls, {counts['feedback']} feedback items, "
+              f"{counts['sessions']} sessions", file=sys.stderr)  # fmt: skip
+    if not done:
+        print("no project has retention_days set; nothing deleted", file=sys.stderr)
+    return 0
+
+
 def judge(args: argparse.Namespace) -> int:
     from judge.main import JudgeCommand, run
     from storage.db import database_url

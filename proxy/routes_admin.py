@@ -234,6 +234,9 @@ class ProjectIn(BaseModel):
     mine: dict[str, Any] | None = Field(
         default=None, description="what `onthejob mine` counts as a failure: patterns, text protocol, thresholds"
     )
+    retention_days: int | None = Field(
+        default=None, ge=1, le=36500, description="delete raw calls and their feedback after this many days; null: keep"
+    )
 
 
 REWARD_KEYS = ("name", "numeric", "booleans", "labels", "priority", "failure", "proxy_failures", "proxy_masked")
@@ -243,7 +246,7 @@ def _checked(item: ProjectIn) -> dict[str, Any]:
     """The settings to write, each validated; errors name the field."""
     given = {name: getattr(item, name) for name in item.model_fields_set}
     if not given:
-        raise InvalidRequest("give at least one of redact, judge, reward, implicit_feedback, mine", param="settings")
+        raise InvalidRequest(f"give at least one of {', '.join(ProjectIn.model_fields)}", param="settings")
     if item.redact is not None:
         for i, pattern in enumerate(item.redact.patterns):
             try:
@@ -281,7 +284,7 @@ async def get_project(admin: AdminDep, db: DbDep) -> dict[str, Any]:
 
 @router.put("/project")
 async def set_project(item: ProjectIn, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
-    """Project policy (redaction, judge, reward rule, implicit feedback, mining); replicas follow within a second."""
+    """Project policy (redaction, judge, reward, implicit feedback, mining, retention); replicas follow within 1 s."""
     settings: dict[str, Any] = {}
     for key, value in _checked(item).items():
         settings = await admin_store.set_project_setting(db, admin.project_id, key, value)

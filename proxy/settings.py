@@ -42,6 +42,8 @@ class Settings:
     # How often each replica's attested versions are probed again (proxy/attest.py), and candidates decided.
     attest_every_s: float = field(default_factory=lambda: float(_env("ATTEST_EVERY", "60")))
     promotion_every_s: float = field(default_factory=lambda: float(_env("PROMOTION_EVERY", "10")))
+    # How often each project's retention_days is applied (storage/retention.py); 0: never (run it by hand).
+    retention_every_s: float = field(default_factory=lambda: float(_env("RETENTION_EVERY", "3600")))
     key_cache_ttl_s: float = 60.0
     # Per API key: sustained requests/s and burst; 0 turns rate limiting off (it never applies under --no-auth).
     rate_limit_rps: float = field(default_factory=lambda: float(_env("RATE_LIMIT_RPS", "50")))

@@ -29,6 +29,7 @@ from storage.db import async_engine
 from storage.feedback import attach_orphans, count_orphans
 from storage.keys import ensure_key
 from storage.models import Project
+from storage.retention import apply_retention
 
 log = logging.getLogger("onthejob.proxy")
 
@@ -138,10 +139,12 @@ class AppState:
                 log.error("ONTHEJOB_ADMIN_KEY not registered: %s", exc)
 
     async def _housekeeping(self) -> None:
-        """Follow deployments (alias table) quickly; sweep pending feedback and orphaned spools now and then."""
+        """Follow deployments (alias table) quickly; sweep pending feedback and orphaned spools, apply retention."""
         ticks_per_reconcile = max(1, int(self.settings.reconcile_every_s / self.settings.alias_refresh_s))
         ticks_per_attest = max(1, int(self.settings.attest_every_s / self.settings.alias_refresh_s))
         ticks_per_decision = max(1, int(self.settings.promotion_every_s / self.settings.alias_refresh_s))
+        every = self.settings.retention_every_s
+        ticks_per_retention = max(1, int(every / self.settings.alias_refresh_s)) if every > 0 else 0
         tick = 0
         while True:
             await asyncio.sleep(self.settings.alias_refresh_s)
@@ -159,6 +162,20 @@ class AppState:
             if tick % ticks_per_attest == 0:
                 with contextlib.suppress(Exception):
                     await self.attestor.check_all()
+            if ticks_per_retention and (tick - 1) % ticks_per_retention == 0:  # soon after start, then each period
+                await self.expire()
+
+    async def expire(self) -> None:
+        """Apply each project's retention (storage/retention.py); a failure waits for the next period."""
+        try:
+            async with self.sessionmaker() as db:
+                done = await db.run_sync(lambda s: apply_retention(s))
+        except Exception as exc:  # noqa: BLE001 - the database may be down; the next pass catches up
+            log.warning("retention pass failed (%s); retrying next period", exc.__class__.__name__)
+            return
+        for project, counts in done.items():
+            if any(counts.values()):
+                log.info("retention: project %r: deleted %s", project, counts)
 
     async def refresh(self) -> None:
         """Reload what other replicas or the trainer may have changed: aliases and project policies."""

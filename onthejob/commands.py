@@ -278,6 +278,8 @@ def mine(args: argparse.Namespace) -> int:
         eng.dispose()
     paths = write(data, Path(args.out))
     flagged = ", ".join(f"{k} {v}" for k, v in sorted(done.flagged.items())) or "nothing new"
+    if done.cleared:
+        flagged += f"; cleared low_grade {done.cleared} (grades revised up)"
     print(f"read {done.calls} new calls and {done.feedback} feedback items; flagged: {flagged}; "
           f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)  # fmt: skip
     return 0

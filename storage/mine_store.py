@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, delete, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session as DbSession
 
@@ -47,6 +47,7 @@ class MinePass:
     feedback: int = 0
     unresolved_feedback: int = 0
     flagged: Counter[str] = field(default_factory=Counter)
+    cleared: int = 0  # low_grade flags removed: the call's grade was revised upward
 
 
 def mine(db: DbSession, project: str, *, page: int = 2000, settle_s: float = 10.0) -> MinePass:
@@ -69,7 +70,8 @@ def mine(db: DbSession, project: str, *, page: int = 2000, settle_s: float = 10.
             if row.parent_id and (errors := tool_errors(row, cfg)):
                 found.add(row.parent_id, {"tool_error": {"result": errors[0]}})
         items = [c.ref_id for c in changes if c.kind == "feedback"]
-        out.unresolved_feedback += _grade(db, project, items, cfg, rule, found, calls)
+        unresolved, cleared = _grade(db, project, items, cfg, rule, found, calls)
+        out.unresolved_feedback, out.cleared = out.unresolved_feedback + unresolved, out.cleared + cleared
         out.calls, out.feedback = out.calls + len(calls), out.feedback + len(items)
         out.flagged += _store(db, project, found)
         cursor = changes[-1].position
@@ -79,11 +81,13 @@ def mine(db: DbSession, project: str, *, page: int = 2000, settle_s: float = 10.
 
 
 def _grade(db: DbSession, project: str, ids: list[str], cfg: MineConfig, rule: Any, found: Found,
-           calls: list[str]) -> int:  # fmt: skip
-    """Flag the calls these feedback items grade; returns how many named no landed call.
+           calls: list[str]) -> tuple[int, int]:  # fmt: skip
+    """Flag the calls these feedback items grade; returns how many named no landed call, and low grades cleared.
 
     Grades of the page's new calls are read again too: one stored before its call landed
     was unresolved when the miner first saw it (flags are idempotent: a grade flags once).
+    A call a grade lands on has its ``low_grade`` flag decided again from all its current
+    grades (:func:`_regrade`), so a grade revised upward clears it.
     """
     stmt = select(Feedback).where(Feedback.project_id == project)
     items = list(db.scalars(stmt.where(among(db, Feedback.id, ids)))) if ids else []
@@ -99,21 +103,68 @@ def _grade(db: DbSession, project: str, ids: list[str], cfg: MineConfig, rule: A
         items += db.scalars(stmt.where(named, ~among(db, Feedback.id, ids)))
     sessions = dict(resolve_pending(db, project, [f.id for f in items if f.session_id is None]))
     last = _last_calls(db, project, {item.session_id or sessions.get(item.id) for item in items} - {None})
-    unresolved = 0
+    unresolved, graded = 0, set()
     for item in items:
         scalar = rule.score(item.name, item.value, item.comment)
         modes = grade_modes(item.name, item.value, None if scalar is MASKED else scalar, cfg)
-        if not modes:
-            continue
         session = item.session_id or sessions.get(item.id)
         if session is None:
-            unresolved += 1
+            unresolved += bool(modes)
             continue
         target = item.completion_id or (item.target_id if item.target_kind == "completion_id" else None)
         target = target or last.get(session)
-        if target is not None:
+        if target is None:
+            continue
+        modes.pop("low_grade", None)  # decided per call from its current grades, below
+        if modes:
             found.add(target, {mode: {**detail, "feedback_id": item.id} for mode, detail in modes.items()})
-    return unresolved
+        if scalar is not None:
+            graded.add(target)
+    return unresolved, _regrade(db, project, graded, cfg, rule, found)
+
+
+def _regrade(db: DbSession, project: str, targets: set[str], cfg: MineConfig, rule: Any, found: Found) -> int:
+    """Set, replace or clear each call's ``low_grade`` flag from its current grades; returns how many were cleared.
+
+    A call's grades are the items naming it and, when it is its session's newest call, the
+    session's own; per (level, source, name, choice) the newest wins (a revision), as in
+    :func:`storage.grading.current`. The newest low winner is the flag's detail.
+    """
+    if not targets:
+        return 0
+    sessions = set(db.scalars(select(Completion.session_id).where(Completion.project_id == project,
+                                                                  among(db, Completion.id, targets))))  # fmt: skip
+    last = _last_calls(db, project, sessions)
+    heads = [session for session, cid in last.items() if cid in targets]
+    where = or_(
+        among(db, Feedback.completion_id, targets),
+        and_(Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id",
+             among(db, Feedback.target_id, targets)),
+        and_(Feedback.completion_id.is_(None), Feedback.target_kind != "completion_id",
+             among(db, Feedback.session_id, heads)),
+    )  # fmt: skip
+    winners: dict[tuple[Any, ...], Feedback] = {}
+    for item in db.scalars(select(Feedback).where(Feedback.project_id == project, where)):
+        on_call = item.completion_id or (item.target_id if item.target_kind == "completion_id" else None)
+        cid = on_call or last.get(item.session_id or "")
+        key = (cid, on_call is None, item.source, item.name, item.choice)
+        if cid in targets and (key not in winners or (item.created_at, item.id) > (winners[key].created_at,
+                                                                                   winners[key].id)):  # fmt: skip
+            winners[key] = item
+    low: dict[str, dict[str, Any]] = {}
+    for (cid, *_), item in sorted(winners.items(), key=lambda kv: (kv[1].created_at, kv[1].id)):
+        scalar = rule.score(item.name, item.value, item.comment)
+        if "low_grade" in (modes := grade_modes(item.name, item.value, None if scalar is MASKED else scalar, cfg)):
+            low[cid] = {**modes["low_grade"], "feedback_id": item.id}
+    flags = (CompletionFlag.project_id == project, CompletionFlag.mode == "low_grade")
+    stored: dict[str, Any] = dict(db.execute(select(CompletionFlag.completion_id, CompletionFlag.detail)
+                             .where(*flags, among(db, CompletionFlag.completion_id, targets))).all())  # fmt: skip
+    if stale := [cid for cid, detail in stored.items() if detail != low.get(cid)]:
+        db.execute(delete(CompletionFlag).where(*flags, among(db, CompletionFlag.completion_id, stale)))
+    for cid, detail in low.items():
+        if stored.get(cid) != detail:
+            found.add(cid, {"low_grade": detail})
+    return sum(cid not in low for cid in stale)
 
 
 def _last_calls(db: DbSession, project: str, sessions: set[Any]) -> dict[str, str]:

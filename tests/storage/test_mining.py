@@ -155,3 +155,30 @@ def test_a_pending_grade_flags_its_call_once_it_landed(db: Session) -> None:
     db.commit()
     assert dict(mine(db, p).flagged) == {"low_grade": 1}
     assert set(_flags(db, p)) == {(late["id"], "low_grade")}
+
+
+def test_a_grade_revised_upward_clears_the_low_grade_flag(db: Session) -> None:
+    """The newest grade per (source, name) is the call's grade: revised up, the flag goes; down again, it is back."""
+    p = new_project(db)
+    call, other = reply("ok", project=p, session="a"), reply("ok", project=p, session="b")
+    insert(db, call, other)
+    db.add_all([
+        feedback_row(p, "reward", 0.1, session="a", at=1),  # a session grade: it lands on the session's last call
+        feedback_row(p, "thumbs", False, session="b", completion=other["id"], source="human", at=1),
+    ])  # fmt: skip
+    db.commit()
+    assert dict(mine(db, p).flagged) == {"low_grade": 2}
+
+    up = feedback_row(p, "reward", 0.9, session="a", at=2)
+    judge = feedback_row(p, "thumbs", True, session="b", completion=other["id"], source="judge", at=2)
+    db.add_all([up, judge])  # b: another source's good grade is not a revision of the human's thumbs down
+    db.commit()
+    done = mine(db, p)
+    assert (done.cleared, dict(done.flagged)) == (1, {})
+    assert set(_flags(db, p)) == {(other["id"], "low_grade")}
+
+    down = feedback_row(p, "reward", 0.0, session="a", at=3)
+    db.add(down)
+    db.commit()
+    assert dict(mine(db, p).flagged) == {"low_grade": 1}
+    assert _flags(db, p)[(call["id"], "low_grade")]["feedback_id"] == down.id

@@ -157,8 +157,8 @@ def _regrade(db: DbSession, project: str, targets: set[str], cfg: MineConfig, ru
         if "low_grade" in (modes := grade_modes(item.name, item.value, None if scalar is MASKED else scalar, cfg)):
             low[cid] = {**modes["low_grade"], "feedback_id": item.id}
     flags = (CompletionFlag.project_id == project, CompletionFlag.mode == "low_grade")
-    stored: dict[str, Any] = dict(db.execute(select(CompletionFlag.completion_id, CompletionFlag.detail)
-                             .where(*flags, among(db, CompletionFlag.completion_id, targets))).all())  # fmt: skip
+    stmt = select(CompletionFlag.completion_id, CompletionFlag.detail).where(*flags)
+    stored: dict[str, Any] = dict(db.execute(stmt.where(among(db, CompletionFlag.completion_id, targets))).all())
     if stale := [cid for cid, detail in stored.items() if detail != low.get(cid)]:
         db.execute(delete(CompletionFlag).where(*flags, among(db, CompletionFlag.completion_id, stale)))
     for cid, detail in low.items():

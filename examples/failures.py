@@ -7,9 +7,10 @@
   reported as ``outcome: timeout``;
 - ``low_grade``: episodes graded below 0.5 (a ``reward`` under 0.5, or a thumbs down);
 - ``protocol_unparsed``: assistant turns whose ``CALC:`` expression the calculator cannot read;
-- ``tool_error``: calculator errors the model was shown (a later turn followed them).
+- ``tool_error``: calculator errors the model was shown (a later turn followed them);
+- ``long_answer``: replies of more completion tokens than the configured threshold (``reply_tokens``;
+  an episodes file written before the harness kept them counts none).
 
-Long answers are not countable here: the file keeps an episode's total tokens, not each reply's.
 The protocol is a regular expression, so it cannot see unbalanced parentheses: ``CALC: (3*4``
 passes it, and shows up as the calculator's ``tool_error`` instead.
 """
@@ -22,8 +23,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from examples.task import CalcError, calculate, parse_action
+from examples.task import MINE_SETTINGS, CalcError, calculate, parse_action
 
+LONG = int(MINE_SETTINGS["long_answer_tokens"])  # type: ignore[call-overload]  # what mine calls a long answer
 UNREADABLE = ("cannot parse expression", "only numbers", "empty expression")
 
 
@@ -43,6 +45,7 @@ def episode_failures(ep: Mapping[str, Any]) -> Counter[str]:
         out["timeout"] += 1
     if ("reward" in ep["feedback"] and ep["reward"] < 0.5) or ("thumbs" in ep["feedback"] and not ep["correct"]):
         out["low_grade"] += 1
+    out["long_answer"] += sum(n > LONG for n in ep.get("reply_tokens") or [])
     transcript = ep["transcript"]
     for i, message in enumerate(transcript):
         if message["role"] == "assistant":

@@ -90,6 +90,7 @@ class EpisodeResult:
     prompt_tokens: int
     completion_tokens: int
     completion_ids: list[str] = field(default_factory=list)
+    reply_tokens: list[int] = field(default_factory=list)  # completion tokens of each reply (0: usage not given)
     served_models: list[str] = field(default_factory=list)
     feedback: list[str] = field(default_factory=list)  # names posted, e.g. ["reward"], ["outcome"]
     feedback_errors: int = 0
@@ -182,6 +183,7 @@ class Harness:
             if completion.usage is not None:
                 result.prompt_tokens += completion.usage.prompt_tokens
                 result.completion_tokens += completion.usage.completion_tokens
+            result.reply_tokens.append(completion.usage.completion_tokens if completion.usage is not None else 0)
             text = completion.choices[0].message.content or ""
             messages.append({"role": "assistant", "content": text})  # verbatim: the next prompt extends this one
             action = parse_action(text)

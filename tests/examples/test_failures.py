@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from examples.failures import count_failures
-from examples.task import EXAMPLE, MINE_SETTINGS, SYSTEM_PROMPT
+from examples.task import EXAMPLE, MINE_SETTINGS, SYSTEM_PROMPT, TOKEN_BUDGET
 from storage.mine_store import mine, report
 from tests.storage.rows import choice, feedback_row, insert, new_project, row
 
@@ -23,7 +23,7 @@ OPEN = [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLE, {"role": "user",
 
 
 def episode(turns: list[str], *, outcome: str, correct: bool = False, reward: float = 0.0,
-            feedback: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+            feedback: list[str] | None = None, tokens: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
     """An episode whose assistant turns are ``turns`` (RESULT lines as the harness's calculator answers)."""
     from examples.task import calculate
 
@@ -37,7 +37,8 @@ def episode(turns: list[str], *, outcome: str, correct: bool = False, reward: fl
                 result = f"error: {exc}"
             transcript.append({"role": "user", "content": f"RESULT: {result}"})
     return {"session_id": f"ep-{uuid.uuid4().hex[:10]}", "outcome": outcome, "correct": correct, "reward": reward,
-            "feedback": feedback or [], "transcript": transcript}  # fmt: skip
+            "feedback": feedback or [], "transcript": transcript,
+            "reply_tokens": tokens or [2] * len(turns)}  # fmt: skip
 
 
 EPISODES = [
@@ -49,17 +50,29 @@ EPISODES = [
     episode(["CALC: 3*4 apples", "ANSWER: 12"], outcome="answered", correct=True, reward=1.0, feedback=["review"]),
     episode(["I think it is 12"] * 4, outcome="timeout", feedback=["outcome"]),
     episode(["CALC: 3*4", "ANSWER: 12"], outcome="answered", correct=True, reward=1.0),  # never graded
+    # Rambling: the second reply is long (over TOKEN_BUDGET), the first exactly at it is not.
+    episode(
+        ["CALC: 3*4", "ANSWER: 12, because three bags of four make twelve"],
+        outcome="answered",
+        correct=True,
+        reward=1.0,
+        feedback=["reward"],
+        tokens=[TOKEN_BUDGET, TOKEN_BUDGET + 9],
+    ),
+    episode(["I think it is 12"] * 4, outcome="timeout", feedback=["outcome"], tokens=[40, 3, 40, 3]),
 ]
 
 
 def record(db: Session, project: str, ep: dict[str, Any]) -> None:
     """The calls the proxy recorded for this episode and the feedback the harness posted."""
     transcript, parent, last = ep["transcript"], None, None
+    replies = iter(ep["reply_tokens"])
     for i, message in enumerate(transcript):
-        if message["role"] != "assistant":
+        if message["role"] != "assistant" or i < len(OPEN):  # the few-shot example is prompt, not replies
             continue
         last = f"{ep['session_id']}-{i}"
-        insert(db, row(last, [1, 2, 3], [choice([5, 2], content=message["content"])], messages=transcript[:i],
+        ids = list(range(100, 99 + next(replies))) + [2]  # the reply's sampled tokens (no loop), its end token
+        insert(db, row(last, [1, 2, 3], [choice(ids, content=message["content"])], messages=transcript[:i],
                        parent=parent, session=ep["session_id"], project=project, at=i))  # fmt: skip
         parent = last
     names = {"reward": ep["reward"], "outcome": "timeout", "review": None}
@@ -77,7 +90,7 @@ def test_mine_counts_what_the_episodes_file_counts(db: Session) -> None:
         record(db, project, ep)
     db.commit()
     mine(db, project, settle_s=30)
-    found = {mode: m["count"] for mode, m in report(db, project)["modes"].items() if mode != "long_answer"}
+    found = {mode: m["count"] for mode, m in report(db, project)["modes"].items()}
     direct = dict(count_failures(EPISODES))
-    assert direct == {"timeout": 2, "low_grade": 3, "protocol_unparsed": 3, "tool_error": 4}
+    assert direct == {"timeout": 3, "low_grade": 3, "protocol_unparsed": 3, "tool_error": 4, "long_answer": 3}
     assert found == direct

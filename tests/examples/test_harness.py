@@ -171,7 +171,7 @@ def test_verbose_answers_lose_reward_for_length() -> None:
         r = h.episode(multiplication()[0])
     assert r.correct and r.outcome == "answered"  # the first action in each message is what counts
     assert r.reward == 1.0  # the fake endpoint reports 8 tokens a call; brevity comes from usage
-    assert r.completion_tokens == 16
+    assert r.completion_tokens == 16 and r.reply_tokens == [8, 8]  # each reply's, for mine's long answers
 
 
 def test_feedback_mix_has_every_kind_and_silence() -> None:

@@ -32,8 +32,12 @@ SELECT project_id, id, task_id, source, coalesce(tags, '[]'::json), now(), now()
 FROM json_to_recordset(%s::json) AS s(project_id text, id text, task_id text, source text, tags json)
 ON CONFLICT (project_id, id) DO UPDATE SET updated_at = excluded.updated_at
 """
-TOMBSTONED = "SELECT project_id, session_id FROM tombstones WHERE session_id = ANY(%s::text[])"
-END_USERS_DELETED = "SELECT project_id, end_user, created_at FROM end_user_tombstones WHERE end_user = ANY(%s::text[])"
+# Deleted sessions and deleted end users of a batch, in one round trip (no end user named: the second part is empty).
+TOMBSTONED = """
+SELECT project_id, session_id, NULL::text, NULL::timestamptz FROM tombstones WHERE session_id = ANY(%s::text[])
+UNION ALL
+SELECT project_id, NULL, end_user, created_at FROM end_user_tombstones WHERE end_user = ANY(%s::text[])
+"""
 TOMBSTONE = """
 INSERT INTO tombstones (project_id, session_id, created_at)
 SELECT p, s, now() FROM unnest(%s::text[], %s::text[]) AS u(p, s) ON CONFLICT DO NOTHING
@@ -67,12 +71,12 @@ async def any_pending(conn: AsyncConnection[Any], project_ids: Iterable[str]) ->
 
 async def tombstoned(conn: AsyncConnection[Any], calls: list[CallRecord]) -> set[tuple[str, str]]:
     """(project, session) pairs of these calls that were deleted: their calls must not land."""
-    cur = await conn.execute(TOMBSTONED, [list({c.session_id for c in calls})])
-    gone = {(p, s) for p, s in await cur.fetchall()}
     users = list({c.end_user for c in calls if c.end_user is not None})
-    if users:  # a deleted end user's calls made before the delete: their sessions are tombstoned now
-        cur = await conn.execute(END_USERS_DELETED, [users])
-        if new := end_users_gone(calls, await cur.fetchall()) - gone:
-            await conn.execute(TOMBSTONE, [[p for p, _ in new], [s for _, s in new]])
-            gone |= new
+    cur = await conn.execute(TOMBSTONED, [list({c.session_id for c in calls}), users])
+    rows = await cur.fetchall()
+    gone = {(p, s) for p, s, _, _ in rows if s is not None}
+    # A deleted end user's calls made before the delete: their sessions are tombstoned now.
+    if new := end_users_gone(calls, [(p, u, t) for p, s, u, t in rows if s is None]) - gone:
+        await conn.execute(TOMBSTONE, [[p for p, _ in new], [s for _, s in new]])
+        gone |= new
     return gone

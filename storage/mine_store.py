@@ -128,7 +128,8 @@ def _regrade(db: DbSession, project: str, targets: set[str], cfg: MineConfig, ru
 
     A call's grades are the items naming it and, when it is its session's newest call, the
     session's own; per (level, source, name, choice) the newest wins (a revision), as in
-    :func:`storage.grading.current`. The newest low winner is the flag's detail.
+    :func:`storage.grading.current`. The newest low winner is the flag's detail. A session
+    grade's flag follows the session's newest call.
     """
     if not targets:
         return 0
@@ -136,6 +137,10 @@ def _regrade(db: DbSession, project: str, targets: set[str], cfg: MineConfig, ru
                                                                   among(db, Completion.id, targets))))  # fmt: skip
     last = _last_calls(db, project, sessions)
     heads = [session for session, cid in last.items() if cid in targets]
+    flags = (CompletionFlag.project_id == project, CompletionFlag.mode == "low_grade")
+    # An earlier call of these sessions may hold the flag of a session grade from before it was the last.
+    targets = targets | set(db.scalars(select(CompletionFlag.completion_id).where(
+        *flags, among(db, CompletionFlag.session_id, heads))))  # fmt: skip
     where = or_(
         among(db, Feedback.completion_id, targets),
         and_(Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id",
@@ -156,7 +161,6 @@ def _regrade(db: DbSession, project: str, targets: set[str], cfg: MineConfig, ru
         scalar = rule.score(item.name, item.value, item.comment)
         if "low_grade" in (modes := grade_modes(item.name, item.value, None if scalar is MASKED else scalar, cfg)):
             low[cid] = {**modes["low_grade"], "feedback_id": item.id}
-    flags = (CompletionFlag.project_id == project, CompletionFlag.mode == "low_grade")
     stmt = select(CompletionFlag.completion_id, CompletionFlag.detail).where(*flags)
     stored: dict[str, Any] = dict(db.execute(stmt.where(among(db, CompletionFlag.completion_id, targets))).all())
     if stale := [cid for cid, detail in stored.items() if detail != low.get(cid)]:

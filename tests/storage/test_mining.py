@@ -182,3 +182,11 @@ def test_a_grade_revised_upward_clears_the_low_grade_flag(db: Session) -> None:
     db.commit()
     assert dict(mine(db, p).flagged) == {"low_grade": 1}
     assert _flags(db, p)[(call["id"], "low_grade")]["feedback_id"] == down.id
+
+    # The session goes on; its grade, revised up, lands on the new last call, and the old flag goes too.
+    later = reply("ok", project=p, session="a", at=4)
+    insert(db, later)
+    db.add(feedback_row(p, "reward", 1.0, session="a", at=5))
+    db.commit()
+    assert mine(db, p).cleared == 1
+    assert set(_flags(db, p)) == {(other["id"], "low_grade")}

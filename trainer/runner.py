@@ -416,6 +416,9 @@ def summary_line(step: int, version: int | None, result: StepResult) -> str:
         return "-" if value is None else format(value, fmt)
 
     where = f"{'v' + str(version) if version is not None else 'no adapter'}"
+    tied = m.get("zero_advantage_trajectories") or 0
+    if version is None and not m.get("tokens") and tied:
+        where += f" (all {tied} trajectories tied with their group's reward: nothing to learn)"
     return (
         f"step {step} {where}: loss {num('loss', '.4f')} reward {num('reward_mean', '.3f')} "
         f"ratio {num('ratio_mean', '.3f')}/{num('ratio_max', '.3f')} clipped {100 * (m.get('clipped_frac') or 0):.1f}% "

@@ -156,13 +156,13 @@ class Promotion:
             result = await self.router.deploy(project, alias, version)
             why = "auto: every version is routed"
             await self._event(project, alias, version, serving, policy.mode, "promoted", why)
-            await self.attestor.record(project, alias, version)
+            self.attestor.soon(project, alias, version)
             await self.refresh()  # the routed version's content hash, for the very next call's record
             return {**result, "policy": "auto"}
         await self.router.stage(project, alias, version)
         self.candidates[(project, alias)] = (policy.mode, version, policy.share)  # pinned from now on
         self.router.pinned = self.needed_versions()
-        await self.attestor.record(project, alias, version)
+        self.attestor.soon(project, alias, version)
         async with self.sessionmaker() as db:
             if policy.candidate_version not in (None, version):
                 await _record(db, project, alias, version=policy.candidate_version, serving=serving, mode=policy.mode,
@@ -195,7 +195,7 @@ class Promotion:
                           reason=why)  # fmt: skip
             await db.commit()
         if version is not None:
-            await self.attestor.record(project, alias, version)
+            self.attestor.soon(project, alias, version)
         await self.refresh()
 
     # ---- decisions -------------------------------------------------------------------
@@ -293,6 +293,9 @@ def _eval_comparison(
 
 def _gate_reason(verdict: str, cmp: store.Comparison, policy: store.Policy) -> str:
     how = "paired" if cmp.paired else "independent"
+    if cmp.coverage < store.MIN_COVERAGE:
+        return (f"eval scored {cmp.coverage:.0%} of the serving version's items (under {store.MIN_COVERAGE:.0%}): "
+                f"what it did not answer may be where it is worse")  # fmt: skip
     where = "clearly worse" if verdict == "held" else "not clearly worse"
     return (f"eval {cmp.candidate.mean:.3f} vs serving {cmp.serving.mean:.3f}: diff {cmp.diff:+.3f} ± {cmp.se:.3f} "
             f"({how}), {where} than margin {policy.margin} at z {policy.z}")  # fmt: skip

@@ -272,23 +272,34 @@ class Comparison:
     paired: bool
     candidate: Stats
     serving: Stats
+    coverage: float = 1.0  # share of the serving version's scored items the candidate scored too
 
     def to_dict(self) -> dict[str, Any]:
         def side(s: Stats) -> dict[str, Any]:
             return {"n": s.n, "mean": s.mean, "stderr": s.stderr}
 
-        return {"diff": self.diff, "se": self.se, "paired": self.paired,
+        return {"diff": self.diff, "se": self.se, "paired": self.paired, "coverage": self.coverage,
                 "candidate": side(self.candidate), "serving": side(self.serving)}  # fmt: skip
 
 
+# A gate candidate whose eval scored less than this share of the serving version's items is held:
+# the items it could not answer (errors, timeouts) are exactly where it may be worse.
+MIN_COVERAGE = 0.9
+
+
 def compare(candidate: Stats, serving: Stats) -> Comparison:
-    """Paired over the items both scored when their item sets are the same, else independent samples."""
+    """Paired over the items both scored (when at least two are shared), else independent samples.
+
+    Pairing removes the items' own difficulty from the difference's standard error; an item only one
+    side scored cannot be paired and is left out of the paired difference (``coverage`` says how much).
+    """
     common = set(candidate.scores) & set(serving.scores)
-    if len(common) > 1 and common == set(candidate.scores) == set(serving.scores):
+    coverage = len(common) / len(serving.scores) if serving.scores and candidate.scores else 1.0
+    if len(common) > 1:
         diffs = Stats.of({k: candidate.scores[k] - serving.scores[k] for k in common})
-        return Comparison(diffs.mean, diffs.stderr, True, candidate, serving)
+        return Comparison(diffs.mean, diffs.stderr, True, candidate, serving, coverage)
     se = math.sqrt(candidate.stderr**2 + serving.stderr**2)
-    return Comparison(candidate.mean - serving.mean, se, False, candidate, serving)
+    return Comparison(candidate.mean - serving.mean, se, False, candidate, serving, coverage)
 
 
 def clearly_worse(cmp: Comparison, margin: float, z: float) -> bool:
@@ -302,8 +313,9 @@ def clearly_not_worse(cmp: Comparison, margin: float, z: float) -> bool:
 
 
 def gate_verdict(cmp: Comparison, margin: float, z: float) -> Literal["promoted", "held"]:
-    """``gate``: promoted unless the eval says the candidate is clearly worse by more than the margin."""
-    return "held" if clearly_worse(cmp, margin, z) else "promoted"
+    """``gate``: promoted unless the eval says the candidate is clearly worse by more than the margin,
+    or it scored too few of the serving version's items to tell (:data:`MIN_COVERAGE`)."""
+    return "held" if cmp.coverage < MIN_COVERAGE or clearly_worse(cmp, margin, z) else "promoted"
 
 
 def canary_verdict(

@@ -33,6 +33,18 @@ def test_same_items_are_compared_paired_with_a_smaller_standard_error() -> None:
     assert store.gate_verdict(unpaired, margin=0.0, z=2.0) == "promoted"  # not clear without pairing
 
 
+def test_overlapping_item_sets_are_paired_over_the_shared_items_and_low_coverage_holds() -> None:
+    serving = store.Stats.of({f"p{i}": float(i % 5) for i in range(40)})
+    # The candidate answered 38 of the 40 items (two errored), each 0.1 higher: paired over the 38.
+    most = store.Stats.of({f"p{i}": float(i % 5) + 0.1 for i in range(38)})
+    cmp = store.compare(most, serving)
+    assert cmp.paired and cmp.diff == pytest.approx(0.1) and cmp.coverage == pytest.approx(38 / 40)
+    assert store.gate_verdict(cmp, margin=0.0, z=2.0) == "promoted"
+    # Answering only 30 of 40 (75%) holds it whatever its scores: the missing items may be where it is worse.
+    few = store.compare(store.Stats.of({f"p{i}": 4.0 for i in range(30)}), serving)
+    assert few.coverage == pytest.approx(0.75) and store.gate_verdict(few, margin=0.0, z=2.0) == "held"
+
+
 def test_gate_holds_only_what_is_two_standard_errors_worse() -> None:
     serving = store.Stats(48, 0.70, 0.05)
     assert store.gate_verdict(store.compare(store.Stats(48, 0.60, 0.05), serving), 0.0, 2.0) == "promoted"

@@ -1,18 +1,19 @@
 """Attestation: does each engine replica serve ``alias@vN`` with the weights that version names?
 
-An adapter version's folder is never overwritten (trainer/publish.py), but a disk can be written
-by someone else, and an engine may have loaded another folder under the same name. The name alone
-proves nothing; what the engine computes does. When a version is first loaded (deploy or
-candidate), its fingerprint is measured and stored once (``attestations``): the greedy tokens and
-their logprobs for a fixed probe prompt, beside the version's content hash. After every load or
-reconcile, and every ``ONTHEJOB_ATTEST_EVERY`` seconds, each replica is probed again under the
-version's engine-side name. A replica that answers differently is taken out of rotation for that
-model (``ReplicaSet.exclude``: calls for it go to the other replicas) and an alert of kind
-``attestation`` is raised (storage/alerts.py: logged, listed by ``GET /v1/admin/alerts``, holding
-and rolling back promotion); a replica that matches again is put back.
+An adapter version's folder is never overwritten (trainer/publish.py), but a disk can be written by
+someone else, and an engine may have loaded another folder under the same name. The name alone
+proves nothing; what the engine computes does. When a version is first loaded (deploy or candidate),
+its fingerprint is measured in the background (the deployment does not wait for it) and stored once
+(``attestations``): the greedy tokens and their logprobs for a fixed probe prompt, beside the
+version's content hash. After every load or reconcile, and every ``ONTHEJOB_ATTEST_EVERY`` seconds,
+each replica is probed again under the version's engine-side name. A replica that answers
+differently is taken out of rotation for that model (``ReplicaSet.exclude``: calls for it go to the
+other replicas) and an alert of kind ``attestation`` is raised (storage/alerts.py: logged, listed by
+``GET /v1/admin/alerts``, holding and rolling back promotion); a replica that matches again is put
+back.
 
-Logprobs are compared over the prefix where both answers chose the same tokens (a near-tie may
-flip a later greedy choice under batching noise; the first token is always compared), within
+Logprobs are compared over the prefix where both answers chose the same tokens (a near-tie may flip
+a later greedy choice under batching noise; the first token is always compared), within
 ``TOLERANCE`` nats.
 """
 
@@ -59,7 +60,21 @@ class Attestor:
         self.sessionmaker = sessionmaker
         self.router = router
         self.metrics = metrics
+        self.pending: set[asyncio.Task[Any]] = set()  # fingerprints being measured (held so they finish)
         router.on_reload = self.reloaded
+
+    def soon(self, project: str, alias: str, version: int) -> None:
+        """Measure and check the version's fingerprint in the background: a deployment never waits for
+        the probe (under load one engine call can take longer than the caller's timeout)."""
+        task = asyncio.get_running_loop().create_task(self._record_logged(project, alias, version))
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    async def _record_logged(self, project: str, alias: str, version: int) -> None:
+        try:
+            await self.record(project, alias, version)
+        except Exception as exc:  # noqa: BLE001 - the periodic check and the next deploy try again
+            log.warning("attesting %s@v%s failed: %s", alias, version, exc)
 
     async def reloaded(self, replica: Replica) -> None:
         """A probe loaded adapter versions into ``replica`` (after a restart): check what it now serves."""

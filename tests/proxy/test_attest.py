@@ -61,7 +61,11 @@ def test_overwritten_weights_reloaded_into_one_engine_are_caught(
                timeout=30).raise_for_status()  # fmt: skip
     _publish(db_url, tiny_engine, tmp_path, 1, seed=1, alias=ALIAS)
     httpx.post(f"{proxy.v1}/admin/deployments", json={"alias": ALIAS, "version": 1}, timeout=120).raise_for_status()
-    [attested] = httpx.get(f"{proxy.v1}/admin/aliases/{ALIAS}/attestations", timeout=30).json()["data"]
+    deadline = time.monotonic() + 120
+    while not (rows := httpx.get(f"{proxy.v1}/admin/aliases/{ALIAS}/attestations", timeout=30).json()["data"]):
+        assert time.monotonic() < deadline, "v1 was never attested"  # measured in the background after deploy
+        time.sleep(0.2)
+    [attested] = rows
     assert attested["version"] == 1 and attested["excluded_replicas"] == []
     expected = attested["fingerprint"]
     assert same(expected, _probe(other_engine.url, f"{ALIAS}@v1"))

@@ -11,8 +11,9 @@ import argparse
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from onthejob import commands
+from onthejob import commands, datasets
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=float, default=10.0, help="seconds between polls with --watch")
     p.add_argument("--max-len", type=int, default=2048, help="longer trajectories are dropped and counted")
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores / ranks)")
+    p.add_argument("--dataset", default=None, help="train exactly this dataset's pinned items (all of them), then stop")
     p.set_defaults(handler=commands.train)
 
     p = sub.add_parser("judge", help="grade comment-only and ungraded sessions with the project's judge")
@@ -188,8 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--since", default=None, help="ISO time; only sessions updated since")
     p.add_argument("--project", default="default")
     p.add_argument("--db", default=None)
+    p.add_argument("--dataset", default=None, help="this dataset's pinned trajectories and rewards")
     p.add_argument("-o", "--output", required=True)
     p.set_defaults(handler=commands.export)
+
+    _dataset_parsers(sub)
 
     p = sub.add_parser("mine", help="flag failure modes in recorded calls (incrementally) and report them")
     p.add_argument("--alias", default=None)
@@ -203,6 +208,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None)
     p.set_defaults(handler=commands.retention)
     return parser
+
+
+def _dataset_parsers(sub: Any) -> None:
+    """``onthejob dataset create | list | show | diff`` (onthejob/datasets.py)."""
+    ds = sub.add_parser("dataset", help="named, immutable selections of trajectories for train and export")
+    dsub = ds.add_subparsers(dest="dataset_command", required=True, metavar="ACTION")
+    p = dsub.add_parser("create", help="select trajectories and pin them (calls, feedback, rewards) under a name")
+    p.add_argument("name")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
+                   help="alias, tags, since, until, min_reward, max_reward, flags, feedback, judge (agrees|disagrees);"
+                        " lists comma-separated; repeat for several")  # fmt: skip
+    p.add_argument("--from-mine", default=None, metavar="MODE", help="trajectories onthejob mine flagged with MODE")
+    p.add_argument("--curated", action="store_true",
+                   help="failures (flagged or graded low) with the best successes of the same task")  # fmt: skip
+    p.add_argument("--per-task", type=int, default=2, help="--curated: successes kept per failing task")
+    p.add_argument("--description", default="")
+    for name, helptext in (("list", "every dataset of the project"), ("show", "one dataset and its items"),
+                           ("diff", "items only in A, only in B, and in both with other values")):  # fmt: skip
+        q = dsub.add_parser(name, help=helptext)
+        if name == "show":
+            q.add_argument("name")
+        if name == "diff":
+            q.add_argument("a")
+            q.add_argument("b")
+        q.add_argument("--json", action="store_true", help="print the answer as JSON")
+    for q in dsub.choices.values():
+        q.add_argument("--project", default="default")
+        q.add_argument("--db", default=None)
+        q.set_defaults(handler=datasets.run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

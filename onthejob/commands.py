@@ -86,7 +86,8 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
             alias=args.alias, database_url=database_url(args.db), model=args.model, project=args.project,
             objective=args.objective, lr=args.lr, batch_size=args.batch_size, min_batch=args.min_batch,
             max_len=args.max_len, threads=args.threads, fresh_optimizer=args.fresh_optimizer, parent=str(args.parent),
-            steps=args.steps if args.steps is not None else (None if args.watch else 1), watch=args.watch,
+            steps=args.steps if args.steps is not None else (None if args.watch or args.dataset else 1),
+            watch=args.watch, dataset=args.dataset,
             poll_s=args.poll, adapters=Path(args.adapters), proxy=args.proxy, admin_key=admin_key(args.admin_key),
             deploy=not args.no_deploy, sdpo_weight=args.sdpo_weight, correction_weight=args.correction_weight,
             sdpo_form=args.sdpo_form,
@@ -236,16 +237,20 @@ def export(args: argparse.Namespace) -> int:
     """``onthejob export --format sft|dpo|rl [--alias A] [--min-reward X] [--since T] -o FILE``."""
     from sqlalchemy.orm import Session
 
+    from storage.datasets import DatasetError
     from storage.db import sync_engine
     from storage.export import export_rows, parse_since, write_jsonl
 
     since = _since(args.since, parse_since)
+    if args.dataset is not None and (args.alias or since):
+        raise UserError(f"--dataset {args.dataset!r} is already a selection: leave out --alias and --since")
     eng = sync_engine(args.db)
     try:
         with Session(eng) as db:
-            rows, read, excluded = export_rows(
-                db, args.project, args.format, alias=args.alias, since=since, min_reward=args.min_reward
-            )
+            rows, read, excluded = export_rows(db, args.project, args.format, alias=args.alias, since=since,
+                                               min_reward=args.min_reward, dataset=args.dataset)  # fmt: skip
+    except DatasetError as exc:
+        raise UserError(str(exc)) from exc
     finally:
         eng.dispose()
     write_jsonl(rows, Path(args.output))

@@ -194,10 +194,19 @@ def export_rows(
     alias: str | None = None,
     since: datetime | None = None,
     min_reward: float | None = None,
+    dataset: str | None = None,
 ) -> tuple[list[dict[str, Any]], int, Counter[str]]:
-    """The rows of one format for a project's trajectories, how many trajectories were read, exclusions."""
+    """The rows of one format for a project's trajectories, how many trajectories were read, exclusions.
+
+    ``dataset``: that dataset's pinned trajectories and rewards instead (alias and since do not apply).
+    """
+    from storage.dataset_load import pinned
     from storage.loaders import load_with_calls
 
-    calls, trajectories = load_with_calls(db, project_id, alias=alias, since=since)
+    left_out: Counter[str] = Counter()
+    if dataset is not None:
+        calls, trajectories, left_out = pinned(db, project_id, dataset)
+    else:
+        calls, trajectories = load_with_calls(db, project_id, alias=alias, since=since)
     rows, excluded = FORMATS[fmt](trajectories, {c.id: c for c in calls}, min_reward)
-    return rows, len(trajectories), excluded
+    return rows, len(trajectories), excluded + left_out

@@ -314,20 +314,25 @@ def _pick(scored: list[tuple[Grade, float]], rule: RewardRule) -> tuple[Grade, f
     return min(scored, key=lambda gs: (rule.rank(gs[0].name), -gs[0].created_at.timestamp(), gs[0].id))
 
 
-def resolve_reward(
-    traj: Trajectory, feedback: Iterable[Any], rule: RewardRule = DEFAULT_RULE
-) -> tuple[float | None, dict[str, Any]]:
-    """The reward of one trajectory and how it was derived (``reward_detail``)."""
-    detail: dict[str, Any] = {"rule": rule.name}
+def grades_about(traj: Trajectory, feedback: Iterable[Any]) -> list[Grade]:
+    """The grades that speak about ``traj``: of its session, or of one of its calls (of the choice it continues)."""
     calls = set(traj.completion_ids)
     taken = {(t.completion_id, t.choice_index) for t in traj.turns}  # the choice of each call it continues
     grades = [g if isinstance(g, Grade) else to_grade(g) for g in feedback]
-    mine = [
+    return [
         g
         for g in grades
         if (g.completion_id in calls and (g.choice is None or (g.completion_id, g.choice) in taken))
         or (g.completion_id is None and g.session_id == traj.session_id)
     ]
+
+
+def resolve_reward(
+    traj: Trajectory, feedback: Iterable[Any], rule: RewardRule = DEFAULT_RULE
+) -> tuple[float | None, dict[str, Any]]:
+    """The reward of one trajectory and how it was derived (``reward_detail``)."""
+    detail: dict[str, Any] = {"rule": rule.name}
+    mine = grades_about(traj, feedback)
     scored: list[tuple[Grade, Scalar]] = [(g, rule.score(g.name, g.value, g.comment)) for g in current(mine)]
     scored = [(g, s) for g, s in scored if s is not None]
     detail["candidates"] = [{**g.describe(), "scalar": None if s is MASKED else s} for g, s in scored]

@@ -2,8 +2,9 @@
 
 Read from what training records anyway: a step publishes one version
 (``training_steps.adapter_version``), and ``used_feedback`` holds each (trajectory,
-feedback item, objective) that step trained on; ``adapters.parent_version`` says whose
-weights it started from. A version learned from everything its ancestors learned from
+feedback item, objective) that step trained on; its run's config names the dataset it
+trained from (``train --dataset``); ``adapters.parent_version`` says whose weights it
+started from. A version learned from everything its ancestors learned from
 (v5 inherits v4's weights), so the reverse question is answered transitively.
 """
 
@@ -18,13 +19,14 @@ from sqlalchemy.orm import Session as DbSession
 from storage.models import Adapter, Completion, TrainingRun, TrainingStep, UsedFeedback
 
 
-def _steps(db: DbSession, project: str, alias: str, version: int) -> list[int]:
+def _steps(db: DbSession, project: str, alias: str, version: int) -> list[tuple[int, dict[str, Any]]]:
+    """The step that published the version, with its run's config (which names a dataset it trained from)."""
     stmt = (
-        select(TrainingStep.id)
+        select(TrainingStep.id, TrainingRun.config)
         .join(TrainingRun, TrainingRun.id == TrainingStep.run_id)
         .where(TrainingRun.project_id == project, TrainingRun.alias == alias, TrainingStep.adapter_version == version)
     )
-    return list(db.scalars(stmt))
+    return [(step, config or {}) for step, config in db.execute(stmt)]
 
 
 def version_lineage(db: DbSession, project: str, alias: str, version: int) -> dict[str, Any] | None:
@@ -33,9 +35,10 @@ def version_lineage(db: DbSession, project: str, alias: str, version: int) -> di
                                           Adapter.version == version))  # fmt: skip
     if row is None:
         return None
+    steps = _steps(db, project, alias, version)
     used = db.execute(
         select(UsedFeedback.trajectory_id, UsedFeedback.feedback_id, UsedFeedback.objective)
-        .where(UsedFeedback.project_id == project, UsedFeedback.step_id.in_(_steps(db, project, alias, version)))
+        .where(UsedFeedback.project_id == project, UsedFeedback.step_id.in_([step for step, _ in steps]))
         .order_by(UsedFeedback.id)
     ).all()  # fmt: skip
     parents = dict(db.execute(select(Adapter.version, Adapter.parent_version)
@@ -50,7 +53,7 @@ def version_lineage(db: DbSession, project: str, alias: str, version: int) -> di
         "trajectories": sorted({t for t, _, _ in used}),
         "feedback": sorted({f for _, f, _ in used}),
         "used": [{"trajectory_id": t, "feedback_id": f, "objective": o} for t, f, o in used],
-        "datasets": [],  # named datasets are not built yet
+        "datasets": sorted({str(config["dataset"]) for _, config in steps if config.get("dataset")}),
     }  # fmt: skip
 
 

@@ -41,7 +41,23 @@ AfterPublish = Callable[[int], str]
 
 
 def default_loader(settings: TrainSettings) -> Loader:
-    """storage's incremental feed: what changed since its cursor, up to ``batch_size`` trajectories a poll."""
+    """storage's incremental feed: what changed since its cursor, up to ``batch_size`` trajectories a poll.
+
+    With ``--dataset``: that dataset's pinned items, ``batch_size`` a step until none is left.
+    """
+    if settings.dataset is not None:
+        from storage.dataset_load import DatasetFeed
+        from storage.datasets import DatasetError
+
+        feed = DatasetFeed(settings.project, settings.alias, settings.dataset, limit=settings.batch_size)
+
+        def load(db: Session, project: str, alias: str) -> tuple[list[Trajectory], Counter[str]]:
+            try:
+                return feed(db, project, alias)
+            except DatasetError as exc:
+                raise DataError(f"--dataset: {exc}") from exc
+
+        return load
     try:
         from storage.feed import TrainingFeed
     except ImportError as exc:
@@ -301,6 +317,7 @@ def _start_run(
     config = {
         **cfg.to_dict(), "parent_version": parent_version, "batch_size": settings.batch_size,
         "world_size": dist.world(), "baseline": baseline or TaskBaseline().to_dict(),
+        **({"dataset": settings.dataset} if settings.dataset is not None else {}),  # the versions' lineage reads it
     }  # fmt: skip
     row = TrainingRun(
         project_id=settings.project, alias=settings.alias, objective=cfg.objective.name,

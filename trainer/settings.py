@@ -50,6 +50,7 @@ class TrainSettings:
     sdpo_weight: float = 1.0  # --objective sdpo: weight of self-distillation against the scored part
     correction_weight: float = 1.0  # --objective sdpo: weight of filtered SFT on corrections
     sdpo_form: str = "token"  # token (sampled-token signal) | topk (top-k + tail reverse KL)
+    dataset: str | None = None  # train exactly this dataset's pinned items (storage/datasets.py), then stop
 
     def __post_init__(self) -> None:
         if not self.alias:
@@ -75,6 +76,10 @@ class TrainSettings:
             raise SettingsError(f"--sdpo-form {self.sdpo_form!r}: use token or topk")
         if self.parent not in PARENT_WORDS and not self.parent.isdigit():
             raise SettingsError(f"--parent {self.parent!r}: use latest, deployed, base or a version number")
+        if self.dataset is not None and (self.watch or self.objective == "sdpo"):
+            raise SettingsError(
+                f"--dataset {self.dataset!r} is a fixed set: it trains with tis, ppo or bc, without --watch"
+            )
         object.__setattr__(self, "adapters", Path(self.adapters))
 
     @property

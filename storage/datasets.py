@@ -1,0 +1,386 @@
+"""Datasets: named, immutable selections of trajectories that ``train`` and ``export`` take.
+
+A dataset is chosen once, by a filter (alias, tags, time, reward range, failure
+flags, feedback names, judge agreement), by a failure mode of ``onthejob mine``,
+or as a curated set (failures with the best successes of the same task), and
+pinned at creation: per trajectory, the completion ids of its path, a digest of
+its tokens, the feedback items about it (ids and values) and the reward they gave.
+Training it tomorrow trains the same tokens on the same rewards, whatever feedback
+arrives or is revised meanwhile (:mod:`storage.dataset_load` rebuilds them).
+
+Nothing is ever updated: a name is taken once per project (:class:`DatasetExists`).
+A deleted session (a tombstone, :mod:`storage.deletion`) vanishes from every read:
+``show``, ``diff``, ``export`` and ``train`` count only items whose session is alive.
+
+Errors (one tree, mapped by the admin routes and the CLI)::
+
+    DatasetError          a bad specification; the message names the key (400)
+    ├── DatasetExists     the name is taken in this project (409)
+    └── DatasetNotFound   no such dataset in this project (404)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, exists, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DbSession
+
+from storage.grading import JUDGE_SOURCE, Grade, apply_rewards, current, grades_about, resolve_grades
+from storage.loaders import completions_stmt, feedback_stmt, project_rule, sessions_subquery, settings_stmt
+from storage.mining import MODES, MineConfig
+from storage.models import Completion, CompletionFlag, Dataset, DatasetItem, Tombstone
+from storage.trajectories import Trajectory, assemble
+
+
+class DatasetError(ValueError):
+    """A dataset specification that cannot work; the message names the key and the fix."""
+
+
+class DatasetExists(DatasetError):
+    """Datasets are immutable: a name is taken once per project."""
+
+
+class DatasetNotFound(DatasetError):
+    """No dataset of that name in this project."""
+
+
+# --------------------------------------------------------------------------- the specification
+
+
+def _when(key: str, value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    try:
+        when = datetime.fromisoformat(str(value))
+    except ValueError as exc:
+        raise DatasetError(f"filter.{key}: {value!r} is not an ISO time, e.g. 2026-11-30T12:00") from exc
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _number(key: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError) as exc:
+        raise DatasetError(f"filter.{key}: {value!r} is not a number") from exc
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    """A list, or one comma-separated string (the CLI's ``--filter flags=timeout,truncated``)."""
+    items = value.split(",") if isinstance(value, str) else list(value or [])
+    return tuple(str(v).strip() for v in items if str(v).strip())
+
+
+@dataclass(frozen=True)
+class DatasetFilter:
+    """Which trajectories a dataset takes; every condition given must hold (lists: any of them)."""
+
+    alias: str | None = None
+    tags: tuple[str, ...] = ()  # every one of these tags
+    since: datetime | None = None  # the trajectory's last call, at or after
+    until: datetime | None = None  # ... and before
+    min_reward: float | None = None  # a reward range asks for a reward: ungraded trajectories are left out
+    max_reward: float | None = None
+    flags: tuple[str, ...] = ()  # a call of the trajectory flagged by ``onthejob mine`` with one of these modes
+    feedback: tuple[str, ...] = ()  # a feedback item about it with one of these names
+    judge: str | None = None  # "agrees" | "disagrees": the judge's grade against a harness or human one
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> DatasetFilter:
+        """From the REST body's ``filter`` or the CLI's ``--filter KEY=VALUE``; an unknown key is refused by name."""
+        raw = dict(raw or {})
+        keys = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(keys))
+        if unknown:
+            raise DatasetError(f"filter.{unknown[0]} is not a filter; use {', '.join(keys)}")
+        flags = _names(raw.get("flags"))
+        if bad := [f for f in flags if f not in MODES]:
+            raise DatasetError(f"filter.flags: {bad[0]!r} is not a failure mode; use {', '.join(MODES)}")
+        judge = raw.get("judge")
+        if judge not in (None, "agrees", "disagrees"):
+            raise DatasetError(f"filter.judge: {judge!r}; use agrees or disagrees")
+        return cls(
+            alias=str(raw["alias"]) if raw.get("alias") else None, tags=_names(raw.get("tags")),
+            since=_when("since", raw.get("since")), until=_when("until", raw.get("until")),
+            min_reward=_number("min_reward", raw.get("min_reward")),
+            max_reward=_number("max_reward", raw.get("max_reward")),
+            flags=flags, feedback=_names(raw.get("feedback")), judge=judge,
+        )  # fmt: skip
+
+    def to_dict(self) -> dict[str, Any]:
+        """What was given, JSON-ready (stored with the dataset)."""
+        out = {k: v for k, v in asdict(self).items() if v not in (None, ())}
+        return {k: v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v
+                for k, v in out.items()}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How a dataset is selected: a filter; a mine mode (the filter plus that flag); or the curated set."""
+
+    filter: DatasetFilter = field(default_factory=DatasetFilter)
+    from_mine: str | None = None
+    curated: bool = False
+    per_task: int = 2  # curated: the best successes kept per failing task
+
+    def __post_init__(self) -> None:
+        if self.from_mine is not None and self.from_mine not in MODES:
+            raise DatasetError(f"from_mine: {self.from_mine!r} is not a failure mode; use {', '.join(MODES)}")
+        if self.per_task < 0:
+            raise DatasetError(f"per_task: {self.per_task} must be 0 or more")
+
+    @property
+    def kind(self) -> str:
+        return "curated" if self.curated else "mine" if self.from_mine else "filter"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "filter": self.filter.to_dict()}
+        if self.from_mine:
+            out["from_mine"] = self.from_mine
+        if self.curated:
+            out["per_task"] = self.per_task
+        return out
+
+
+# --------------------------------------------------------------------------- selection (pure)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One trajectory with what the filter reads about it."""
+
+    traj: Trajectory
+    at: datetime | None  # its last call's time
+    grades: tuple[Grade, ...]  # the current feedback items about it
+    modes: frozenset[str]  # failure modes flagged on its calls
+
+
+def judge_agrees(detail: Mapping[str, Any], threshold: float) -> bool | None:
+    """Whether the judge's grade and a harness or human grade fall on the same side of ``threshold``.
+
+    Read from the reward rule's candidates; None when the trajectory lacks one of the two.
+    """
+    scalars = [(c.get("source") == JUDGE_SOURCE, c.get("scalar")) for c in detail.get("candidates") or []]
+    judge = [s for j, s in scalars if j and isinstance(s, float)]
+    other = [s for j, s in scalars if not j and isinstance(s, float)]
+    if not judge or not other:
+        return None
+    return (judge[0] >= threshold) == (other[0] >= threshold)
+
+
+def matches(c: Candidate, f: DatasetFilter, threshold: float = 0.5) -> bool:
+    """Whether one trajectory passes every condition of the filter."""
+    t = c.traj
+    reward_ok = (f.min_reward is None and f.max_reward is None) or (
+        t.reward is not None
+        and (f.min_reward is None or t.reward >= f.min_reward)
+        and (f.max_reward is None or t.reward <= f.max_reward)
+    )
+    judge = judge_agrees(t.reward_detail, threshold) if f.judge else None
+    return (
+        (f.alias is None or t.alias == f.alias)
+        and all(tag in t.tags for tag in f.tags)
+        and (f.since is None or (c.at is not None and c.at >= f.since))
+        and (f.until is None or (c.at is not None and c.at < f.until))
+        and reward_ok
+        and (not f.flags or bool(c.modes & set(f.flags)))
+        and (not f.feedback or any(g.name in f.feedback for g in c.grades))
+        and (f.judge is None or judge is (f.judge == "agrees"))
+    )
+
+
+def curate(pool: Sequence[Candidate], failure_modes: Iterable[str], threshold: float, per_task: int
+           ) -> list[tuple[Candidate, str]]:  # fmt: skip
+    """Failures (flagged with one of ``failure_modes`` (any when empty), or graded below ``threshold``), then for
+    each failing task its ``per_task`` best-rewarded successes (graded at or above it, never flagged)."""
+    wanted = set(failure_modes)
+
+    def failed(c: Candidate) -> bool:
+        flagged = bool(c.modes & wanted) if wanted else bool(c.modes)
+        return flagged or (not wanted and c.traj.reward is not None and c.traj.reward < threshold)
+
+    failures = [c for c in pool if failed(c)]
+    tasks = {c.traj.task_id for c in failures if c.traj.task_id is not None}
+    wins: dict[str, list[Candidate]] = {}
+    for c in pool:
+        if c.traj.task_id in tasks and not c.modes and c.traj.reward is not None and c.traj.reward >= threshold:
+            wins.setdefault(c.traj.task_id, []).append(c)
+    best = [c for task in sorted(wins) for c in sorted(wins[task], key=lambda c: (-(c.traj.reward or 0.0),
+                                                                                 c.traj.id))[:per_task]]  # fmt: skip
+    return [(c, "failure") for c in failures] + [(c, "success") for c in best]
+
+
+def digest(traj: Trajectory) -> str:
+    """sha256 of a trajectory's token ids and mask: what its rebuild must reproduce."""
+    return hashlib.sha256(json.dumps([traj.token_ids, traj.mask]).encode()).hexdigest()
+
+
+def _pinned_feedback(grades: Iterable[Grade], detail: Mapping[str, Any]) -> list[dict[str, Any]]:
+    scalars = {c.get("feedback_id"): c.get("scalar") for c in detail.get("candidates") or []}
+    return [{"id": g.id, "name": g.name, "value": g.value, "source": g.source, "completion_id": g.completion_id,
+             "scalar": scalars.get(g.id)} for g in grades]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- reading the database
+
+
+def _candidates(db: DbSession, project: str, f: DatasetFilter) -> list[Candidate]:
+    """Every trajectory of the sessions the filter can touch, with its grades and flags."""
+    sessions = sessions_subquery(project, alias=f.alias, since=f.since)
+    if f.flags:  # a mine mode: only flagged sessions are read
+        flagged = select(CompletionFlag.session_id).where(CompletionFlag.project_id == project,
+                                                          CompletionFlag.mode.in_(f.flags))  # fmt: skip
+        sessions = sessions.where(Completion.session_id.in_(flagged))
+    calls = list(db.scalars(completions_stmt(project, sessions)))
+    grades = resolve_grades(list(db.scalars(feedback_stmt(project, sessions))), calls)
+    trajectories = assemble(calls)
+    apply_rewards(trajectories, grades, project_rule(db, project))
+    modes: dict[str, set[str]] = {}
+    flag_rows = select(CompletionFlag.completion_id, CompletionFlag.mode).where(
+        CompletionFlag.project_id == project, CompletionFlag.session_id.in_(sessions)
+    )
+    for cid, mode in db.execute(flag_rows):
+        modes.setdefault(cid, set()).add(mode)
+    at = {c.id: c.created_at for c in calls}
+    return [
+        Candidate(traj=t, at=at.get(t.completion_ids[-1]) if t.completion_ids else None,
+                  grades=tuple(current(grades_about(t, grades))),
+                  modes=frozenset(m for cid in t.completion_ids for m in modes.get(cid, ())))
+        for t in trajectories
+    ]  # fmt: skip
+
+
+def alive(project: str) -> ColumnElement[bool]:
+    """An item whose session is neither deleted (tombstoned) nor gone (no call of it left)."""
+    dead = exists().where(Tombstone.project_id == project, Tombstone.session_id == DatasetItem.session_id)
+    calls = exists().where(Completion.project_id == project, Completion.session_id == DatasetItem.session_id)
+    return ~dead & calls
+
+
+def get(db: DbSession, project: str, name: str) -> Dataset:
+    row = db.scalar(select(Dataset).where(Dataset.project_id == project, Dataset.name == name))
+    if row is None:
+        raise DatasetNotFound(f"no dataset {name!r} in this project")
+    return row
+
+
+def items(db: DbSession, project: str, dataset: Dataset) -> list[DatasetItem]:
+    """The dataset's items still alive, in pinning order."""
+    stmt = select(DatasetItem).where(DatasetItem.dataset_id == dataset.id, alive(project)).order_by(DatasetItem.id)
+    return list(db.scalars(stmt))
+
+
+# --------------------------------------------------------------------------- create, list, show, diff
+
+
+def create(db: DbSession, project: str, name: str, spec: Spec, description: str = "") -> dict[str, Any]:
+    """Select and pin; the caller commits. An existing name raises :class:`DatasetExists`."""
+    if not name or len(name) > 200 or "\x00" in name:
+        raise DatasetError("name: 1 to 200 characters, no NUL")
+    if db.scalar(select(Dataset.id).where(Dataset.project_id == project, Dataset.name == name)) is not None:
+        raise DatasetExists(f"dataset {name!r} exists in this project; datasets are immutable, choose another name")
+    try:
+        threshold = MineConfig.from_settings(db.scalar(settings_stmt(project))).low_grade
+    except ValueError as exc:  # the project's "mine" settings
+        raise DatasetError(str(exc)) from exc
+    base = replace(spec.filter, flags=(spec.from_mine,)) if spec.from_mine else spec.filter
+    if spec.curated:  # the flags say what a failure is; successes are read from the same sessions and times
+        unflagged = replace(base, flags=())
+        pool = [c for c in _candidates(db, project, unflagged) if matches(c, unflagged, threshold)]
+        chosen = curate(pool, base.flags, threshold, spec.per_task)
+    else:
+        chosen = [(c, "item") for c in _candidates(db, project, base) if matches(c, base, threshold)]
+    rows = [
+        DatasetItem(project_id=project, session_id=c.traj.session_id, task_id=c.traj.task_id, trajectory_id=c.traj.id,
+                    role=role, completion_ids=list(c.traj.completion_ids), digest=digest(c.traj),
+                    reward=c.traj.reward, reward_detail=c.traj.reward_detail,
+                    feedback=_pinned_feedback(c.grades, c.traj.reward_detail))
+        for c, role in chosen
+    ]  # fmt: skip
+    dataset = Dataset(project_id=project, name=name, description=description, filter=spec.to_dict(),
+                      counts=_counts(rows))  # fmt: skip
+    db.add(dataset)
+    try:
+        db.flush()
+    except IntegrityError as exc:  # created by someone else meanwhile
+        db.rollback()
+        raise DatasetExists(f"dataset {name!r} exists in this project; datasets are immutable") from exc
+    for item in rows:
+        item.dataset_id = dataset.id
+    db.add_all(rows)
+    db.flush()
+    return summary(dataset, dataset.counts)
+
+
+def _counts(rows: Sequence[DatasetItem]) -> dict[str, Any]:
+    roles = Counter(r.role for r in rows)
+    return {
+        "trajectories": len(rows), "sessions": len({r.session_id for r in rows}),
+        "graded": sum(r.reward is not None for r in rows),
+        "feedback": len({f["id"] for r in rows for f in r.feedback}),
+        **({"roles": dict(sorted(roles.items()))} if set(roles) != {"item"} else {}),
+    }  # fmt: skip
+
+
+def summary(dataset: Dataset, counts: Mapping[str, Any]) -> dict[str, Any]:
+    """What list and create answer about one dataset."""
+    return {
+        "object": "dataset", "name": dataset.name, "description": dataset.description,
+        "created_at": dataset.created_at.isoformat() if dataset.created_at else None,
+        "filter": dataset.filter, "counts": dict(counts),
+        "removed": max(0, dataset.counts.get("trajectories", 0) - counts.get("trajectories", 0)),
+    }  # fmt: skip
+
+
+def list_datasets(db: DbSession, project: str) -> list[dict[str, Any]]:
+    """Every dataset of the project, oldest first, counting only items still alive."""
+    live = dict(db.execute(select(DatasetItem.dataset_id, func.count()).where(
+        DatasetItem.project_id == project, alive(project)).group_by(DatasetItem.dataset_id)).all())  # fmt: skip
+    out = []
+    for dataset in db.scalars(select(Dataset).where(Dataset.project_id == project).order_by(Dataset.id)):
+        counts = {**dataset.counts, "trajectories": live.get(dataset.id, 0)}
+        out.append(summary(dataset, counts))
+    return out
+
+
+def item_view(item: DatasetItem) -> dict[str, Any]:
+    return {"trajectory_id": item.trajectory_id, "session_id": item.session_id, "task_id": item.task_id,
+            "role": item.role, "completion_ids": item.completion_ids, "reward": item.reward,
+            "reward_feedback_id": item.reward_detail.get("feedback_id"), "feedback": item.feedback}  # fmt: skip
+
+
+def show(db: DbSession, project: str, name: str) -> dict[str, Any]:
+    """The dataset and its items still alive (a deleted session's items are gone from here)."""
+    dataset = get(db, project, name)
+    rows = items(db, project, dataset)
+    return {**summary(dataset, _counts(rows)), "items": [item_view(i) for i in rows]}
+
+
+def _values(item: DatasetItem) -> dict[str, Any]:
+    return {"completion_ids": item.completion_ids, "reward": item.reward,
+            "feedback": sorted((f["id"], json.dumps(f["value"], sort_keys=True)) for f in item.feedback)}  # fmt: skip
+
+
+def diff(db: DbSession, project: str, a: str, b: str) -> dict[str, Any]:
+    """Items only in ``a``, only in ``b``, and in both with a different path, reward or feedback."""
+    left = {i.trajectory_id: i for i in items(db, project, get(db, project, a))}
+    right = {i.trajectory_id: i for i in items(db, project, get(db, project, b))}
+    changed = []
+    for tid in sorted(left.keys() & right.keys()):
+        if _values(left[tid]) != _values(right[tid]):
+            changed.append({"trajectory_id": tid, "a": item_view(left[tid]), "b": item_view(right[tid])})
+    return {
+        "object": "dataset.diff", "a": a, "b": b,
+        "only_a": [item_view(left[t]) for t in sorted(left.keys() - right.keys())],
+        "only_b": [item_view(right[t]) for t in sorted(right.keys() - left.keys())],
+        "changed": changed, "same": len(left.keys() & right.keys()) - len(changed),
+    }  # fmt: skip

@@ -15,6 +15,7 @@ from starlette.types import Receive, Scope, Send
 from proxy import (
     routes_admin,
     routes_anthropic,
+    routes_datasets,
     routes_dialects,
     routes_feedback,
     routes_monitors,
@@ -86,6 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
         routes_anthropic,
         routes_feedback,
         routes_admin,
+        routes_datasets,
         routes_promotion,
         routes_monitors,
         routes_ops,

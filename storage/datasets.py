@@ -56,8 +56,10 @@ class DatasetNotFound(DatasetError):
 
 
 def _when(key: str, value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
     try:
         when = datetime.fromisoformat(str(value))
     except ValueError as exc:

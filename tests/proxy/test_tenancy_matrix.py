@@ -85,7 +85,11 @@ def test_no_route_leaks_another_projects_data(start_proxy: ProxyFactory, stub_up
     eng = sync_engine(db_url)
     with Session(eng) as db:
         a_key_id = db.scalar(select(ApiKey.id).where(ApiKey.project_id == "proj-a", ApiKey.role == "harness"))
-    a_values = {"completion_id": a_completion, "session_id": "a-session-1", "key_id": str(a_key_id)}
+    # ... and a dataset holding that session (B asks for it by name, and diffs it against itself).
+    a_set = {"name": "a-private-set", "filter": {"alias": "a-private-alias"}}
+    assert httpx.post(f"{proxy.v1}/admin/datasets", headers=as_a, timeout=10, json=a_set).status_code == 201
+    a_values = {"completion_id": a_completion, "session_id": "a-session-1", "key_id": str(a_key_id),
+                "name": "a-private-set", "other": "a-private-set"}  # fmt: skip
     secrets = [PRIVATE, a_completion, "a-session-1", "a-private-alias", str(a_key_id), a_harness, a_admin]
 
     bodies: dict[str, Any] = {
@@ -96,6 +100,7 @@ def test_no_route_leaks_another_projects_data(start_proxy: ProxyFactory, stub_up
         "/v1/admin/aliases": {"name": "b-alias", "base_model": "stub-model"},
         "/v1/admin/keys": {"role": "harness"},
         "/v1/admin/project": {"redact": {"store_text": True, "patterns": []}},
+        "/v1/admin/datasets": {"name": "b-set", "filter": {"alias": "a-private-alias"}},  # B's own, empty
         "/tokenize": {"model": "a-private-alias", "prompt": "x"},
         "/detokenize": {"model": "a-private-alias", "tokens": [1]},
     }

@@ -1,0 +1,76 @@
+"""The dataset admin routes through the app's error envelope: create (201, 409, 400), list, show, diff, per project."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from fastapi import Request
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from proxy.app import create_app
+from proxy.auth import Principal
+from proxy.deps import current_principal, db_session
+from proxy.settings import Settings
+from storage.db import async_engine
+from storage.keys import ensure_project
+from tests.storage.test_datasets import _world
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def client(pg_url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app (routes, envelope); the key check and the database session are the test's."""
+    eng = async_engine(pg_url, poolclass=NullPool)
+    maker = async_sessionmaker(eng, expire_on_commit=False)
+    app = create_app(Settings(upstreams=["http://127.0.0.1:1"], database_url=pg_url))
+
+    async def principal(request: Request) -> Principal:
+        return Principal(project_id=request.headers["x-test-project"], role=request.headers["x-test-role"], key_id=None)
+
+    async def session() -> AsyncIterator[AsyncSession]:
+        async with maker() as db:
+            yield db
+
+    app.dependency_overrides[current_principal] = principal
+    app.dependency_overrides[db_session] = session
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1/admin") as c:
+        yield c
+    await eng.dispose()
+
+
+def as_(project: str, role: str = "admin") -> dict[str, str]:
+    return {"x-test-project": project, "x-test-role": role}
+
+
+async def test_dataset_routes_mirror_the_commands(client: httpx.AsyncClient, db: Session) -> None:
+    p, _ = _world(db)
+    other = "p-other-datasets"
+    ensure_project(db, other)
+    db.commit()
+    made = await client.post("/datasets", headers=as_(p), json={"name": "good", "filter": {"min_reward": 0.5}})
+    assert made.status_code == 201, made.text
+    assert made.json()["counts"]["trajectories"] == 5  # four of alias agent, one of alias other
+    again = await client.post("/datasets", headers=as_(p), json={"name": "good", "from_mine": "truncated"})
+    assert again.status_code == 409 and again.json()["error"]["param"] == "name"
+    bad = await client.post("/datasets", headers=as_(p), json={"name": "x", "filter": {"min_reward": "lots"}})
+    assert bad.status_code == 400 and "filter.min_reward" in bad.json()["error"]["message"]
+    assert (await client.post("/datasets", headers=as_(p, "harness"), json={"name": "h"})).status_code == 403
+    cut = await client.post("/datasets", headers=as_(p), json={"name": "cut", "from_mine": "truncated"})
+    assert cut.json()["filter"]["kind"] == "mine"
+
+    listed = (await client.get("/datasets", headers=as_(p))).json()["data"]
+    assert [(d["name"], d["counts"]["trajectories"]) for d in listed] == [("good", 5), ("cut", 3)]
+    shown = (await client.get("/datasets/cut", headers=as_(p))).json()
+    assert sorted(i["session_id"] for i in shown["items"]) == ["t1-a", "t1-e", "t3-a"]
+    diff = (await client.get("/datasets/good/diff/cut", headers=as_(p))).json()
+    assert (len(diff["only_a"]), len(diff["only_b"]), diff["same"]) == (5, 3, 0)
+
+    # Another project sees none of it, by name or in its list.
+    assert (await client.get("/datasets/cut", headers=as_(other))).status_code == 404
+    assert (await client.get("/datasets/good/diff/cut", headers=as_(other))).status_code == 404
+    assert (await client.get("/datasets", headers=as_(other))).json()["data"] == []

@@ -122,7 +122,9 @@ def test_create_pins_and_a_name_is_taken_once(db: Session) -> None:
     assert [d["name"] for d in datasets.list_datasets(db, p)] == ["good", "cut", "cur"]
 
 
-def test_pinned_values_survive_revisions_and_diff_shows_them(db: Session, pg_url: str, tmp_path: Path) -> None:
+def test_pinned_values_survive_revisions_and_diff_shows_them(
+    db: Session, pg_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     p, grades = _world(db)
     datasets.create(db, p, "before", Spec(DatasetFilter(alias="agent")))
     db.add(feedback_row(p, "reward", 0.2, session="t1-d", at=100))  # a revision: newer, same (source, name)
@@ -149,6 +151,17 @@ def test_pinned_values_survive_revisions_and_diff_shows_them(db: Session, pg_url
                  "-o", str(out)]) == 0  # fmt: skip
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["session_id"]: r["reward"] for r in rows}["t1-d"] == 0.6 and len(rows) == 7  # t3-a is ungraded
+    capsys.readouterr()
+    where = ["--project", p, "--db", pg_url]
+    assert main(["dataset", "diff", "before", "after", *where]) == 0
+    assert "only in before: 0, only in after: 1, changed: 1, same: 7" in capsys.readouterr().out
+    assert main(["dataset", "list", *where]) == 0
+    assert "before  " in capsys.readouterr().out
+    assert main(["dataset", "create", "before", *where]) == 2
+    assert "dataset 'before' exists in this project" in capsys.readouterr().err
+    assert main(["dataset", "show", "nope", *where]) == 2
+    assert main(["dataset", "create", "x", "--filter", "colour=red", *where]) == 2
+    assert "filter.colour is not a filter" in capsys.readouterr().err
 
 
 def test_a_deleted_session_vanishes_from_show_export_and_training(db: Session) -> None:

@@ -178,6 +178,8 @@ def test_a_deleted_session_vanishes_from_show_export_and_training(db: Session) -
     batch, excluded = DatasetFeed(p, "agent", "all", limit=100)(db, p, "agent")
     assert sorted(t.session_id for t in batch) == ["t1-a", "t1-c", "t1-d", "t1-e", "t2-a", "t2-b"]
     assert excluded == {"ungraded": 1}
+    assert datasets.forget_session(db, p, "t1-b") == 1  # the pinned copies themselves (for storage.deletion)
+    assert datasets.show(db, p, "all")["removed"] == 1
 
 
 def test_a_mined_dataset_trains_and_its_lineage_lists_exactly_it(db: Session, pg_url: str, tmp_path: Path) -> None:

@@ -294,7 +294,7 @@ class UsedFeedback(Base):
     """
 
     __tablename__ = "used_feedback"
-    # Not unique (migration 0013): the feed never takes a key twice (it screens on these columns), but a
+    # Not unique (migration 0015): the feed never takes a key twice (it screens on these columns), but a
     # retraining from a dataset (``train --dataset``, e.g. after a deletion) trains the same items again on
     # purpose, and its version's lineage must record them.
     __table_args__ = (Index("ix_used_feedback_lookup", "project_id", "alias", "trajectory_id", "feedback_id",

@@ -3,8 +3,8 @@
 ``used_feedback``'s unique key becomes a plain index: ``train --dataset`` may train items an
 alias trained before (a retraining from a dataset), and the new version's lineage records them.
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0015
+Revises: 0014
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from storage import datasets
+from storage.dataset_select import digest
 from storage.grading import Exclusion, training_exclusion
 from storage.models import Completion
 from storage.trajectories import Trajectory, branches, build_trajectory, infer_end_of_turn, to_call, trajectory_id
@@ -46,7 +47,7 @@ def pinned(db: DbSession, project: str, name: str) -> tuple[list[Completion], li
         paths = [p for p in branches([c for c in path_calls if c is not None])
                  if trajectory_id(p[-1][0].id, p[-1][1] or 0) == item.trajectory_id]  # fmt: skip
         traj = build_trajectory(paths[0], end_of_turn=eot.get(item.session_id, ())) if paths else None
-        if traj is None or datasets.digest(traj) != item.digest:
+        if traj is None or digest(traj) != item.digest:
             left_out["changed"] += 1
             continue
         traj.reward, traj.reward_detail = item.reward, {**item.reward_detail, "dataset": name}

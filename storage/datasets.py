@@ -6,7 +6,8 @@ or as a curated set (failures with the best successes of the same task), and
 pinned at creation: per trajectory, the completion ids of its path, a digest of
 its tokens, the feedback items about it (ids and values) and the reward they gave.
 Training it tomorrow trains the same tokens on the same rewards, whatever feedback
-arrives or is revised meanwhile (:mod:`storage.dataset_load` rebuilds them).
+arrives or is revised meanwhile (:mod:`storage.dataset_load` rebuilds them). Choosing
+reads a page of sessions at a time (:mod:`storage.dataset_select`).
 
 Nothing is ever updated: a name is taken once per project (:class:`DatasetExists`).
 A deleted session (a tombstone, :mod:`storage.deletion`) vanishes from every read:
@@ -21,10 +22,9 @@ Errors (one tree, mapped by the admin routes and the CLI)::
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -33,11 +33,11 @@ from sqlalchemy import ColumnElement, delete, exists, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
-from storage.grading import JUDGE_SOURCE, Grade, apply_rewards, current, grades_about, resolve_grades
-from storage.loaders import completions_stmt, feedback_stmt, project_rule, sessions_subquery, settings_stmt
+from storage.dataset_select import Candidate, Curator, candidates, digest, matches
+from storage.grading import Grade
+from storage.loaders import settings_stmt
 from storage.mining import MODES, MineConfig
-from storage.models import Completion, CompletionFlag, Dataset, DatasetItem, Tombstone
-from storage.trajectories import Trajectory, assemble
+from storage.models import Completion, Dataset, DatasetItem, Tombstone
 
 
 class DatasetError(ValueError):
@@ -153,77 +153,7 @@ class Spec:
         return out
 
 
-# --------------------------------------------------------------------------- selection (pure)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One trajectory with what the filter reads about it."""
-
-    traj: Trajectory
-    at: datetime | None  # its last call's time
-    grades: tuple[Grade, ...]  # the current feedback items about it
-    modes: frozenset[str]  # failure modes flagged on its calls
-
-
-def judge_agrees(detail: Mapping[str, Any], threshold: float) -> bool | None:
-    """Whether the judge's grade and a harness or human grade fall on the same side of ``threshold``.
-
-    Read from the reward rule's candidates; None when the trajectory lacks one of the two.
-    """
-    scalars = [(c.get("source") == JUDGE_SOURCE, c.get("scalar")) for c in detail.get("candidates") or []]
-    judge = [s for j, s in scalars if j and isinstance(s, float)]
-    other = [s for j, s in scalars if not j and isinstance(s, float)]
-    if not judge or not other:
-        return None
-    return (judge[0] >= threshold) == (other[0] >= threshold)
-
-
-def matches(c: Candidate, f: DatasetFilter, threshold: float = 0.5) -> bool:
-    """Whether one trajectory passes every condition of the filter."""
-    t = c.traj
-    reward_ok = (f.min_reward is None and f.max_reward is None) or (
-        t.reward is not None
-        and (f.min_reward is None or t.reward >= f.min_reward)
-        and (f.max_reward is None or t.reward <= f.max_reward)
-    )
-    judge = judge_agrees(t.reward_detail, threshold) if f.judge else None
-    return (
-        (f.alias is None or t.alias == f.alias)
-        and all(tag in t.tags for tag in f.tags)
-        and (f.since is None or (c.at is not None and c.at >= f.since))
-        and (f.until is None or (c.at is not None and c.at < f.until))
-        and reward_ok
-        and (not f.flags or bool(c.modes & set(f.flags)))
-        and (not f.feedback or any(g.name in f.feedback for g in c.grades))
-        and (f.judge is None or judge is (f.judge == "agrees"))
-    )
-
-
-def curate(pool: Sequence[Candidate], failure_modes: Iterable[str], threshold: float, per_task: int
-           ) -> list[tuple[Candidate, str]]:  # fmt: skip
-    """Failures (flagged with one of ``failure_modes`` (any when empty), or graded below ``threshold``), then for
-    each failing task its ``per_task`` best-rewarded successes (graded at or above it, never flagged)."""
-    wanted = set(failure_modes)
-
-    def failed(c: Candidate) -> bool:
-        flagged = bool(c.modes & wanted) if wanted else bool(c.modes)
-        return flagged or (not wanted and c.traj.reward is not None and c.traj.reward < threshold)
-
-    failures = [c for c in pool if failed(c)]
-    tasks = {c.traj.task_id for c in failures if c.traj.task_id is not None}
-    wins: dict[str, list[Candidate]] = {}
-    for c in pool:
-        if c.traj.task_id in tasks and not c.modes and c.traj.reward is not None and c.traj.reward >= threshold:
-            wins.setdefault(c.traj.task_id, []).append(c)
-    best = [c for task in sorted(wins) for c in sorted(wins[task], key=lambda c: (-(c.traj.reward or 0.0),
-                                                                                 c.traj.id))[:per_task]]  # fmt: skip
-    return [(c, "failure") for c in failures] + [(c, "success") for c in best]
-
-
-def digest(traj: Trajectory) -> str:
-    """sha256 of a trajectory's token ids and mask: what its rebuild must reproduce."""
-    return hashlib.sha256(json.dumps([traj.token_ids, traj.mask]).encode()).hexdigest()
+# --------------------------------------------------------------------------- pinning
 
 
 def _pinned_feedback(grades: Iterable[Grade], detail: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -233,32 +163,6 @@ def _pinned_feedback(grades: Iterable[Grade], detail: Mapping[str, Any]) -> list
 
 
 # --------------------------------------------------------------------------- reading the database
-
-
-def _candidates(db: DbSession, project: str, f: DatasetFilter) -> list[Candidate]:
-    """Every trajectory of the sessions the filter can touch, with its grades and flags."""
-    sessions = sessions_subquery(project, alias=f.alias, since=f.since)
-    if f.flags:  # a mine mode: only flagged sessions are read
-        flagged = select(CompletionFlag.session_id).where(CompletionFlag.project_id == project,
-                                                          CompletionFlag.mode.in_(f.flags))  # fmt: skip
-        sessions = sessions.where(Completion.session_id.in_(flagged))
-    calls = list(db.scalars(completions_stmt(project, sessions)))
-    grades = resolve_grades(list(db.scalars(feedback_stmt(project, sessions))), calls)
-    trajectories = assemble(calls)
-    apply_rewards(trajectories, grades, project_rule(db, project))
-    modes: dict[str, set[str]] = {}
-    flag_rows = select(CompletionFlag.completion_id, CompletionFlag.mode).where(
-        CompletionFlag.project_id == project, CompletionFlag.session_id.in_(sessions)
-    )
-    for cid, mode in db.execute(flag_rows):
-        modes.setdefault(cid, set()).add(mode)
-    at = {c.id: c.created_at for c in calls}
-    return [
-        Candidate(traj=t, at=at.get(t.completion_ids[-1]) if t.completion_ids else None,
-                  grades=tuple(current(grades_about(t, grades))),
-                  modes=frozenset(m for cid in t.completion_ids for m in modes.get(cid, ())))
-        for t in trajectories
-    ]  # fmt: skip
 
 
 def alive(project: str) -> ColumnElement[bool]:
@@ -284,8 +188,17 @@ def items(db: DbSession, project: str, dataset: Dataset) -> list[DatasetItem]:
 # --------------------------------------------------------------------------- create, list, show, diff
 
 
-def create(db: DbSession, project: str, name: str, spec: Spec, description: str = "") -> dict[str, Any]:
-    """Select and pin; the caller commits. An existing name raises :class:`DatasetExists`."""
+def _pin(dataset: Dataset, c: Candidate, role: str) -> DatasetItem:
+    t = c.traj
+    return DatasetItem(dataset_id=dataset.id, project_id=dataset.project_id, session_id=t.session_id, task_id=t.task_id,
+                       trajectory_id=t.id, role=role, completion_ids=list(t.completion_ids), digest=digest(t),
+                       reward=t.reward, reward_detail=t.reward_detail,
+                       feedback=_pinned_feedback(c.grades, t.reward_detail))  # fmt: skip
+
+
+def create(db: DbSession, project: str, name: str, spec: Spec, description: str = "", page: int = 500
+           ) -> dict[str, Any]:  # fmt: skip
+    """Select and pin, ``page`` sessions at a time; the caller commits. A taken name raises :class:`DatasetExists`."""
     if not name or len(name) > 200 or "\x00" in name:
         raise DatasetError("name: 1 to 200 characters, no NUL")
     if db.scalar(select(Dataset.id).where(Dataset.project_id == project, Dataset.name == name)) is not None:
@@ -294,43 +207,70 @@ def create(db: DbSession, project: str, name: str, spec: Spec, description: str 
         threshold = MineConfig.from_settings(db.scalar(settings_stmt(project))).low_grade
     except ValueError as exc:  # the project's "mine" settings
         raise DatasetError(str(exc)) from exc
-    base = replace(spec.filter, flags=(spec.from_mine,)) if spec.from_mine else spec.filter
-    if spec.curated:  # the flags say what a failure is; successes are read from the same sessions and times
-        unflagged = replace(base, flags=())
-        pool = [c for c in _candidates(db, project, unflagged) if matches(c, unflagged, threshold)]
-        chosen = curate(pool, base.flags, threshold, spec.per_task)
-    else:
-        chosen = [(c, "item") for c in _candidates(db, project, base) if matches(c, base, threshold)]
-    rows = [
-        DatasetItem(project_id=project, session_id=c.traj.session_id, task_id=c.traj.task_id, trajectory_id=c.traj.id,
-                    role=role, completion_ids=list(c.traj.completion_ids), digest=digest(c.traj),
-                    reward=c.traj.reward, reward_detail=c.traj.reward_detail,
-                    feedback=_pinned_feedback(c.grades, c.traj.reward_detail))
-        for c, role in chosen
-    ]  # fmt: skip
-    dataset = Dataset(project_id=project, name=name, description=description, filter=spec.to_dict(),
-                      counts=_counts(rows))  # fmt: skip
+    dataset = Dataset(project_id=project, name=name, description=description, filter=spec.to_dict(), counts={})
     db.add(dataset)
     try:
         db.flush()
     except IntegrityError as exc:  # created by someone else meanwhile
         db.rollback()
         raise DatasetExists(f"dataset {name!r} exists in this project; datasets are immutable") from exc
-    for item in rows:
-        item.dataset_id = dataset.id
-    db.add_all(rows)
+    base = replace(spec.filter, flags=(spec.from_mine,)) if spec.from_mine else spec.filter
+    tally = Tally()
+
+    def add(c: Candidate, role: str) -> None:
+        item = _pin(dataset, c, role)
+        tally.add(item)
+        db.add(item)
+        if tally.trajectories % page == 0:
+            db.flush()  # written, and nothing here keeps the items
+
+    if spec.curated:  # the flags say what a failure is; successes come from the same sessions and times
+        unflagged = replace(base, flags=())
+        curator = Curator(frozenset(base.flags), threshold, spec.per_task)
+        for c in candidates(db, project, unflagged, page):
+            if matches(c, unflagged, threshold) and curator.add(c):
+                add(c, "failure")
+        for c in curator.successes():
+            add(c, "success")
+    else:
+        for c in candidates(db, project, base, page):
+            if matches(c, base, threshold):
+                add(c, "item")
+    dataset.counts = tally.to_dict()
     db.flush()
     return summary(dataset, dataset.counts)
 
 
-def _counts(rows: Sequence[DatasetItem]) -> dict[str, Any]:
-    roles = Counter(r.role for r in rows)
-    return {
-        "trajectories": len(rows), "sessions": len({r.session_id for r in rows}),
-        "graded": sum(r.reward is not None for r in rows),
-        "feedback": len({f["id"] for r in rows for f in r.feedback}),
-        **({"roles": dict(sorted(roles.items()))} if set(roles) != {"item"} else {}),
-    }  # fmt: skip
+@dataclass
+class Tally:
+    """A dataset's counts, one item at a time."""
+
+    trajectories: int = 0
+    graded: int = 0
+    sessions: set[str] = field(default_factory=set)
+    feedback: set[str] = field(default_factory=set)
+    roles: Counter[str] = field(default_factory=Counter)
+
+    def add(self, item: DatasetItem) -> None:
+        self.trajectories += 1
+        self.graded += item.reward is not None
+        self.sessions.add(item.session_id)
+        self.feedback.update(f["id"] for f in item.feedback)
+        self.roles[item.role] += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "trajectories": self.trajectories, "sessions": len(self.sessions), "graded": self.graded,
+            "feedback": len(self.feedback),
+            **({"roles": dict(sorted(self.roles.items()))} if set(self.roles) - {"item"} else {}),
+        }  # fmt: skip
+
+
+def _counts(rows: Iterable[DatasetItem]) -> dict[str, Any]:
+    tally = Tally()
+    for row in rows:
+        tally.add(row)
+    return tally.to_dict()
 
 
 def summary(dataset: Dataset, counts: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from onthejob.cli import build_parser, main
 from onthejob.commands import train_settings
 from storage import datasets
 from storage.dataset_load import DatasetFeed, pinned
-from storage.datasets import Candidate, DatasetError, DatasetExists, DatasetFilter, Spec, curate, judge_agrees
+from storage.dataset_select import Candidate, curate, judge_agrees
+from storage.datasets import DatasetError, DatasetExists, DatasetFilter, Spec
 from storage.deletion import delete_session
 from storage.lineage import version_lineage
 from storage.mine_store import mine
@@ -119,7 +120,10 @@ def test_create_pins_and_a_name_is_taken_once(db: Session) -> None:
     roles = {i["session_id"]: i["role"] for i in datasets.show(db, p, "cur")["items"]}
     assert roles == {"t1-a": "failure", "t1-e": "failure", "t2-a": "failure", "t3-a": "failure",
                      "t1-b": "success", "t1-c": "success", "t2-b": "success"}  # fmt: skip
-    assert [d["name"] for d in datasets.list_datasets(db, p)] == ["good", "cut", "cur"]
+    # Read two sessions a page: the same items, the curated ones too (successes kept across pages).
+    datasets.create(db, p, "cur-paged", Spec(DatasetFilter(alias="agent"), curated=True, per_task=2), page=2)
+    assert datasets.diff(db, p, "cur", "cur-paged")["same"] == 7
+    assert [d["name"] for d in datasets.list_datasets(db, p)] == ["good", "cut", "cur", "cur-paged"]
 
 
 def test_pinned_values_survive_revisions_and_diff_shows_them(

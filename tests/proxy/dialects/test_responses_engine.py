@@ -168,7 +168,7 @@ def test_agents_sdk_default_model_with_required_tool_choice(
             model=OpenAIResponsesModel(model=default_engine.model.name, openai_client=client),
             tools=[get_weather],
             model_settings=ModelSettings(
-                tool_choice="required", temperature=0, max_tokens=100, extra_headers={"X-Task-Id": "agents-sdk"}
+                tool_choice="required", temperature=0, max_tokens=256, extra_headers={"X-Task-Id": "agents-sdk"}
             ),
             tool_use_behavior="stop_on_first_tool",
         )

@@ -70,6 +70,11 @@ async def test_dataset_routes_mirror_the_commands(client: httpx.AsyncClient, db:
     diff = (await client.get("/datasets/good/diff/cut", headers=as_(p))).json()
     assert (len(diff["only_a"]), len(diff["only_b"]), diff["same"]) == (5, 3, 0)
 
+    # A session deleted through its route is gone from the dataset.
+    assert (await client.delete("/sessions/t1-a", headers=as_(p))).status_code == 200
+    shown = (await client.get("/datasets/cut", headers=as_(p))).json()
+    assert sorted(i["session_id"] for i in shown["items"]) == ["t1-e", "t3-a"] and shown["removed"] == 1
+
     # Another project sees none of it, by name or in its list.
     assert (await client.get("/datasets/cut", headers=as_(other))).status_code == 404
     assert (await client.get("/datasets/good/diff/cut", headers=as_(other))).status_code == 404

@@ -17,7 +17,7 @@ from storage.dataset_load import DatasetFeed, pinned
 from storage.dataset_select import Candidate, curate, judge_agrees
 from storage.datasets import DatasetError, DatasetExists, DatasetFilter, Spec
 from storage.deletion import delete_session
-from storage.lineage import version_lineage
+from storage.lineage import learned_from, version_lineage
 from storage.mine_store import mine
 from storage.models import TrainingRun, TrainingStep
 from tests.storage.rows import GEN, choice, feedback_row, insert, msg, new_project, row
@@ -210,3 +210,6 @@ def test_a_mined_dataset_trains_and_its_lineage_lists_exactly_it(db: Session, pg
         assert lineage is not None and (lineage["datasets"], lineage["parent_version"]) == (["cut"], parent)
         assert lineage["trajectories"] == sorted(f"{p}-{s}:0" for s in ("t1-a", "t1-e"))
         assert lineage["feedback"] == sorted(grades[s] for s in ("t1-a", "t1-e"))
+    # What a deletion of t1-a would name: both versions, each trained on it directly.
+    named = learned_from(db, p, calls=[f"{p}-t1-a"])
+    assert named == [{"alias": "agent", "version": v, "direct": True} for v in (1, 2)]

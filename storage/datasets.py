@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, exists, func, select
+from sqlalchemy import ColumnElement, exists, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
@@ -326,12 +326,3 @@ def diff(db: DbSession, project: str, a: str, b: str) -> dict[str, Any]:
         "only_b": [item_view(right[t]) for t in sorted(right.keys() - left.keys())],
         "changed": changed, "same": len(left.keys() & right.keys()) - len(changed),
     }  # fmt: skip
-
-
-def forget_session(db: DbSession, project: str, session_id: str) -> int:
-    """Remove a deleted session's pinned items (their feedback values are copies); returns how many. The caller commits.
-
-    Reads leave a tombstoned session out anyway (:func:`alive`); this removes the copies themselves.
-    """
-    stmt = delete(DatasetItem).where(DatasetItem.project_id == project, DatasetItem.session_id == session_id)
-    return int(getattr(db.execute(stmt), "rowcount", 0) or 0)

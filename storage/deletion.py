@@ -33,6 +33,7 @@ from storage.models import (
     Change,
     Completion,
     CompletionFlag,
+    DatasetItem,
     EndUserTombstone,
     Feedback,
     Session,
@@ -87,7 +88,10 @@ def delete_sessions(db: DbSession, project: str, session_ids: Sequence[str]
                                                          Completion.session_id.in_(session_ids))))  # fmt: skip
     db.execute(delete(Change).where(Change.project_id == project, Change.session_id.in_(session_ids)))
     db.execute(delete(Session).where(Session.project_id == project, Session.id.in_(session_ids)))
-    return {"calls": removed, "feedback": feedback}, adapters
+    # Datasets pinned copies of the sessions' feedback values: those go too (the dataset shows them as removed).
+    items = deleted_count(db.execute(delete(DatasetItem).where(DatasetItem.project_id == project,
+                                                               DatasetItem.session_id.in_(session_ids))))  # fmt: skip
+    return {"calls": removed, "feedback": feedback, "dataset_items": items}, adapters
 
 
 def delete_records(db: DbSession, project: str, calls: Sequence[str], sessions: Sequence[str]) -> int:

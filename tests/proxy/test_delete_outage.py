@@ -49,7 +49,7 @@ def test_deleted_while_spooled_never_lands(start_proxy: ProxyFactory, stub_upstr
 
     b = start_proxy(stub_upstream, db_url, env={"ONTHEJOB_RETENTION_EVERY": "1"})  # for the retention check below
     r = httpx.delete(f"{b.v1}/admin/sessions/s-gone", timeout=10)
-    assert r.status_code == 200 and r.json()["deleted"] == {"calls": 0, "feedback": 0}
+    assert r.status_code == 200 and r.json()["deleted"] == {"calls": 0, "feedback": 0, "dataset_items": 0}
     r = httpx.delete(f"{b.v1}/admin/end-users/alice", timeout=10)
     assert r.status_code == 200 and r.json()["sessions"] == []  # the database has not seen her session
 

@@ -100,7 +100,7 @@ async def test_a_deleted_session_is_gone_everywhere_and_its_learners_are_named(
     r = await client.delete("/v1/admin/sessions/s1", headers=as_(world.a))
     assert r.status_code == 200
     body: dict[str, Any] = r.json()
-    assert body["deleted"] == {"calls": 2, "feedback": 1}
+    assert body["deleted"] == {"calls": 2, "feedback": 1, "dataset_items": 0}
     assert body["adapters"] == [{"alias": "agent", "version": 1, "direct": True},
                                 {"alias": "agent", "version": 2, "direct": False}]  # fmt: skip
 
@@ -167,7 +167,7 @@ async def test_deleting_an_end_user_deletes_each_of_their_sessions(
     assert (await client.delete("/v1/admin/end-users/alice", headers=as_(world.a, "harness"))).status_code == 403
 
     body = (await client.delete("/v1/admin/end-users/alice", headers=as_(world.a))).json()
-    assert (body["sessions"], body["deleted"]) == (["s1", "s2"], {"calls": 3, "feedback": 1})
+    assert (body["sessions"], body["deleted"]) == (["s1", "s2"], {"calls": 3, "feedback": 1, "dataset_items": 0})
     assert body["adapters"] == [{"alias": "agent", "version": 1, "direct": True},
                                 {"alias": "agent", "version": 2, "direct": False}]  # fmt: skip
     for session, status in (("s1", 404), ("s2", 404), ("s3", 200)):
@@ -179,4 +179,5 @@ async def test_deleting_an_end_user_deletes_each_of_their_sessions(
     eng.dispose()
     # Nobody of that name: nothing deleted, and the tombstone still keeps their spooled calls out.
     body = (await client.delete("/v1/admin/end-users/carol", headers=as_(world.a))).json()
-    assert (body["sessions"], body["deleted"], body["adapters"]) == ([], {"calls": 0, "feedback": 0}, [])
+    nothing = {"calls": 0, "feedback": 0, "dataset_items": 0}
+    assert (body["sessions"], body["deleted"], body["adapters"]) == ([], nothing, [])

@@ -19,7 +19,7 @@ from storage.datasets import DatasetError, DatasetExists, DatasetFilter, Spec
 from storage.deletion import delete_session
 from storage.lineage import learned_from, version_lineage
 from storage.mine_store import mine
-from storage.models import TrainingRun, TrainingStep
+from storage.models import DatasetItem, TrainingRun, TrainingStep
 from tests.storage.rows import GEN, choice, feedback_row, insert, msg, new_project, row
 from tests.trainer.helpers import make_trajectory
 from trainer.runner import run
@@ -182,7 +182,9 @@ def test_a_deleted_session_vanishes_from_show_export_and_training(db: Session) -
     batch, excluded = DatasetFeed(p, "agent", "all", limit=100)(db, p, "agent")
     assert sorted(t.session_id for t in batch) == ["t1-a", "t1-c", "t1-d", "t1-e", "t2-a", "t2-b"]
     assert excluded == {"ungraded": 1}
-    assert datasets.forget_session(db, p, "t1-b") == 1  # the pinned copies themselves (for storage.deletion)
+    assert not db.scalars(
+        select(DatasetItem).where(DatasetItem.project_id == p, DatasetItem.session_id == "t1-b")
+    ).all()
     assert datasets.show(db, p, "all")["removed"] == 1
 
 

@@ -261,7 +261,10 @@ def _resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str
         select(TrainingRun).where(TrainingRun.project_id == settings.project, TrainingRun.alias == settings.alias)
         .order_by(TrainingRun.id.desc()).limit(1)
     )  # fmt: skip
-    baseline = (last.config or {}).get("baseline") if last is not None else None
+    # The per-task baseline carries over from the last run, except for a dataset (it must train the same
+    # tomorrow, whatever ran since) and a restart from the base model (what was learnt is dropped with it).
+    fresh = settings.dataset is not None or choice == "base"
+    baseline = (last.config or {}).get("baseline") if last is not None and not fresh else None
     return parent_version, path, baseline
 
 

@@ -267,3 +267,18 @@ def test_the_default_feed_trains_each_graded_session_once_with_its_feedback(
     engine.dispose()
     assert sorted(used) == sorted((t, f, "reward") for t, f in grade_ids.items())
     assert sorted(steps) == [1, 2]  # two by the first run (2 + 1 trajectories), none by the second
+
+
+def test_the_task_baseline_carries_over_except_for_a_dataset_or_a_restart_from_base(pg_url: str, project: str) -> None:
+    from trainer.runner import _resume_point
+
+    with Session(sync_engine(pg_url)) as db:
+        learnt = {"tasks": {"t1": [0.9, 3]}}
+        db.add(TrainingRun(project_id=project, alias="agent", objective="tis", base_model="tiny",
+                           config={"baseline": learnt}))  # fmt: skip
+        db.commit()
+        settings = TrainSettings(alias="agent", database_url=pg_url, project=project)
+        assert _resume_point(db, settings)[2] == learnt
+        for fresh in (TrainSettings(alias="agent", database_url=pg_url, project=project, dataset="cut"),
+                      TrainSettings(alias="agent", database_url=pg_url, project=project, parent="base")):  # fmt: skip
+            assert _resume_point(db, fresh) == (None, None, None)

@@ -33,7 +33,7 @@ from trainer.loop import Policy, StepResult, TrainConfig, load_policy, train_ste
 from trainer.publish import deploy, jsonable, publish
 from trainer.settings import TrainSettings
 from trainer.textual import TextualExample
-from trainer.textual_load import load_textual
+from trainer.textual_load import TextFeed
 
 Loader = Callable[[Session, str, str], tuple[list[Trajectory], Counter[str]]]
 # Runs the alias's configured eval on a newly published version (the CLI wires judge.evaluate in); says what it did.
@@ -129,7 +129,10 @@ def _loop(
 
     lead = db is not None
     steps = settings.steps
-    tokenizer = _tokenizer(policy) if lead and cfg.objective.name == "sdpo" else None
+    text = None  # sdpo: text-feedback examples, read incrementally like the scored trajectories
+    if lead and cfg.objective.name == "sdpo":
+        text = TextFeed(settings.project, settings.alias, _tokenizer(policy), settings.max_len,
+                        limit=settings.batch_size, min_batch=settings.min_batch)  # fmt: skip
     if lead:
         assert db is not None
         print(judge_line(judge_state(db, settings.project)), file=sys.stderr)
@@ -141,7 +144,7 @@ def _loop(
         while steps is None or done < steps:
             started = time.perf_counter()
             batch, textual, pending = dist.broadcast(
-                _next_batch(db, settings, load, tokenizer) if lead else (None, None, None)
+                _next_batch(db, settings, load, text) if lead else (None, None, None)
             )
             timings = {"load_s": time.perf_counter() - started}
             if not batch and not textual:
@@ -210,16 +213,18 @@ def _loop(
 
 
 def _next_batch(
-    db: Session | None, settings: TrainSettings, load: Loader | None, tokenizer: Any = None
+    db: Session | None, settings: TrainSettings, load: Loader | None, text: TextFeed | None = None
 ) -> tuple[list[Trajectory], list[TextualExample], Counter[str]]:
-    """Up to ``batch_size`` trajectories (and, for sdpo, text examples), once ``min_batch`` are waiting."""
+    """Up to ``batch_size`` trajectories (and, for sdpo, text examples), once ``min_batch`` are waiting.
+
+    Each feed holds its items back until ``min_batch`` wait, so nothing it handed out is dropped here.
+    """
     assert db is not None and load is not None
     trajectories, excluded = load(db, settings.project, settings.alias)
     textual: list[TextualExample] = []
     excluded = Counter(excluded)
-    if tokenizer is not None:
-        textual, dropped = load_textual(db, settings.project, settings.alias, tokenizer, max_len=settings.max_len,
-                                        limit=settings.batch_size)  # fmt: skip
+    if text is not None:
+        textual, dropped = text.poll(db)
         excluded.update(dropped)
     db.rollback()  # end the read transaction: the next poll must see new rows
     if len(trajectories) + len(textual) < settings.min_batch:

@@ -1,12 +1,27 @@
-"""One step's text-feedback examples from the database, rendered with the policy's own chat template."""
+"""Text-feedback examples from the database, a few sessions at a time, rendered with the policy's own chat template.
+
+:class:`TextFeed` is the SDPO/correction counterpart of :class:`storage.feed.TrainingFeed`:
+the same incremental reader of the change log (:class:`storage.change_reader.ChangeReader`,
+consumer ``text:<alias>``). A poll rebuilds the examples of the sessions that changed
+since its cursor (a new call may bring hindsight, a new item a comment or a correction),
+leaves out those already used (``used_feedback``), and keeps the rest waiting per session.
+What the examples depend on besides the log is whether the project reads the next user turn
+as feedback: turning it on or off starts the feed again from the beginning of the log.
+The reward rule and the judge do not matter here (the judge's comments are never examples).
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from storage.change_reader import ChangeReader
+from storage.changes import Position
+from storage.judge_config import implicit_feedback
+from storage.loaders import settings_stmt
 from storage.text_feedback import load_text_feedback
 from storage.trajectories import chat_template_render
 from trainer.textual import PromptRender, TextualExample, build_examples, hints
@@ -22,14 +37,33 @@ def prompt_render(tokenizer: Any) -> PromptRender:
     return render
 
 
-def load_textual(
-    db: Session, project: str, alias: str, tokenizer: Any, *, max_len: int, limit: int
-) -> tuple[list[TextualExample], Counter[str]]:
-    """Up to ``limit`` unused SDPO and correction examples of ``alias``, and what was left out by reason."""
-    loaded = load_text_feedback(db, project, alias)
-    items = hints(loaded.calls, loaded.grades, loaded.hindsight)
-    examples, excluded = build_examples(
-        loaded.calls, items, prompt_render(tokenizer), chat_template_render(tokenizer), max_len=max_len,
-        used=loaded.used,
-    )  # fmt: skip
-    return examples[:limit], excluded
+@dataclass
+class TextFeed(ChangeReader[TextualExample, bool]):
+    """``feed.poll(db) -> (examples, exclusions by reason)``: up to ``limit`` unused SDPO and correction examples."""
+
+    alias: str
+    tokenizer: Any = None
+    max_len: int = 2048
+
+    @property
+    def consumer(self) -> str:
+        return f"text:{self.alias}"
+
+    def config(self, db: Session) -> bool:
+        """Whether hindsight (the next user turn) counts as feedback in this project."""
+        return implicit_feedback(db.scalar(settings_stmt(self.project)))
+
+    def read(
+        self, db: Session, sessions: dict[str, Position], implicit: bool
+    ) -> tuple[dict[str, list[TextualExample]], Counter[str]]:
+        """The unused examples of these sessions, by session, and every hint left out by reason."""
+        loaded = load_text_feedback(db, self.project, self.alias, session_ids=list(sessions))
+        items = hints(loaded.calls, loaded.grades, loaded.hindsight if implicit else ())
+        examples, excluded = build_examples(
+            loaded.calls, items, prompt_render(self.tokenizer), chat_template_render(self.tokenizer),
+            max_len=self.max_len, used=loaded.used,
+        )  # fmt: skip
+        by_session: dict[str, list[TextualExample]] = {}
+        for example in examples:
+            by_session.setdefault(example.student.session_id, []).append(example)
+        return by_session, excluded

@@ -204,8 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None)
     p.set_defaults(handler=commands.mine)
 
-    p = sub.add_parser("retention", help="delete calls older than each project's retention_days (one pass)")
+    p = sub.add_parser("retention", help="delete calls older than each project's retention_days (one pass)"
+                       " and the change-log entries every reader has passed")  # fmt: skip
     p.add_argument("--db", default=None)
+    p.add_argument("--keep-changes", type=int, default=None, metavar="N",
+                   help="change-log entries kept per project whatever the readers passed (default 100000)")  # fmt: skip
     p.set_defaults(handler=commands.retention)
     return parser
 

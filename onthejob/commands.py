@@ -291,9 +291,11 @@ def mine(args: argparse.Namespace) -> int:
 
 
 def retention(args: argparse.Namespace) -> int:
-    """``onthejob retention``: one pass of every project's ``retention_days`` (the proxy runs one each period)."""
+    """``onthejob retention``: one pass of every project's ``retention_days``, then the change log pruned of what
+    every reader has passed (the proxy runs both each period)."""
     from sqlalchemy.orm import Session
 
+    from storage.changes import KEEP_LAST, prune_all
     from storage.db import sync_engine
     from storage.retention import apply_retention
 
@@ -301,6 +303,7 @@ def retention(args: argparse.Namespace) -> int:
     try:
         with Session(eng) as db:
             done = apply_retention(db)
+            pruned = prune_all(db, keep_last=KEEP_LAST if args.keep_changes is None else args.keep_changes)
     finally:
         eng.dispose()
     for project, counts in sorted(done.items()):
@@ -308,6 +311,9 @@ def retention(args: argparse.Namespace) -> int:
               f"{counts['sessions']} sessions", file=sys.stderr)  # fmt: skip
     if not done:
         print("no project has retention_days set; nothing deleted", file=sys.stderr)
+    for project, entries in sorted(pruned.items()):
+        if entries:
+            print(f"project {project}: pruned {entries} change-log entries every reader has passed", file=sys.stderr)
     return 0
 
 

@@ -25,6 +25,7 @@ from proxy.sessions import Linker
 from proxy.settings import Settings
 from proxy.spool import Spool, absorb_orphans, claim
 from proxy.upstream import Upstream
+from storage.changes import prune_all
 from storage.db import async_engine
 from storage.feedback import attach_orphans, count_orphans
 from storage.keys import ensure_key
@@ -139,7 +140,7 @@ class AppState:
                 log.error("ONTHEJOB_ADMIN_KEY not registered: %s", exc)
 
     async def _housekeeping(self) -> None:
-        """Follow deployments (alias table) quickly; sweep pending feedback and orphaned spools, apply retention."""
+        """Follow deployments (alias table) quickly; sweep pending feedback and orphaned spools; retention, pruning."""
         ticks_per_reconcile = max(1, int(self.settings.reconcile_every_s / self.settings.alias_refresh_s))
         ticks_per_attest = max(1, int(self.settings.attest_every_s / self.settings.alias_refresh_s))
         ticks_per_decision = max(1, int(self.settings.promotion_every_s / self.settings.alias_refresh_s))
@@ -166,16 +167,20 @@ class AppState:
                 await self.expire()
 
     async def expire(self) -> None:
-        """Apply each project's retention (storage/retention.py); a failure waits for the next period."""
+        """Apply each project's retention (storage/retention.py) and prune the change log of what every reader
+        has passed (storage/changes.py); a failure waits for the next period."""
         try:
             async with self.sessionmaker() as db:
-                done = await db.run_sync(lambda s: apply_retention(s))
+                done, pruned = await db.run_sync(lambda s: (apply_retention(s), prune_all(s)))
         except Exception as exc:  # noqa: BLE001 - the database may be down; the next pass catches up
             log.warning("retention pass failed (%s); retrying next period", exc.__class__.__name__)
             return
         for project, counts in done.items():
             if any(counts.values()):
                 log.info("retention: project %r: deleted %s", project, counts)
+        for project, entries in pruned.items():
+            if entries:
+                log.info("change log: project %r: pruned %d entries every reader has passed", project, entries)
 
     async def refresh(self) -> None:
         """Reload what other replicas or the trainer may have changed: aliases and project policies."""

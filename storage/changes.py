@@ -21,6 +21,14 @@ writers are serial, ``xid`` is 0 and the sequence alone orders the log.
 A feedback item stored while its target had not landed carries no session; readers
 resolve its target themselves (:func:`touched_sessions`), and the call's own entry
 covers the moment it lands.
+
+Pruning (:func:`prune_changes`): the readers are the rows of ``change_cursors``; an
+entry every one of them has passed can go, except the newest ``keep_last`` of the
+project (a safety window). A reader that has no row yet is not waited for: it starts
+at the oldest entry kept, so it sees at least the window. The incremental readers
+therefore write their row at their first poll; a project without any row is not
+pruned (the first reader to come sees the whole log); and a reader stopped for good
+holds pruning back until its row is deleted.
 """
 
 from __future__ import annotations
@@ -30,12 +38,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, String, any_, bindparam, func, literal_column, or_, select, tuple_
+from sqlalchemy import ColumnElement, String, any_, bindparam, delete, func, literal_column, or_, select, tuple_
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session as DbSession
 
 from storage.models import Change, ChangeCursor, Completion, Feedback, Session, utcnow
 
+KEEP_LAST = 100_000  # entries of each project kept whatever the cursors say (see prune_changes)
 # The oldest transaction still in flight: every entry below it is final.
 PG_HORIZON: ColumnElement[int] = literal_column("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
 
@@ -183,3 +192,40 @@ def save_cursor(db: DbSession, project: str, consumer: str, position: Position) 
         db.add(ChangeCursor(project_id=project, consumer=consumer, xid=position.xid, seq=position.seq))
     elif (row.xid, row.seq) != (position.xid, position.seq):
         row.xid, row.seq, row.updated_at = position.xid, position.seq, utcnow()
+
+
+# --------------------------------------------------------------------------- pruning
+
+
+def prune_changes(db: DbSession, project: str, *, keep_last: int = KEEP_LAST, batch: int = 2000) -> int:
+    """Delete ``project``'s entries every cursor has passed, but for the newest ``keep_last``; how many.
+
+    Commits per batch of ``batch`` entries (a long backlog never holds one huge transaction).
+    """
+    cursors = db.execute(select(ChangeCursor.xid, ChangeCursor.seq).where(ChangeCursor.project_id == project)).all()
+    if not cursors:
+        return 0  # no reader has read anything yet
+    bound = min(Position(x, s) for x, s in cursors)
+    if keep_last > 0:
+        newest = db.execute(
+            select(Change.xid, Change.seq).where(Change.project_id == project)
+            .order_by(Change.xid.desc(), Change.seq.desc()).offset(keep_last - 1).limit(1)
+        ).first()  # fmt: skip
+        if newest is None:
+            return 0  # the whole log is within the window
+        bound = min(bound, Position(newest[0], newest[1]).before())
+    passed = select(Change.seq).where(
+        Change.project_id == project, tuple_(Change.xid, Change.seq) <= tuple_(bound.xid, bound.seq)
+    )
+    done = 0
+    while seqs := list(db.scalars(passed.order_by(Change.xid, Change.seq).limit(batch))):
+        db.execute(delete(Change).where(Change.seq.in_(seqs)))
+        db.commit()
+        done += len(seqs)
+    return done
+
+
+def prune_all(db: DbSession, *, keep_last: int = KEEP_LAST) -> dict[str, int]:
+    """:func:`prune_changes` for every project with a reader; entries deleted per project."""
+    projects = db.scalars(select(ChangeCursor.project_id).distinct()).all()
+    return {project: prune_changes(db, project, keep_last=keep_last) for project in projects}

@@ -15,6 +15,7 @@ from storage.changes import (
     changes_since,
     latest_position,
     load_cursor,
+    prune_changes,
     save_cursor,
     touched_sessions,
 )
@@ -22,6 +23,8 @@ from storage.db import sync_engine
 from storage.migrate import upgrade
 from storage.models import Change, Completion, Feedback
 from tests.storage.rows import choice, feedback_row, new_project, row
+from tests.storage.rows import insert as insert_rows
+from tests.storage.test_feed import Feed, first_call, poll, train
 
 
 def settled(db: Session, project: str, cursor: Position, n: int) -> list[ChangeEntry]:
@@ -140,3 +143,36 @@ def test_sqlite_logs_through_row_triggers(tmp_path: Path) -> None:
             assert latest_position(db, project) == seen[-1].position
     finally:
         engine.dispose()
+
+
+def test_pruning_deletes_what_every_reader_passed_and_a_restarted_reader_misses_nothing(db: Session) -> None:
+    p = new_project(db)
+    for session in "abcdef":
+        insert_rows(db, first_call(p, session))
+        db.add(feedback_row(p, "thumbs", True, session=session))
+        db.commit()
+    log = settled(db, p, START, 12)  # per session: its call, then its grade
+    feed = Feed(p, limit=2)
+    batch, _ = poll(db, feed)
+    train(db, p, batch)
+    assert sorted(t.session_id for t in poll(db, feed)[0]) == ["c", "d"]  # handed out, never recorded: it stops
+    assert load_cursor(db, p, "train:agent") == log[5].position.before()  # before c's grade: c waited
+    save_cursor(db, p, "mine", log[7].position)  # another reader, further on
+    db.commit()
+
+    assert prune_changes(db, p, keep_last=0) == 5  # a, b and c's call: below every cursor
+    left = changes_since(db, p, START, 100)
+    assert left == log[5:]  # what a cursor has not passed stays
+    restarted = Feed(p, limit=8)
+    batch, _ = poll(db, restarted)
+    assert sorted(t.session_id for t in batch) == ["c", "d", "e", "f"]  # everything it had not trained
+    train(db, p, batch)
+    poll(db, restarted)  # saves its settled cursor: past everything
+    save_cursor(db, p, "mine", log[-1].position)
+    db.commit()
+    assert prune_changes(db, p, keep_last=3) == 4 and changes_since(db, p, START, 100) == log[-3:]  # the window
+
+    unread = new_project(db)  # no reader has a cursor there: nothing goes
+    insert_rows(db, first_call(unread, "a"))
+    db.commit()
+    assert prune_changes(db, unread, keep_last=0) == 0 and len(settled(db, unread, START, 1)) == 1

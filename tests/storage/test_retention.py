@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from onthejob.cli import main
 from proxy.errors import InvalidRequest
 from proxy.routes_admin import ProjectIn, _checked
+from storage.changes import await_horizon, latest_position, save_cursor
 from storage.lineage import version_lineage
 from storage.models import Change, Completion, CompletionFlag, Feedback, Project
 from storage.models import Session as SessionRow
@@ -85,8 +86,14 @@ def test_the_setting_is_checked_and_the_cli_runs_one_pass(db: Session, pg_url: s
 
     project = new_project(db, {"retention_days": 1})
     insert(db, row(f"{project}-1", [1], [choice([5, 2])], project=project))  # T0: long before today
+    read = new_project(db)  # its one reader has read all three calls: the pass prunes the log but the newest
+    insert(db, *(row(f"{read}-{i}", [1], [choice([5, 2])], project=read, session=f"s{i}") for i in range(3)))
     db.commit()
-    assert main(["retention", "--db", pg_url]) == 0
+    assert await_horizon(db, read, timeout_s=30)
+    save_cursor(db, read, "mine", latest_position(db, read))
+    db.commit()
+    assert main(["retention", "--db", pg_url, "--keep-changes", "1"]) == 0
     db.expire_all()
     assert db.get(Project, project) is not None
     assert db.scalar(select(func.count()).select_from(Completion).where(Completion.project_id == project)) == 0
+    assert list(db.scalars(select(Change.ref_id).where(Change.project_id == read))) == [f"{read}-2"]

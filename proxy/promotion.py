@@ -208,16 +208,23 @@ class Promotion:
                 return None
             serving = await db.run_sync(lambda s: store.serving_version(s, project, alias))
             alerts = await open_alerts(db, project, alias, version)
+            if policy.mode == "gate" and serving is not None:
+                # A gated candidate serves no traffic, so its monitors see nothing before it is promoted. What
+                # they can see is the serving version it was trained from (held versions are never parents):
+                # its drift is the candidate's starting point, so a monitor alert there holds the next promotion
+                # until an admin resolves it. (Attestation alerts are about a replica, not the policy.)
+                alerts += [a for a in await open_alerts(db, project, alias, serving) if a.kind == "monitor"]
             evidence: dict[str, Any] = {}
             eval_cmp = await db.run_sync(lambda s: _eval_comparison(s, project, alias, version, serving))
             if eval_cmp is not None:
                 evidence["eval"] = eval_cmp[1].to_dict() | {"name": eval_cmp[0]}
             verdict: str | None
             if alerts:
-                evidence["alerts"] = [{"id": a.id, "kind": a.kind, "name": a.name, "message": a.message}
-                                      for a in alerts]  # fmt: skip
+                evidence["alerts"] = [{"id": a.id, "version": a.version, "kind": a.kind, "name": a.name,
+                                       "message": a.message} for a in alerts]  # fmt: skip
                 verdict = "held" if policy.mode == "gate" else "rolled_back"
-                reason = f"{len(alerts)} open alert(s) on v{version}: {alerts[0].kind}/{alerts[0].name}"
+                named = ", ".join(f"{a.kind}/{a.name} on v{a.version}" for a in alerts[:3])
+                reason = f"{len(alerts)} open alert(s): {named}{', ...' if len(alerts) > 3 else ''}"
             elif policy.mode == "gate":
                 if eval_cmp is None:
                     return None

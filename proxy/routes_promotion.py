@@ -123,6 +123,16 @@ async def list_promotions(alias: PathId, admin: AdminDep, db: DbDep) -> dict[str
     return {"object": "list", "data": [store.event_to_dict(r) for r in rows]}
 
 
+@router.post("/aliases/{alias}/promotions/decide")
+async def decide_now(alias: PathId, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
+    """Take the decision the evidence allows for the alias's candidate now (e.g. right after a monitor pass),
+    rather than at the proxy's next check; ``decision`` is null when no candidate is under way or it waits."""
+    await _alias_known(db, admin.project_id, alias)
+    policy = await db.run_sync(lambda s: store.get_policy(s, admin.project_id, alias))
+    decision = await st.promotion.decide(admin.project_id, alias)
+    return {"alias": alias, "version": policy.candidate_version, "decision": decision}
+
+
 @router.get("/aliases/{alias}/attestations")
 async def list_attestations(alias: PathId, admin: AdminDep, db: DbDep, st: StateDep) -> dict[str, Any]:
     """Each attested version's content hash and fingerprint, and the replicas out of rotation for it."""

@@ -12,7 +12,8 @@ A policy per alias (``PromotionPolicy``; none stored means ``auto``):
   (:func:`canary_verdict`).
 
 Under ``gate`` and ``canary`` an open alert on the candidate (storage/alerts.py) holds it, and
-under ``canary`` rolls it back at once. Every decision is a ``PromotionEvent`` with its
+under ``canary`` rolls it back at once; under ``gate`` (the candidate serves no traffic to monitor)
+a monitor alert on the serving version it was trained from holds it too. Every decision is a ``PromotionEvent`` with its
 evidence. A held or rolled-back version never becomes the parent of the next training step:
 :func:`training_parent` names the serving version.
 

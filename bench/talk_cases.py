@@ -17,10 +17,21 @@ Scenarios (7 phases of ``--sessions`` sessions each: the base model, then v1..v6
   drops the attempt: no grade is posted.
 * ``clean``: the same lengths, no fault, no drift (noise only): every alert is a false alarm.
 
+Each new version is published as the trainer publishes it (``candidate: true``) under the alias's
+promotion policy (``--policy``): ``auto`` routes it at once; ``gate`` routes it once its eval is in
+(the harness posts one per version, the same score on the same items: the talk's failures do not
+show in an eval); ``canary`` routes a sticky share of sessions to it until it is promoted or
+rolled back. The drift follows the lineage: a version is one step of drift beyond the version that
+served when it was published (held versions are never parents), so under ``auto`` version N is N
+steps, and after a rollback the next version starts again from what serves. A tool layer's faults
+belong to the environment: they start at a point in time, for every version alike. After each
+batch the harness asks the proxy to decide (``POST .../promotions/decide``; its own loop is off),
+so decisions fall between batches and each run is reproducible.
+
 Per session the clean policy makes 1 + Binomial(4, 1/2) tool calls (8-token thoughts), then a
 final answer of ~40 tokens (uniform 0.6x-1.4x), graded outcome success with probability 0.7.
 
-    python -m bench.talk_cases [--upstream stub|tiny] [--seeds 5] [--sessions 30]
+    python -m bench.talk_cases [--upstream stub|tiny] [--seeds 5] [--sessions 30] [--policy auto|gate|canary]
 """
 
 from __future__ import annotations
@@ -32,8 +43,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +61,20 @@ FLOOD = 12  # tool calls of a flooding session
 CUT_TOKENS = 256  # the call the deadline cuts asks for a long turn: the hang-up lands while it streams
 BATCH = 5  # sessions run at once; the monitors run after each batch
 CLEAN_SEEDS = 100  # clean runs use seeds 100, 101, ...: other seeds than the faulty runs
+# The policies the runs use (PUT /v1/admin/aliases/{alias}/policy), defaults except the canary's: half the
+# sessions (at the default 0.1 a candidate needs ~200 sessions before the monitors can compare its 20), and a
+# margin of 0.25 reward (at the default 0.05, two versions whose reward is equal, as every version's is here by
+# construction, need ~700 graded sessions per arm before the canary can promote either).
+POLICIES: dict[str, dict[str, Any]] = {
+    "auto": {"mode": "auto"},
+    "gate": {"mode": "gate"},
+    "canary": {"mode": "canary", "share": 0.5, "margin": 0.25},
+}
+# The harness's eval of every version: the same score on the same items (paired), so the gate promotes and the
+# canary's eval rule never rolls back; only the monitors can tell the versions apart.
+EVAL = {"name": "heldout", "n": 20, "mean": 0.5, "stderr": 0.11, "scores": {f"q{i}": float(i % 2) for i in range(20)}}
+MAX_SESSIONS = 300  # a phase whose candidate is still undecided after this many sessions ends (undecided)
+DECIDED = ("promoted", "held", "rolled_back")
 EXPECTED = {
     "short": {"tool_error_rate": 1, "answer_tokens": 2, "completion_tokens": 2},  # monitor: the phase its cause starts
     "flood": {"timeout_rate": 1},
@@ -74,19 +100,41 @@ def scenario(name: str) -> list[Phase]:
 
 
 @dataclass
+class Decision:
+    """What the policy did with one published version."""
+
+    version: int
+    level: int  # steps of drift: one beyond the version serving when it was published
+    decision: str | None = None  # promoted | held | rolled_back; None: undecided when its phase ended
+    after: int = 0  # sessions run since it was published, at the decision
+    served: int = 0  # of those, sessions the candidate itself served (canary's share)
+    alerts: list[str] = field(default_factory=list)  # the decision's evidence: open alerts, monitor@vN
+
+    def __str__(self) -> str:
+        why = f" [{', '.join(self.alerts)}]" if self.alerts else ""
+        return f"v{self.version} L{self.level} {self.decision or 'undecided'} {self.after}/{self.served}{why}"
+
+
+@dataclass
 class Run:
-    """What one scenario run saw: when each alert opened, counted in sessions."""
+    """What one scenario run saw: when each alert opened, counted in sessions, and each promotion decision."""
 
     name: str
     seed: int
     sessions_per_phase: int
+    policy: str = "auto"
     opened: list[dict[str, Any]] = field(default_factory=list)  # {monitor, version, session, against}
+    decisions: list[Decision] = field(default_factory=list)
+    starts: list[int] = field(default_factory=list)  # sessions run before each phase began
+    sessions_run: int = 0
     calls: int = 0
     seconds: float = 0.0
 
     def delay(self, monitor: str, phase: int) -> int | None:
         """Sessions from the first session of ``phase`` until ``monitor``'s first alert (None: never)."""
-        start = phase * self.sessions_per_phase
+        if phase >= len(self.starts):
+            return None
+        start = self.starts[phase]
         hits = [a["session"] - start for a in self.opened if a["monitor"] == monitor and a["session"] > start]
         return min(hits) if hits else None
 
@@ -142,30 +190,68 @@ async def _drained(client: httpx.AsyncClient, proxy: str) -> None:
     raise RuntimeError("the proxy's spool did not drain")
 
 
+async def _decided(client: httpx.AsyncClient, aliases: str, version: int) -> dict[str, Any] | None:
+    """Ask the proxy to decide now; the final decision recorded for ``version`` (with its evidence), if any."""
+    (await client.post(f"{aliases}/promotions/decide")).raise_for_status()
+    events = (await client.get(f"{aliases}/promotions")).json()["data"]
+    return next((e for e in reversed(events) if e["version"] == version and e["decision"] in DECIDED), None)
+
+
 async def simulate(
     name: str, seed: int, proxy: str, sessionmaker: async_sessionmaker[AsyncSession], project: str,
     sessions: int = 30, stop_on: Sequence[str] = (), phases: Sequence[Phase] | None = None, alias: str = ALIAS,
-    batch: int = BATCH, stub: bool = False,
+    batch: int = BATCH, stub: bool = False, policy: str = "auto", max_sessions: int = MAX_SESSIONS,
 ) -> Run:  # fmt: skip
-    """Run one scenario (or ``phases``) through the proxy; the alias and versions 1..6 must exist (:func:`prepare`)."""
+    """Run one scenario (or ``phases``) through the proxy; the alias and versions 1..6 must exist (:func:`prepare`).
+
+    Phase ``t`` publishes ``phases[t].version`` and runs at least ``sessions`` sessions, and until the policy
+    has decided on it (at most ``max_sessions``). A session behaves as the drift level of the version that
+    serves it says (``phases[level]``), with the tool faults of the time (``phases[t].tool_fail``).
+    """
+    from proxy.promotion import bucket
     from storage.alerts import list_alerts
     from storage.monitor_store import run_monitors
 
-    run, rng, done = Run(name, seed, sessions), random.Random(seed), 0
+    phases = list(phases if phases is not None else scenario(name))
+    run, rng, done = Run(name, seed, sessions, policy), random.Random(seed), 0
+    share = float(POLICIES[policy].get("share", 0.0)) if policy == "canary" else 0.0
+    aliases = f"{proxy}/v1/admin/aliases/{alias}"
     started = time.monotonic()
     async with httpx.AsyncClient(timeout=300) as client:
         harness = Harness(proxy, alias, client, {"stub_gap_ms": 50} if stub else {})
-        put = await client.put(f"{proxy}/v1/admin/aliases/{alias}/monitors", json={"settle_s": 0})
-        put.raise_for_status()
-        for phase in phases if phases is not None else scenario(name):
-            dep = await client.post(f"{proxy}/v1/admin/deployments", json={"alias": alias, "version": phase.version})
-            dep.raise_for_status()
-            for first in range(0, sessions, batch):
-                ids = range(first, min(first + batch, sessions))
+        for method, path, body in (("PUT", "monitors", {"settle_s": 0}), ("PUT", "policy", POLICIES[policy]),
+                                   ("POST", "versions/base/evals", EVAL)):  # fmt: skip
+            (await client.request(method, f"{aliases}/{path}", json=body)).raise_for_status()
+        serving: int | None = None
+        levels: dict[int | None, int] = {None: 0}
+        for now in phases:
+            run.starts.append(done)
+            pending, record, n = now.version, None, 0
+            if pending is not None:
+                levels[pending] = levels[serving] + 1
+                record = Decision(pending, levels[pending])
+                run.decisions.append(record)
+                dep = {"alias": alias, "version": pending, "candidate": True}  # as the trainer publishes
+                (await client.post(f"{proxy}/v1/admin/deployments", json=dep)).raise_for_status()
+                (await client.post(f"{aliases}/versions/{pending}/evals", json=EVAL)).raise_for_status()
+            while True:
+                if pending is not None and record is not None and (event := await _decided(client, aliases, pending)):
+                    record.decision, record.after = event["decision"], n
+                    record.alerts = [f"{a['name']}@v{a['version']}" for a in event["evidence"].get("alerts", [])]
+                    serving, pending = (pending if record.decision == "promoted" else serving), None
+                if n >= max_sessions or (pending is None and n >= sessions) or stop_on and _seen(run, stop_on):
+                    break
+                ids = range(n, n + min(batch, (sessions if n < sessions else max_sessions) - n))
+                sids = [f"{name}-{seed}-{now.version}-{i}" for i in ids]
+                arms = [pending if pending is not None and bucket(project, alias, sid) < share else serving
+                        for sid in sids]  # fmt: skip
+                if record is not None and pending is not None:
+                    record.served += sum(arm == pending for arm in arms)
+                acts = [replace(phases[min(levels[arm], len(phases) - 1)], tool_fail=now.tool_fail) for arm in arms]
                 seeds = [rng.random() for _ in ids]
-                await asyncio.gather(*(harness.session(f"{name}-{seed}-{phase.version}-{i}", phase, random.Random(s))
-                                       for i, s in zip(ids, seeds, strict=True)))  # fmt: skip
-                done += len(ids)
+                await asyncio.gather(*(harness.session(sid, act, random.Random(s))
+                                       for sid, act, s in zip(sids, acts, seeds, strict=True)))  # fmt: skip
+                n, done = n + len(ids), done + len(ids)
                 await _drained(client, proxy)
                 async with sessionmaker() as db:
                     report = await run_monitors(db, project, alias)
@@ -177,12 +263,14 @@ async def simulate(
                             against = a.detail.get("against")
                             run.opened.append({"monitor": a.name, "version": a.version, "session": done,
                                                "against": against, "message": a.message})  # fmt: skip
-                if stop_on and {a["monitor"] for a in run.opened} >= set(stop_on):
-                    break
-            if stop_on and {a["monitor"] for a in run.opened} >= set(stop_on):
+            if stop_on and _seen(run, stop_on):
                 break
-    run.calls, run.seconds = harness.calls, time.monotonic() - started
+    run.calls, run.seconds, run.sessions_run = harness.calls, time.monotonic() - started, done
     return run
+
+
+def _seen(run: Run, monitors: Sequence[str]) -> bool:
+    return {a["monitor"] for a in run.opened} >= set(monitors)
 
 
 async def prepare(
@@ -214,11 +302,21 @@ def zero_adapter(model_path: Path, out: Path) -> Path:
     return out
 
 
+def _drifts(name: str, level: int) -> bool:
+    """Whether a version at this level of ``name``'s drift behaves otherwise than the base model's."""
+    act = scenario(name)[min(level, 6)]
+    return act.answer != 1.0 or act.flood > 0
+
+
 def _summary(runs: list[Run]) -> None:
     print(f"\n{'scenario':>8} {'seed':>4} {'calls':>6} {'s':>6}  alerts (monitor@version after N sessions, vs)")
     for r in runs:
         seen = ", ".join(f"{a['monitor']}@v{a['version']} +{a['session']} ({a['against']})" for a in r.opened) or "none"
         print(f"{r.name:>8} {r.seed:>4} {r.calls:>6} {r.seconds:>6.0f}  {seen}")
+    print(f"\npolicy {runs[0].policy if runs else '-'}: each version, its drift level, the decision, sessions since it "
+          f"was published / of them on the candidate, [the decision's alerts]")  # fmt: skip
+    for r in runs:
+        print(f"{r.name:>8} {r.seed:>4}  {'; '.join(map(str, r.decisions))}")
     print("\ndetection delay: sessions from the phase where the cause starts to the alert (median, max; missed)")
     for name, expected in EXPECTED.items():
         for monitor, phase in expected.items():
@@ -226,10 +324,14 @@ def _summary(runs: list[Run]) -> None:
             got = [d for d in delays if d is not None]
             shown = f"{statistics.median(got):.0f}, {max(got)}" if got else "-"
             print(f"  {name:>6} {monitor:<18} {shown:>10}; missed {len(delays) - len(got)} of {len(delays)}")
+        drifting = [d for r in runs if r.name == name for d in r.decisions if _drifts(name, d.level)]
+        told = Counter(d.decision or "undecided" for d in drifting)
+        print(f"  {name:>6} drifting versions: {', '.join(f'{k} {v}' for k, v in sorted(told.items())) or 'none'}")
     clean = [r for r in runs if r.name == "clean"]
-    alarms = sum(len(r.opened) for r in clean)
-    print(f"false alarms: {alarms} alert(s) over {len(clean)} clean run(s) of "
-          f"{7 * clean[0].sessions_per_phase if clean else 0} sessions each")  # fmt: skip
+    decided = [d for r in clean for d in r.decisions]
+    print(f"false alarms: {sum(len(r.opened) for r in clean)} alert(s) over {len(clean)} clean run(s) of "
+          f"{', '.join(str(r.sessions_run) for r in clean) or 0} sessions; versions promoted "
+          f"{sum(d.decision == 'promoted' for d in decided)} of {len(decided)}")  # fmt: skip
 
 
 def main() -> int:
@@ -239,6 +341,8 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--sessions", type=int, default=30, help="sessions per phase (version)")
     ap.add_argument("--scenarios", default="short,flood,clean")
+    ap.add_argument("--policy", choices=list(POLICIES), default="auto", help="the alias's promotion policy")
+    ap.add_argument("--max-sessions", type=int, default=MAX_SESSIONS, help="sessions a phase runs at most")
     args = ap.parse_args()
     return asyncio.run(_main(args))
 
@@ -274,17 +378,20 @@ async def _main(args: argparse.Namespace) -> int:
                         spool = str(logdir / f"spool-{pport}")
                         cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", engine.url, "--db", db_url,
                                "--port", str(pport), "--spool", spool, "--no-auth"]  # fmt: skip
-                        proxy = start_server("proxy", cmd, pport, logdir)
+                        # Decisions only when the harness asks, after each batch's monitor pass: reproducible runs.
+                        proxy = start_server("proxy", cmd, pport, logdir, env={"ONTHEJOB_PROMOTION_EVERY": "86400"})
                         eng = async_engine(db_url)
                         try:
                             maker = async_sessionmaker(eng, expire_on_commit=False)
                             await prepare(maker, "default", model, path)
                             run_seed = seed + CLEAN_SEEDS if name == "clean" else seed
                             run = await simulate(name, run_seed, proxy.url, maker, "default", args.sessions,
-                                                 stub=args.upstream == "stub")  # fmt: skip
+                                                 stub=args.upstream == "stub", policy=args.policy,
+                                                 max_sessions=args.max_sessions)  # fmt: skip
                             runs.append(run)
-                            print(f"{name} seed {seed}: {len(run.opened)} alert(s), {run.calls} calls, "
-                                  f"{run.seconds:.0f} s", flush=True)  # fmt: skip
+                            print(f"{name} seed {seed}: {len(run.opened)} alert(s), {run.sessions_run} sessions, "
+                                  f"{run.calls} calls, {run.seconds:.0f} s; {'; '.join(map(str, run.decisions))}",
+                                  flush=True)  # fmt: skip
                         finally:
                             await eng.dispose()
                             proxy.stop()

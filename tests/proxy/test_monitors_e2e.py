@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.pool import NullPool
 
-from bench.talk_cases import Harness, Phase, prepare, simulate
+from bench.talk_cases import EVAL, Harness, Phase, prepare, simulate
 from engine.launcher import Engine
 from onthejob.monitor import DriftProbe
 from storage.alerts import open_alerts
@@ -77,6 +77,40 @@ async def test_the_talks_two_failures_raise_alerts_on_every_surface_a_clean_vers
     assert httpx.post(f"{proxy.url}/v1/admin/alerts/{first['id']}/resolve").json()["status"] == "resolved"
     async with sm() as db:
         assert all(a.id != first["id"] for a in await open_alerts(db, "default", "agent", None))
+
+
+async def test_a_drifting_version_is_held_under_gate_and_rolled_back_under_canary_because_of_its_alert(
+    start_proxy: ProxyFactory, stub_upstream: str, maker: tuple[str, async_sessionmaker[AsyncSession]]
+) -> None:
+    url, sm = maker
+    proxy = start_proxy(stub_upstream, url, env={"ONTHEJOB_PROMOTION_EVERY": "86400"})  # decisions when asked
+    for alias in ("gated", "canaried"):
+        await prepare(sm, "default", "stub-model", "/no-weights", alias=alias)
+
+    # gate: v1 answers 40 % shorter, but its eval equals the base model's (the drift does not show in it): promoted,
+    # it serves, and the monitors see it. v2, trained from it, is held as it is published.
+    shorter = [Phase(None), Phase(1, answer=0.6)]
+    gated = await simulate("gate", 5, proxy.url, sm, "default", SESSIONS, phases=shorter, alias="gated",
+                           batch=SESSIONS, stub=True, policy="gate")  # fmt: skip
+    assert [(d.version, d.decision, d.served) for d in gated.decisions] == [(1, "promoted", 0)]
+    assert ("answer_tokens", 1) in {(a["monitor"], a["version"]) for a in gated.opened}, gated.opened
+    submit = {"alias": "gated", "version": 2, "candidate": True}
+    assert httpx.post(f"{proxy.url}/v1/admin/deployments", json=submit).json()["status"] == "held"
+    assert httpx.post(f"{proxy.url}/v1/admin/aliases/gated/versions/2/evals", json=EVAL).json()["decision"] is None
+    held = httpx.get(f"{proxy.url}/v1/admin/aliases/gated/promotions").json()["data"][-1]
+    assert (held["version"], held["decision"]) == (2, "held") and "monitor/answer_tokens on v1" in held["reason"]
+    assert ("answer_tokens", 1) in {(a["name"], a["version"]) for a in held["evidence"]["alerts"]}
+
+    # canary: v1 floods tool calls in half its sessions; half the sessions (sticky) reach it, and its own
+    # timeout_rate alert rolls it back before the live reward (which never sees an ungraded flood) could promote it.
+    floods = [Phase(None), Phase(1, flood=0.5)]
+    canaried = await simulate("canary", 5, proxy.url, sm, "default", SESSIONS, phases=floods, alias="canaried",
+                              batch=SESSIONS, stub=True, policy="canary", max_sessions=4 * SESSIONS)  # fmt: skip
+    (decision,) = canaried.decisions
+    assert (decision.version, decision.decision) == (1, "rolled_back"), canaried.opened
+    assert "timeout_rate@v1" in decision.alerts and 0 < decision.served < decision.after
+    serving = {a["name"]: a["deployed_version"] for a in httpx.get(f"{proxy.url}/v1/admin/aliases").json()["data"]}
+    assert (serving["gated"], serving["canaried"]) == (1, None)
 
 
 async def test_on_the_real_engine_a_flood_is_recorded_timed_out_and_drift_is_measured(

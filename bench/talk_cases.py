@@ -263,6 +263,8 @@ async def simulate(
                             against = a.detail.get("against")
                             run.opened.append({"monitor": a.name, "version": a.version, "session": done,
                                                "against": against, "message": a.message})  # fmt: skip
+            if record is not None and record.decision is None:
+                record.after = n  # undecided: sessions its phase ran
             if stop_on and _seen(run, stop_on):
                 break
     run.calls, run.seconds, run.sessions_run = harness.calls, time.monotonic() - started, done

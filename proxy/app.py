@@ -23,6 +23,7 @@ from proxy import (
     routes_ops,
     routes_promotion,
     routes_ui,
+    routes_ui_learning,
 )
 from proxy.alert_metrics import AlertMetrics
 from proxy.deps import operator_gate
@@ -92,6 +93,7 @@ def create_app(settings: Settings) -> FastAPI:
         routes_monitors,
         routes_ops,
         routes_ui,
+        routes_ui_learning,
     ):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     if settings.docs_access == "admin":

@@ -57,6 +57,24 @@ def version_lineage(db: DbSession, project: str, alias: str, version: int) -> di
     }  # fmt: skip
 
 
+def dataset_versions(db: DbSession, project: str) -> dict[str, list[dict[str, Any]]]:
+    """Per dataset name, the versions its runs published (``train --dataset`` names it in the run's config)."""
+    runs = {rid: str(config["dataset"]) for rid, config in db.execute(
+        select(TrainingRun.id, TrainingRun.config).where(TrainingRun.project_id == project))
+        if (config or {}).get("dataset")}  # fmt: skip
+    if not runs:
+        return {}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rid, alias, version in db.execute(
+        select(TrainingStep.run_id, TrainingRun.alias, TrainingStep.adapter_version)
+        .join(TrainingRun, TrainingRun.id == TrainingStep.run_id)
+        .where(TrainingStep.run_id.in_(runs), TrainingStep.adapter_version.is_not(None))
+        .order_by(TrainingStep.run_id, TrainingStep.adapter_version)
+    ):  # fmt: skip
+        out.setdefault(runs[rid], []).append({"alias": alias, "version": version, "training_run_id": rid})
+    return out
+
+
 def learned_from(db: DbSession, project: str, *, calls: Iterable[str] = (), feedback: Iterable[str] = ()
                  ) -> list[dict[str, Any]]:  # fmt: skip
     """Versions trained on a trajectory holding one of ``calls`` or on one of ``feedback``, and their descendants.

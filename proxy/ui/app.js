@@ -2,6 +2,7 @@
 import { api, forgetKey, getKey, setKey } from "./api.js";
 import { h, notice } from "./dom.js";
 import { controlView } from "./control.js";
+import { datasetView, datasetsView, lineageView } from "./datasets.js";
 import { healthView } from "./health.js";
 import { learningView, runView } from "./learning.js";
 import { callView } from "./tokens.js";
@@ -15,6 +16,9 @@ const VIEWS = {
   call: callView,
   learning: learningView,
   run: runView,
+  lineage: lineageView,
+  datasets: datasetsView,
+  dataset: datasetView,
   health: healthView,
   control: controlView,
 };

@@ -1,4 +1,5 @@
-// A small SVG line chart: series of {x, y} points, optional vertical markers (deployments, rollbacks).
+// A small SVG line chart: series of {x, y} points, optional vertical markers (deployments, rollbacks, promotion
+// decisions), each kind in the legend.
 import { h, s } from "./dom.js";
 
 const W = 720;
@@ -39,7 +40,8 @@ export function lineChart(series, { markers = [], xTime = false, title = "" } = 
       if (Number.isFinite(p.y)) svg.append(s("circle", { cx: X(p.x), cy: Y(p.y), r: 2.5, class: "dot " + cls }, s("title", null, `${se.key}: ${p.y.toFixed(3)}${p.n ? ` (n=${p.n})` : ""}`)));
     }
   });
+  const kinds = [...new Set(markers.map((m) => m.kind))];
   const legend = h("div", { class: "legend" }, series.map((se, i) => h("span", { class: "key s" + (i % 6) }, se.key)),
-    markers.length ? [h("span", { class: "key deploy" }, "deploy"), h("span", { class: "key rollback" }, "rollback")] : null);
+    kinds.map((k) => h("span", { class: "key " + k }, k.replace(/^promo-/, "").replace("_", " "))));
   return h("figure", { class: "chart" }, title ? h("figcaption", null, title) : null, svg, legend);
 }

@@ -1,7 +1,8 @@
-// Control: aliases, adapters and deployments; deploy a version or roll back (admin keys, after a confirmation).
+// Control: aliases, adapters (each version links to its lineage) and deployments; deploy a version, roll back or
+// set a promotion policy (admin keys, after a confirmation).
 // The proxy decides: a harness key's request is refused (403) and the refusal is shown.
-import { api, optional, seg } from "./api.js";
-import { card, h, notice, table, when } from "./dom.js";
+import { api, seg } from "./api.js";
+import { card, h, link, notice, table, when } from "./dom.js";
 
 export async function controlView(root, _args, _params, who) {
   const admin = who.role === "admin";
@@ -20,7 +21,7 @@ export async function controlView(root, _args, _params, who) {
     aliases.map((a) => [a.name, a.base_model, a.deployed_version === null ? "base" : "v" + a.deployed_version]), { id: "aliases" }) : notice("–")));
   root.append(actionForm(aliases, adapters));
   root.append(card("Adapters", adapters.length ? table(["alias", "version", "parent", "run", "sha256", "created"],
-    adapters.map((a) => [a.alias, "v" + a.version, a.parent_version === null ? "–" : "v" + a.parent_version,
+    adapters.map((a) => [a.alias, link("v" + a.version, "lineage", a.alias, a.version), a.parent_version === null ? "–" : "v" + a.parent_version,
       a.training_run_id === null ? "–" : String(a.training_run_id), a.sha256.slice(0, 12), when(a.created_at)]), { id: "adapters" }) : notice("–")));
   root.append(card("Deployments", deployments.length ? table(["time", "alias", "version", "previous", "status"],
     deployments.slice().sort((a, b) => (a.created_at < b.created_at ? 1 : -1)).map((d) => [when(d.created_at), d.alias, d.version === null ? "base" : "v" + d.version,
@@ -68,10 +69,12 @@ function actionForm(aliases, adapters) {
   return card("Deploy or roll back", form, result);
 }
 
-// Promotion policy per alias (issue 17's GET/PUT /v1/admin/aliases/{alias}/policy): a form once served, else a placeholder.
+// Promotion policy per alias: the current ones from GET /v1/ui/promotions (any key), set with PUT
+// /v1/admin/aliases/{alias}/policy (admin keys, after a confirmation).
 function policies(aliases) {
   const out = card("Promotion policy");
   if (aliases.length) fillPolicies(out, aliases).catch((e) => out.append(notice(e.message, "error")));
+  else out.append(notice("no alias yet"));
   return out;
 }
 
@@ -79,31 +82,21 @@ const MODES = ["auto", "gate", "canary"];
 const SETTINGS = { gate: ["margin", "z"], canary: ["share", "min_sample", "margin", "z"], auto: [] };
 
 async function fillPolicies(out, aliases) {
-  let first;
-  try {
-    first = await optional(`/v1/admin/aliases/${seg(aliases[0].name)}/policy`);
-  } catch (e) {
-    out.append(notice(e.message));
-    first = {};
-  }
-  if (first === null) {
-    out.append(notice("promotion policies are not served by this proxy yet (GET/PUT /v1/admin/aliases/{alias}/policy)", "placeholder"));
-    return;
-  }
-  const current = h("pre", { class: "content", id: "policy-current" }, JSON.stringify(first, null, 2));
+  const known = Object.fromEntries((await api("/v1/ui/promotions")).data.map((p) => [p.alias, p.policy]));
+  const shown = (name) => JSON.stringify(known[name] || { alias: name, mode: "auto" }, null, 2);
+  const current = h("pre", { class: "content", id: "policy-current" }, shown(aliases[0].name));
   const alias = h("select", { name: "alias" }, aliases.map((a) => h("option", { value: a.name }, a.name)));
-  const mode = h("select", { name: "mode" }, MODES.map((m) => h("option", { value: m, selected: m === first.mode }, m)));
+  const mode = h("select", { name: "mode" }, MODES.map((m) => h("option", { value: m }, m)));
+  const pick = () => {
+    current.textContent = shown(alias.value);
+    mode.value = (known[alias.value] || { mode: "auto" }).mode;
+  };
+  pick();
   const inputs = Object.fromEntries(["margin", "z", "share", "min_sample"].map((k) => [k, h("input", { name: k, size: 6, placeholder: "default" })]));
   const result = h("div", { id: "policy-result" });
   const form = h("form", { id: "policy-form", class: "filters" }, h("label", null, "alias ", alias), h("label", null, "mode ", mode),
     Object.entries(inputs).map(([k, el]) => h("label", null, k + " ", el)), h("button", { type: "submit" }, "Set policy"));
-  alias.addEventListener("change", async () => {
-    try {
-      current.textContent = JSON.stringify(await api(`/v1/admin/aliases/${seg(alias.value)}/policy`), null, 2);
-    } catch (e) {
-      current.textContent = e.message;
-    }
-  });
+  alias.addEventListener("change", pick);
   form.addEventListener("submit", async (ev) => {
     ev.preventDefault();
     const body = { mode: mode.value };
@@ -112,10 +105,12 @@ async function fillPolicies(out, aliases) {
       result.replaceChildren(notice("cancelled"));
       return;
     }
+    result.replaceChildren(notice("working…"));
     try {
-      const out2 = await api(`/v1/admin/aliases/${seg(alias.value)}/policy`, { method: "PUT", body });
-      current.textContent = JSON.stringify(out2, null, 2);
-      result.replaceChildren(notice(`done: ${alias.value} is now ${out2.mode}`, "ok"));
+      const set = await api(`/v1/admin/aliases/${seg(alias.value)}/policy`, { method: "PUT", body });
+      known[set.alias] = set;
+      current.textContent = shown(set.alias);
+      result.replaceChildren(notice(`done: ${set.alias} is now ${set.mode}`, "ok"));
     } catch (e) {
       result.replaceChildren(notice(`refused: ${e.message}`, "error"));
     }

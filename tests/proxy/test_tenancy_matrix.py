@@ -41,10 +41,6 @@ def test_the_route_table_is_what_this_test_knows() -> None:
 
 
 UI = Path(proxy_package.__file__).parent / "ui"
-# Routes the dashboard reads that issue 17's promotion work adds (policy, decisions, evals): until this proxy serves
-# them the page shows a placeholder; once served they are in the route table, so in the matrix below.
-NOT_YET_SERVED = {"/v1/admin/aliases/{}/policy", "/v1/admin/aliases/{}/versions/{}/evals",
-                  "/v1/admin/aliases/{}/promotions"}  # fmt: skip
 
 
 def _shape(path: str) -> str:
@@ -57,9 +53,11 @@ def test_every_route_the_dashboard_calls_is_in_the_matrix() -> None:
         for script in UI.glob("*.js")
         for m in re.finditer(r"[\"`](/(?:v1/|tokenize|detokenize)[^\"`?]*)", script.read_text())
     }
-    assert {"/v1/ui/calls", "/v1/sessions/{}", "/v1/admin/deployments", "/detokenize"} <= called
+    assert {"/v1/ui/calls", "/v1/sessions/{}", "/v1/admin/deployments", "/detokenize", "/v1/ui/promotions",
+            "/v1/ui/datasets/{}", "/v1/ui/aliases/{}/versions/{}/lineage", "/v1/admin/aliases/{}/policy",
+            "/v1/admin/datasets"} <= called  # fmt: skip
     served = {_shape(p) for _, p in _routes()}
-    missing = called - served - NOT_YET_SERVED
+    missing = called - served
     assert not missing, f"the dashboard calls routes the proxy does not serve: {sorted(missing)}"
 
 
@@ -89,7 +87,8 @@ def test_no_route_leaks_another_projects_data(start_proxy: ProxyFactory, stub_up
     a_set = {"name": "a-private-set", "filter": {"alias": "a-private-alias"}}
     assert httpx.post(f"{proxy.v1}/admin/datasets", headers=as_a, timeout=10, json=a_set).status_code == 201
     a_values = {"completion_id": a_completion, "session_id": "a-session-1", "key_id": str(a_key_id),
-                "name": "a-private-set", "other": "a-private-set"}  # fmt: skip
+                "name": "a-private-set", "other": "a-private-set", "alias": "a-private-alias",
+                "version": "1"}  # fmt: skip
     secrets = [PRIVATE, a_completion, "a-session-1", "a-private-alias", str(a_key_id), a_harness, a_admin]
 
     bodies: dict[str, Any] = {

@@ -4,6 +4,8 @@ One proxy with auth in front of the real tiny engine records a few sessions (one
 comment carry markup and script); the page must show the API's numbers, lead from the traffic
 list to a session to a token view, refuse a harness key's admin action and do an admin key's,
 and never run what was recorded. Screenshots go to build/ui-screenshots/ (gitignored).
+Promotion (a gate policy set in the page, a candidate held on its eval), datasets and a version's
+lineage are shown as the admin API answers them, to a harness key too (read-only).
 Without Chromium the tests skip locally and fail under CI=true (.ci/run installs it).
 """
 
@@ -19,15 +21,17 @@ from typing import Any
 
 import httpx
 import pytest
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import Select, WebDriverWait
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from engine.launcher import Engine
 from storage.db import sync_engine
 from storage.mine_store import mine
-from storage.models import CompletionFlag
+from storage.models import CompletionFlag, TrainingRun, TrainingStep
+from tests.adapters import light_adapter
 from tests.proxy.conftest import Proxy, launch_proxy, make_key
+from trainer.publish import record_adapter
 
 pytestmark = pytest.mark.engine
 
@@ -50,6 +54,12 @@ class World:
         resp = httpx.get(self.proxy.url + path, params=params, timeout=30,
                          headers={"authorization": f"Bearer {key or self.admin}"})  # fmt: skip
         assert resp.status_code == 200, resp.text
+        return resp.json()
+
+    def send(self, method: str, path: str, body: Any, status: int = 201) -> Any:
+        resp = httpx.request(method, self.proxy.url + path, json=body, timeout=60,
+                             headers={"authorization": f"Bearer {self.admin}"})  # fmt: skip
+        assert resp.status_code == status, resp.text
         return resp.json()
 
 
@@ -264,3 +274,93 @@ def test_admin_action_refused_for_a_harness_key_done_for_an_admin_key(world: Wor
     after = w.get("/v1/admin/deployments")["data"]
     assert len(after) == len(before) + 1 and after[-1]["version"] is None and after[-1]["alias"] == w.model
     browser.save_screenshot(str(SHOTS / "control.png"))
+
+
+def _confirm(driver: Any, result_id: str) -> str:
+    """Accept the page's confirmation dialog; what the action's result area then says."""
+    WebDriverWait(driver, 10).until(lambda d: d.switch_to.alert)
+    driver.switch_to.alert.accept()
+    WebDriverWait(driver, 60).until(lambda d: "working" not in d.find_element("id", result_id).text)
+    return str(driver.find_element("id", result_id).text)
+
+
+def _publish_from_dataset(w: World, engine: Engine, folder: Path, alias: str, dataset: str) -> None:
+    """v1 of ``alias``, published by a run that trained from ``dataset`` (as `onthejob train --dataset` records)."""
+    eng = sync_engine(w.proxy.db_url)
+    with Session(eng) as db:
+        run = TrainingRun(project_id="default", alias=alias, objective="reinforce", base_model=w.model,
+                          config={"dataset": dataset}, status="finished")  # fmt: skip
+        db.add(run)
+        db.flush()
+        db.add(TrainingStep(run_id=run.id, step=1, adapter_version=1, metrics={"loss": 0.5}))
+        record_adapter(db, project_id="default", alias=alias, version=1, parent_version=None, run_id=run.id,
+                       path=light_adapter(engine.model, folder), base=engine.model, metrics={})  # fmt: skip
+        db.commit()
+    eng.dispose()
+
+
+def test_promotion_datasets_and_lineage_shown_as_the_api_says(
+    world: World, browser: Any, tiny_engine: Engine, tmp_path: Path
+) -> None:
+    w, alias = world, "ui-helper"
+    w.send("POST", "/v1/admin/aliases", {"name": alias, "base_model": w.model})
+    _publish_from_dataset(w, tiny_engine, tmp_path / "v1", alias, "ui-set")
+    # The gate policy is set in the page (admin, confirmed); then v1 is a candidate, worse than the base on its eval.
+    _open(browser, w, w.admin, "control")
+    WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", "#policy-form"))
+    Select(browser.find_element("css selector", "#policy-form select[name=alias]")).select_by_value(alias)
+    Select(browser.find_element("css selector", "#policy-form select[name=mode]")).select_by_value("gate")
+    browser.find_element("css selector", "#policy-form button").click()
+    assert "done:" in _confirm(browser, "policy-result")
+    assert w.get(f"/v1/admin/aliases/{alias}/policy")["mode"] == "gate"
+    candidate = w.send("POST", "/v1/admin/deployments", {"alias": alias, "version": 1, "candidate": True})
+    assert candidate["status"] == "pending"
+    items = {f"q{i}": float(i % 3) / 2 for i in range(9)}
+    for version, shift in (("base", 0.0), ("1", 0.3)):  # means 0.5 and 0.2: no tie for toFixed(3) to round
+        scores = {k: v - shift for k, v in items.items()}
+        body = {"name": "heldout", "n": 9, "mean": sum(scores.values()) / 9, "stderr": 0.05, "scores": scores}
+        decided = w.send("POST", f"/v1/admin/aliases/{alias}/versions/{version}/evals", body)["decision"]
+    assert decided == "held"
+    # An admin creates a dataset of every trajectory in the page (confirmed); its items are the API's.
+    browser.find_element("css selector", "#nav a[href='#/datasets']").click()
+    _wait(browser, "datasets")
+    browser.find_element("css selector", "#dataset-form input[name=name]").send_keys("ui-set")
+    browser.find_element("css selector", "#dataset-form button").click()
+    assert "done:" in _confirm(browser, "dataset-result")
+    _goto(browser, "dataset/ui-set", "dataset")
+    shown = w.get("/v1/admin/datasets/ui-set")
+    assert int(_shown(browser, "ds-trajectories")) == shown["counts"]["trajectories"] == len(shown["items"]) > 0
+    rewards = [e.get_attribute("data-reward") for e in browser.find_elements("css selector", "#items span.reward")]
+    assert [None if r == "null" else float(r) for r in rewards] == [i["reward"] for i in shown["items"]]
+
+    # A harness key reads all of it: the held decision on the chart and in the table, the evals as posted.
+    _open(browser, w, w.harness, "learning")
+    assert _errors(browser) == [] and browser.find_elements("css selector", "#reward-chart g.marker.promo-held")
+    part = browser.find_element("css selector", f".alias-promotions[data-alias='{alias}']")
+    newest = part.find_elements("css selector", "table.decisions tbody tr")[0].find_elements("css selector", "td")
+    decision = w.get(f"/v1/admin/aliases/{alias}/promotions")["data"][-1]
+    assert [newest[1].text, newest[4].text] == ["v1", "held"]
+    assert (decision["version"], decision["decision"]) == (1, "held")
+    for version in ("base", "1"):
+        evals = w.get(f"/v1/admin/aliases/{alias}/versions/{version}/evals")["data"]
+        api = [(e["name"], e["n"], e["mean"], e["stderr"]) for e in evals]
+        rows = part.find_elements("css selector", f"li.eval[data-version='{version}']")
+        page = [(e.get_attribute("data-name"), int(e.get_attribute("data-n")), float(e.get_attribute("data-mean")),
+                 float(e.get_attribute("data-stderr"))) for e in rows]  # fmt: skip
+        assert page == api and len(api) == 1
+        assert f"{api[0][2]:.3f} ± {api[0][3]:.3f}" in part.text
+    browser.execute_script("arguments[0].scrollIntoView()", part)
+    browser.save_screenshot(str(SHOTS / "promotions.png"))
+    # From the version to its lineage, to the dataset it trained from: read-only for this key.
+    _goto(browser, f"lineage/{alias}/1", "lineage")
+    assert "ui-set" in browser.find_element("id", "lineage").text
+    _goto(browser, "dataset/ui-set", "dataset")
+    assert int(_shown(browser, "ds-trajectories")) == shown["counts"]["trajectories"]
+    assert browser.find_elements("css selector", f"#view a[href='#/lineage/{alias}/1']")
+    browser.find_element("css selector", "#nav a[href='#/datasets']").click()
+    _wait(browser, "datasets")
+    browser.find_element("css selector", "#dataset-form input[name=name]").send_keys("ui-set-2")
+    browser.find_element("css selector", "#dataset-form button").click()
+    assert "refused: 403" in _confirm(browser, "dataset-result")
+    assert [d["name"] for d in w.get("/v1/admin/datasets")["data"]] == ["ui-set"]
+    browser.save_screenshot(str(SHOTS / "datasets.png"))

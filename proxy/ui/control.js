@@ -2,7 +2,8 @@
 // set a promotion policy (admin keys, after a confirmation).
 // The proxy decides: a harness key's request is refused (403) and the refusal is shown.
 import { api, seg } from "./api.js";
-import { card, h, link, notice, table, when } from "./dom.js";
+import { projectCard } from "./deletion.js";
+import { card, confirmed, h, link, notice, table, when } from "./dom.js";
 
 export async function controlView(root, _args, _params, who) {
   const admin = who.role === "admin";
@@ -27,6 +28,7 @@ export async function controlView(root, _args, _params, who) {
     deployments.slice().sort((a, b) => (a.created_at < b.created_at ? 1 : -1)).map((d) => [when(d.created_at), d.alias, d.version === null ? "base" : "v" + d.version,
       d.previous_version === null ? "base" : "v" + d.previous_version, d.status]), { id: "deployments" }) : notice("–")));
   root.append(policies(aliases)); // filled in when its route answers: not part of the first paint
+  root.append(projectCard(admin));
 }
 
 function actionForm(aliases, adapters) {
@@ -39,19 +41,12 @@ function actionForm(aliases, adapters) {
     h("label", null, "alias ", alias), h("label", null, "version ", ver),
     h("button", { type: "submit", id: "deploy" }, "Deploy version"),
     h("button", { type: "button", id: "rollback" }, "Roll back to base"));
-  const act = async (version) => {
+  const act = (version) => {
     const what = version === null ? `roll ${alias.value} back to its base model` : `deploy ${alias.value}@v${version}`;
-    if (!window.confirm(`Really ${what}? Traffic switches as soon as every replica has it.`)) {
-      result.replaceChildren(notice("cancelled"));
-      return;
-    }
-    result.replaceChildren(notice("working…"));
-    try {
+    return confirmed(result, `Really ${what}? Traffic switches as soon as every replica has it.`, async () => {
       const out = await api("/v1/admin/deployments", { method: "POST", body: { alias: alias.value, version } });
-      result.replaceChildren(notice(`done: ${out.alias} now serves ${out.served_model} (deployment ${out.id})`, "ok"));
-    } catch (e) {
-      result.replaceChildren(notice(`refused: ${e.message}`, "error"));
-    }
+      return notice(`done: ${out.alias} now serves ${out.served_model} (deployment ${out.id})`, "ok");
+    });
   };
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
@@ -101,19 +96,12 @@ async function fillPolicies(out, aliases) {
     ev.preventDefault();
     const body = { mode: mode.value };
     for (const k of SETTINGS[mode.value]) if (inputs[k].value !== "") body[k] = Number(inputs[k].value);
-    if (!window.confirm(`Really set ${alias.value}'s promotion policy to ${JSON.stringify(body)}?`)) {
-      result.replaceChildren(notice("cancelled"));
-      return;
-    }
-    result.replaceChildren(notice("working…"));
-    try {
+    await confirmed(result, `Really set ${alias.value}'s promotion policy to ${JSON.stringify(body)}?`, async () => {
       const set = await api(`/v1/admin/aliases/${seg(alias.value)}/policy`, { method: "PUT", body });
       known[set.alias] = set;
       current.textContent = shown(set.alias);
-      result.replaceChildren(notice(`done: ${set.alias} is now ${set.mode}`, "ok"));
-    } catch (e) {
-      result.replaceChildren(notice(`refused: ${e.message}`, "error"));
-    }
+      return notice(`done: ${set.alias} is now ${set.mode}`, "ok");
+    });
   });
   out.append(form, result, current);
 }

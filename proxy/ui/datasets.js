@@ -1,7 +1,7 @@
 // Datasets (read by any key): the list with the versions trained from each, one dataset's items with their pinned
 // feedback and rewards, and a version's lineage (what trained it). Creating a dataset is an admin action, confirmed.
 import { api, seg } from "./api.js";
-import { card, fmt, h, link, notice, stat, table, version, when } from "./dom.js";
+import { card, confirmed, fmt, h, link, notice, stat, table, version, when } from "./dom.js";
 
 const trainedLinks = (versions) => (versions.length
   ? versions.flatMap((v, i) => [i ? ", " : null, link(version(v.alias, v.version), "lineage", v.alias, v.version)]) : "–");
@@ -31,18 +31,10 @@ function createForm(who) {
     if (val("tags")) filter.tags = val("tags").split(",").map((t) => t.trim()).filter(Boolean);
     for (const k of ["min_reward", "max_reward"]) if (val(k)) filter[k] = Number(val(k));
     const body = { name: val("name"), description: val("description"), filter };
-    if (!window.confirm(`Really create dataset ${body.name} from ${JSON.stringify(filter)}? A name is taken for good.`)) {
-      result.replaceChildren(notice("cancelled"));
-      return;
-    }
-    result.replaceChildren(notice("working…"));
-    try {
+    await confirmed(result, `Really create dataset ${body.name} from ${JSON.stringify(filter)}? A name is taken for good.`, async () => {
       const made = await api("/v1/admin/datasets", { method: "POST", body });
-      result.replaceChildren(notice(`done: ${made.name} holds ${made.counts.trajectories} trajectories`, "ok"), " ",
-        link("open it", "dataset", made.name));
-    } catch (e) {
-      result.replaceChildren(notice(`refused: ${e.message}`, "error"));
-    }
+      return [notice(`done: ${made.name} holds ${made.counts.trajectories} trajectories`, "ok"), " ", link("open it", "dataset", made.name)];
+    });
   });
   const hint = who.role === "admin" ? null : notice("this key is not an admin key: the proxy refuses to create a dataset", "placeholder");
   return card("Create a dataset (admin)", hint, form, result);

@@ -80,3 +80,17 @@ export function version(alias, v) {
 export function notice(text, kind) {
   return h("p", { class: "notice " + (kind || "") }, text);
 }
+
+// An admin action: ask first, then show "working…", then what `run` answers (done) or the proxy's refusal.
+export async function confirmed(result, question, run) {
+  if (!window.confirm(question)) {
+    result.replaceChildren(notice("cancelled"));
+    return;
+  }
+  result.replaceChildren(notice("working…"));
+  try {
+    result.replaceChildren(...[await run()].flat());
+  } catch (e) {
+    result.replaceChildren(notice(`refused: ${e.message}`, "error"));
+  }
+}

@@ -1,6 +1,7 @@
 // One session: its turns (the messages each call added, tool calls and results, the reply),
 // the feedback on each call with its history, and a link to each completion's token view.
 import { api, seg } from "./api.js";
+import { deleteSessionCard } from "./deletion.js";
 import { card, fmt, h, link, notice, version, when } from "./dom.js";
 
 function text(content) {
@@ -37,7 +38,7 @@ export function feedbackList(items) {
     f.comment ? h("blockquote", { class: "comment" }, f.comment) : null)));
 }
 
-export async function sessionView(root, args) {
+export async function sessionView(root, args, _params, who) {
   const id = args.join("/");
   const [session, turns] = await Promise.all([
     api(`/v1/sessions/${seg(id)}`),
@@ -67,4 +68,5 @@ export async function sessionView(root, args) {
       h("p", null, link("token view →", "call", t.id))));
   });
   if (!turns.data.length) root.append(notice("no recorded calls"));
+  if (who.role === "admin") root.append(deleteSessionCard(id));
 }

@@ -5,7 +5,8 @@ comment carry markup and script); the page must show the API's numbers, lead fro
 list to a session to a token view, refuse a harness key's admin action and do an admin key's,
 and never run what was recorded. Screenshots go to build/ui-screenshots/ (gitignored).
 Promotion (a gate policy set in the page, a candidate held on its eval), datasets and a version's
-lineage are shown as the admin API answers them, to a harness key too (read-only).
+lineage are shown as the admin API answers them, to a harness key too (read-only); an admin sets the
+retention and deletes a session from the page, each after a confirmation.
 Without Chromium the tests skip locally and fail under CI=true (.ci/run installs it).
 """
 
@@ -313,6 +314,10 @@ def test_promotion_datasets_and_lineage_shown_as_the_api_says(
     browser.find_element("css selector", "#policy-form button").click()
     assert "done:" in _confirm(browser, "policy-result")
     assert w.get(f"/v1/admin/aliases/{alias}/policy")["mode"] == "gate"
+    browser.find_element("css selector", "#retention-form input").send_keys("3650")
+    browser.find_element("css selector", "#retention-form button").click()
+    assert "done:" in _confirm(browser, "retention-result")
+    assert w.get("/v1/admin/project")["settings"]["retention_days"] == 3650
     candidate = w.send("POST", "/v1/admin/deployments", {"alias": alias, "version": 1, "candidate": True})
     assert candidate["status"] == "pending"
     items = {f"q{i}": float(i % 3) / 2 for i in range(9)}
@@ -364,3 +369,11 @@ def test_promotion_datasets_and_lineage_shown_as_the_api_says(
     assert "refused: 403" in _confirm(browser, "dataset-result")
     assert [d["name"] for d in w.get("/v1/admin/datasets")["data"]] == ["ui-set"]
     browser.save_screenshot(str(SHOTS / "datasets.png"))
+    # An admin deletes a session from its page (confirmed): the API no longer has it.
+    _chat(w, w.harness, "ui-doomed", [{"role": "user", "content": "forget me"}])
+    w.proxy.wait_drained()
+    _open(browser, w, w.admin, "session/ui-doomed")
+    browser.find_element("id", "delete-session").click()
+    assert "done: deleted 1 calls" in _confirm(browser, "delete-result")
+    gone = httpx.get(f"{w.proxy.v1}/sessions/ui-doomed", headers={"authorization": f"Bearer {w.admin}"}, timeout=30)
+    assert gone.status_code == 404

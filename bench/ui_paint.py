@@ -148,6 +148,7 @@ VIEWS = (
     "call/cmpl-bench{mid_call:08d}",
     "learning",
     "run/{run}",
+    "datasets",
     "health",
     "control",
 )

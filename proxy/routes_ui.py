@@ -5,7 +5,7 @@ these routes (and the public ones: sessions, trajectories, feedback, admin) with
 so a key sees its own project only and admin actions stay with admin keys. The page
 is served with a Content-Security-Policy that allows scripts, styles and requests from
 this origin only, and no inline script; the scripts write recorded text with
-``textContent`` only (tests/proxy/test_ui_browser.py plants markup and checks).
+``textContent`` only (tests/proxy/test_ui.py plants markup and checks).
 """
 
 from __future__ import annotations

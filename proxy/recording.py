@@ -79,7 +79,7 @@ class Recording:
     async def keep(self, record: CallRecord, link_keys: list[str | None]) -> None:
         """Fsync ``record`` (already :meth:`redacted`); then follow-ups can link to it by ``link_keys``."""
         try:
-            await self.spool.append(record)
+            line = await self.spool.append(record)
         except SpoolFull as exc:
             if self.full_policy == "serve":
                 self.metrics.records_dropped.labels("spool_full").inc()
@@ -96,4 +96,4 @@ class Recording:
             self.wake.set()
         self.linker.remember(record.project_id, link_keys, Link(record.session_id, record.id, record.task_id))
         if record.dialect not in NATIVE:
-            self.linker.recent.put(record)  # continuable by id (previous_response_id) from this moment
+            self.linker.recent.put(record.project_id, record.id, line)  # continuable by id from this moment

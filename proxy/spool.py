@@ -78,14 +78,15 @@ class Spool:
     def full(self) -> bool:
         return self.bytes >= self.max_bytes
 
-    async def append(self, record: CallRecord) -> None:
-        """Append one record; returns once it is on disk (fsync'd). Raises SpoolFull."""
+    async def append(self, record: CallRecord) -> bytes:
+        """Append one record; returns its line once it is on disk (fsync'd). Raises SpoolFull."""
         if self.full:
             raise SpoolFull(f"spool at {self.folder} holds {self.bytes} bytes, quota {self.max_bytes}")
         line = record.encode() + b"\n"
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put((line, record, future))
         await future
+        return line
 
     # ---- writer thread ---------------------------------------------------------------
     def _writer(self) -> None:

@@ -25,7 +25,7 @@ async def test_memory_then_sibling_spool_then_database(tmp_path: Path, pg_url: s
     child = record(3, id="resp_child", project_id="p", parent_id="resp_there2")
     await sibling.append(there)
     await sibling.append(child)
-    recent.put(here)
+    recent.put(here.project_id, here.id, here.encode())
     engine = async_engine(pg_url)
     maker = async_sessionmaker(engine, expire_on_commit=False)
 
@@ -51,7 +51,8 @@ async def test_memory_then_sibling_spool_then_database(tmp_path: Path, pg_url: s
 def test_recent_calls_are_bounded() -> None:
     recent = RecentCalls(size=2)
     for i in range(3):
-        recent.put(record(i, id=f"resp_{i}"))
+        kept = record(i, id=f"resp_{i}")
+        recent.put(kept.project_id, kept.id, kept.encode())
     assert recent.get("p", "resp_0") is None and recent.get("p", "resp_2") is not None
 
 

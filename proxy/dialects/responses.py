@@ -145,8 +145,9 @@ class ResponsesDialect(Dialect):
     def reply(self, chat: dict[str, Any], ex: Exchange) -> dict[str, Any]:
         choice = (chat.get("choices") or [{}])[0]
         finish_reason = choice.get("finish_reason")
-        top = int(ex.request.get("top_logprobs") or 0)
-        logprobs = logprobs_out(choice.get("logprobs"), top) if wants_logprobs(ex.request) else None
+        logprobs = None
+        if wants_logprobs(ex.request):
+            logprobs = logprobs_out(choice.get("logprobs"), int(ex.request.get("top_logprobs") or 0))
         response = envelope(ex, "completed", output_items(choice.get("message") or {}, finish_reason, logprobs))
         finish(response, "length" if finish_reason == "length" else "stop", chat.get("usage"), None)
         return response

@@ -44,8 +44,11 @@ def load(path: Path, rounds: int = ROUNDS) -> Run:
     if len(rows) < rounds + 1:
         raise ValueError(f"{path}: {len(rows)} held-out rows, {rounds + 1} needed")
     cfg = data.get("config", {})
+    arm = str(data.get("feedback", cfg.get("feedback", "numeric")))
+    if cfg.get("sdpo_form", "token") != "token" and arm in ("comments", "corrections"):
+        arm += f"/{cfg['sdpo_form']}"  # the same feedback taught another way is its own arm
     return Run(
-        arm=str(data.get("feedback", cfg.get("feedback", "numeric"))),
+        arm=arm,
         seed=int(cfg.get("seed", 0)),
         curve=[(float(r["heldout_mean_reward"]), float(r["heldout_stderr"])) for r in rows],
         source=str(path),

@@ -75,6 +75,9 @@ class DemoConfig:
     # What training traffic is graded with (examples.harness.FeedbackArm): numeric (today's mix),
     # comments or corrections (trained with --objective sdpo), none (no feedback at all).
     feedback: str = "numeric"
+    # How comments and corrections teach (train --sdpo-form): token (the sampled-token signal) or topk
+    # (reverse KL over the student's top k tokens plus a tail, whole distributions: no sampling noise).
+    sdpo_form: str = "token"
     seed: int = 0  # which training problems each round draws (0: today's); held-out never changes
     # How each trained version reaches traffic: auto (at once) or gate (its held-out result, posted as
     # its eval, must not be two standard errors below the serving version's; storage/promotion.py).
@@ -289,7 +292,7 @@ class Stack:
             "--fresh-optimizer",
         ]  # fmt: skip
         if self.cfg.feedback in ("comments", "corrections"):
-            argv += ["--objective", "sdpo"]  # text feedback teaches through self-distillation and SFT
+            argv += ["--objective", "sdpo", "--sdpo-form", self.cfg.sdpo_form]  # self-distillation and SFT
         with log.open("ab") as fh:
             # stderr (the trainer's progress bar and step lines) goes to the terminal as well.
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.PIPE, start_new_session=True)

@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="gate: each trained version is routed only if its held-out result is not 2 s.e. below the serving one",
     )  # fmt: skip
     p.add_argument(
+        "--sdpo-form", choices=["token", "topk"], default=None,
+        help="comments/corrections arms: train --sdpo-form (token: sampled-token signal; topk: top-k reverse KL)",
+    )  # fmt: skip
+    p.add_argument(
         "--flip-reward", default=None, metavar="ROUNDS",
         help="comma-separated rounds whose training traffic is graded with the reward's sign flipped (a bad grader)",
     )  # fmt: skip

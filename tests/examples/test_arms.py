@@ -50,3 +50,12 @@ def test_the_command_prints_a_table_and_draws_the_curves(tmp_path: Path, capsys:
     out = capsys.readouterr().out
     assert "numeric" in out and "+30.0" in out and "comments" in out and "+15.0" in out
     assert (tmp_path / "arms.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_comments_taught_with_the_topk_form_are_an_arm_of_their_own(tmp_path: Path) -> None:
+    path = summary(tmp_path, "comments", 0, [0.4, 0.5, 0.6, 0.7, 0.8])
+    data = json.loads(path.read_text())
+    data["config"]["sdpo_form"] = "topk"
+    path.write_text(json.dumps(data))
+    assert load(path).arm == "comments/topk"
+    assert load(summary(tmp_path, "numeric", 1, [0.4, 0.5, 0.6, 0.7, 0.8])).arm == "numeric"

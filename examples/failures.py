@@ -66,3 +66,56 @@ def count_failures(episodes: Iterable[Mapping[str, Any]]) -> Counter[str]:
 
 def read_episodes(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def compare_run(out: Path) -> list[tuple[str, int | None, int]]:
+    """Mine a finished demo run's own database (configured with the demo's settings, if it has none)
+    and count its episodes file: ``(mode, episodes file, mine)`` for every mode either found; the
+    file's count is None for a mode it cannot count (long answers before it kept ``reply_tokens``)."""
+    from sqlalchemy.orm import Session
+
+    from storage.db import sync_engine
+    from storage.mine_store import mine, report
+    from storage.models import Project
+
+    summary = json.loads((out / "summary.json").read_text())
+    project, engine = summary["project"], sync_engine(summary["database"])
+    try:
+        with Session(engine) as db:
+            row = db.get(Project, project)
+            if row is None:
+                raise ValueError(f"{out}: project {project!r} is not in {summary['database']}")
+            if "mine" not in (row.settings or {}):
+                row.settings = {**(row.settings or {}), "mine": MINE_SETTINGS}
+                db.commit()
+            mine(db, project, settle_s=0)
+            found = {mode: int(m["count"]) for mode, m in report(db, project)["modes"].items()}
+    finally:
+        engine.dispose()
+    episodes = read_episodes(out / "episodes.jsonl")
+    direct = count_failures(episodes)
+    countable = set(COUNTED) if any("reply_tokens" in ep for ep in episodes) else set(COUNTED) - {"long_answer"}
+    return [(mode, direct.get(mode, 0) if mode in countable else None, found.get(mode, 0))
+            for mode in sorted(set(direct) | set(found))]  # fmt: skip
+
+
+# What the episodes file can count (the modes above); mine's other modes (empty, truncated, ...) it cannot.
+COUNTED = ("timeout", "low_grade", "protocol_unparsed", "tool_error", "long_answer")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m examples.failures DEMO_OUT``: mine's counts beside the episodes file's; 1 if they differ."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("out", type=Path, help="a demo run's --out folder (summary.json, episodes.jsonl)")
+    rows = compare_run(parser.parse_args(argv).out)
+    print(f"{'mode':<18} {'episodes file':>13} {'mine':>6}")
+    for mode, direct, found in rows:
+        note = "" if direct is None or direct == found else "  <- differs"
+        print(f"{mode:<18} {'-' if direct is None else direct:>13} {found:>6}{note}")
+    return 0 if all(d == f for _, d, f in rows if d is not None) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -21,6 +21,7 @@ from examples.demo import (
     write_plot,
     write_summary,
 )
+from examples.failures import compare_run
 from examples.harness import Summary
 from onthejob.cli import build_parser
 
@@ -185,3 +186,6 @@ def test_demo_two_rounds_with_the_tiny_model(
     heldout = {e["session_id"] for e in episodes if e["eval"]}
     assert used and not used & heldout
     assert (out / "train-round1.log").is_file() and (out / "proxy.log").is_file()
+    # `onthejob mine` over the run's own recorded calls finds what the episodes file counts.
+    counted = {mode: (direct, found) for mode, direct, found in compare_run(out) if direct is not None}
+    assert counted["timeout"] == (20, 20) and all(d == f for d, f in counted.values()), counted

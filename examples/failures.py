@@ -38,12 +38,15 @@ def unreadable(expression: str) -> bool:
     return False
 
 
-def episode_failures(ep: Mapping[str, Any]) -> Counter[str]:
-    """Modes of one episode (``EpisodeResult.to_dict()``)."""
+def episode_failures(ep: Mapping[str, Any], flipped: bool = False) -> Counter[str]:
+    """Modes of one episode (``EpisodeResult.to_dict()``); ``flipped``: its round's training traffic was
+    graded with the sign flipped (``demo --flip-reward``): the grade posted was −reward, or the thumb turned."""
     out: Counter[str] = Counter()
     if ep["outcome"] == "timeout" and "outcome" in ep["feedback"]:
         out["timeout"] += 1
-    if ("reward" in ep["feedback"] and ep["reward"] < 0.5) or ("thumbs" in ep["feedback"] and not ep["correct"]):
+    sign = -1.0 if flipped and not ep["eval"] else 1.0
+    thumb_up = ep["correct"] if sign > 0 else not ep["correct"]
+    if ("reward" in ep["feedback"] and sign * ep["reward"] < 0.5) or ("thumbs" in ep["feedback"] and not thumb_up):
         out["low_grade"] += 1
     out["long_answer"] += sum(n > LONG for n in ep.get("reply_tokens") or [])
     transcript = ep["transcript"]
@@ -56,11 +59,12 @@ def episode_failures(ep: Mapping[str, Any]) -> Counter[str]:
     return +out
 
 
-def count_failures(episodes: Iterable[Mapping[str, Any]]) -> Counter[str]:
-    """Modes over many episodes."""
+def count_failures(episodes: Iterable[Mapping[str, Any]], flipped_rounds: Iterable[int] = ()) -> Counter[str]:
+    """Modes over many episodes (``flipped_rounds``: rounds graded with the reward's sign flipped)."""
+    flipped = set(flipped_rounds)
     total: Counter[str] = Counter()
     for ep in episodes:
-        total += episode_failures(ep)
+        total += episode_failures(ep, flipped=ep.get("round") in flipped)
     return total
 
 
@@ -93,7 +97,7 @@ def compare_run(out: Path) -> list[tuple[str, int | None, int]]:
     finally:
         engine.dispose()
     episodes = read_episodes(out / "episodes.jsonl")
-    direct = count_failures(episodes)
+    direct = count_failures(episodes, [r["round"] for r in summary["rounds"] if r.get("flipped_reward")])
     countable = set(COUNTED) if any("reply_tokens" in ep for ep in episodes) else set(COUNTED) - {"long_answer"}
     return [(mode, direct.get(mode, 0) if mode in countable else None, found.get(mode, 0))
             for mode in sorted(set(direct) | set(found))]  # fmt: skip

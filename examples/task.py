@@ -196,12 +196,16 @@ def parse_number(text: str) -> float | None:
 
 # What ``onthejob mine`` should know about this harness (project settings, key "mine"): its tool
 # results come back as user messages "RESULT: ...", a failed calculation reads "RESULT: error: ...",
-# and a CALC line parses when its expression is made of numbers, + - * / and parentheses.
+# and a CALC line parses when its expression is numbers joined by + - * / (× x ÷), each number
+# optionally signed and in parentheses, before an optional "= ..." (what the calculator reads). Two
+# numbers with no operator between them ("972 1008") or a number before a parenthesis ("960(16)")
+# do not parse; unbalanced parentheses do (a regular expression cannot count them).
+_TERM = r"[\s(\-]*\d[\d.,]*[\s)]*"
 MINE_SETTINGS: dict[str, object] = {
     "tool_result_role": "user",
     "tool_result_prefix": "RESULT:",
     "error_patterns": [r"^error\b"],
-    "protocol": {"line": r"\bCALC\s*:", "parse": r"\bCALC\s*:\s*[-+*/().\d\s×x÷,]*\d[-+*/().\d\s×x÷,]*(=.*)?$"},
+    "protocol": {"line": r"\bCALC\s*:", "parse": rf"\bCALC\s*:{_TERM}(?:[-+*/×x÷]{_TERM})*(=.*)?$"},
     "long_answer_tokens": TOKEN_BUDGET,
     "low_grade": 0.5,
 }

@@ -227,12 +227,14 @@ async def simulate(
         for now in phases:
             run.starts.append(done)
             pending, record, n = now.version, None, 0
+            # The base model is deployed (manual: the proxy routes the alias before the first call); each new
+            # version is published as the trainer publishes it, and its eval posted.
+            dep = {"alias": alias, "version": pending, "candidate": pending is not None}
+            (await client.post(f"{proxy}/v1/admin/deployments", json=dep)).raise_for_status()
             if pending is not None:
                 levels[pending] = levels[serving] + 1
                 record = Decision(pending, levels[pending])
                 run.decisions.append(record)
-                dep = {"alias": alias, "version": pending, "candidate": True}  # as the trainer publishes
-                (await client.post(f"{proxy}/v1/admin/deployments", json=dep)).raise_for_status()
                 (await client.post(f"{aliases}/versions/{pending}/evals", json=EVAL)).raise_for_status()
             while True:
                 if pending is not None and record is not None and (event := await _decided(client, aliases, pending)):

@@ -47,6 +47,8 @@ def load(path: Path, rounds: int = ROUNDS) -> Run:
     arm = str(data.get("feedback", cfg.get("feedback", "numeric")))
     if cfg.get("sdpo_form", "token") != "token" and arm in ("comments", "corrections"):
         arm += f"/{cfg['sdpo_form']}"  # the same feedback taught another way is its own arm
+    if cfg.get("sdpo_baseline", "none") != "none" and arm in ("comments", "corrections"):
+        arm += f"/{cfg['sdpo_baseline']}"
     return Run(
         arm=arm,
         seed=int(cfg.get("seed", 0)),

@@ -78,6 +78,7 @@ class DemoConfig:
     # How comments and corrections teach (train --sdpo-form): token (the sampled-token signal) or topk
     # (reverse KL over the student's top k tokens plus a tail, whole distributions: no sampling noise).
     sdpo_form: str = "token"
+    sdpo_baseline: str = "none"  # train --sdpo-baseline (token form): none | mean
     seed: int = 0  # which training problems each round draws (0: today's); held-out never changes
     # How each trained version reaches traffic: auto (at once) or gate (its held-out result, posted as
     # its eval, must not be two standard errors below the serving version's; storage/promotion.py).
@@ -292,7 +293,8 @@ class Stack:
             "--fresh-optimizer",
         ]  # fmt: skip
         if self.cfg.feedback in ("comments", "corrections"):
-            argv += ["--objective", "sdpo", "--sdpo-form", self.cfg.sdpo_form]  # self-distillation and SFT
+            argv += ["--objective", "sdpo", "--sdpo-form", self.cfg.sdpo_form,  # self-distillation and SFT
+                     "--sdpo-baseline", self.cfg.sdpo_baseline]  # fmt: skip
         with log.open("ab") as fh:
             # stderr (the trainer's progress bar and step lines) goes to the terminal as well.
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.PIPE, start_new_session=True)

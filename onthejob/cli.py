@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="token",
         help="sdpo: sampled-token signal, or reverse KL over the top-k tokens plus a tail bucket",
     )
+    p.add_argument(
+        "--sdpo-baseline",
+        choices=["none", "mean"],
+        default="none",
+        help="sdpo, token form: mean subtracts the mean teacher-student signal of each chunk of examples",
+    )
     p.add_argument("--db", default=None)
     p.add_argument("--proxy", default="http://127.0.0.1:8000", help="proxy URL for deployments")
     p.add_argument("--admin-key", default=None, help="admin API key (default: $ONTHEJOB_ADMIN_KEY)")
@@ -161,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sdpo-form", choices=["token", "topk"], default=None,
         help="comments/corrections arms: train --sdpo-form (token: sampled-token signal; topk: top-k reverse KL)",
     )  # fmt: skip
+    p.add_argument("--sdpo-baseline", choices=["none", "mean"], default=None,
+                   help="comments/corrections arms: train --sdpo-baseline (token form)")  # fmt: skip
     p.add_argument(
         "--flip-reward", default=None, metavar="ROUNDS",
         help="comma-separated rounds whose training traffic is graded with the reward's sign flipped (a bad grader)",

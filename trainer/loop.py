@@ -301,6 +301,7 @@ def _single_pass(
     text = textual_backward(
         policy.model, policy.pad_id, policy.device, textual, micro_tokens=cfg.micro_tokens, clip=obj.clip,
         sdpo_weight=obj.sdpo_weight, correction_weight=obj.correction_weight, form=obj.sdpo_form, k=obj.sdpo_k,
+        center=obj.sdpo_center,
     )  # fmt: skip
     _optimiser_step(policy, cfg, tokens + text.tokens, idle_tokens)
     return [loss_sum, tokens, rejected, trajs], stats, text

@@ -43,6 +43,7 @@ class ObjectiveConfig:
     sdpo_weight: float = 1.0  # "sdpo": weight of the self-distillation part against the scored one
     correction_weight: float = 1.0  # "sdpo": weight of filtered SFT on corrections
     sdpo_form: Literal["token", "topk"] = "token"  # the sampled-token signal, or top-k + tail reverse KL
+    sdpo_center: bool = False  # token form: subtract the chunk's mean signal (a baseline) before weighting
     sdpo_k: int = 20
 
 

@@ -130,14 +130,19 @@ def sdpo_token_loss(
     mask: torch.Tensor,
     n_tokens: int,
     clip: float = 2.0,
+    center: bool = False,
 ) -> torch.Tensor:
     """−(1/N) Σ m · sg(min(π_prox/μ, C)) · sg(log π_T − log π_S) · log π_S on the logged tokens.
 
     ``logp`` is the student's log π_θ(y_t | x) (with gradient), ``teacher_logp`` log π_θ(y_t | x, f)
-    aligned to the same positions (detached here whatever the caller passed).
+    aligned to the same positions (detached here whatever the caller passed). ``center``: subtract
+    the signal's mean over the masked tokens first, a baseline: a teacher that finds *every* logged
+    token less likely (shown any feedback at all) then pushes none of them down.
     """
     weight = behaviour_weight(prox, behav, clip)
     adv = token_signal(logp, teacher_logp)
+    if center:
+        adv = adv - (adv * mask).sum() / mask.sum().clamp(min=1)
     return -(weight * mask * adv * logp).sum() / max(n_tokens, 1)
 
 

@@ -50,6 +50,7 @@ class TrainSettings:
     sdpo_weight: float = 1.0  # --objective sdpo: weight of self-distillation against the scored part
     correction_weight: float = 1.0  # --objective sdpo: weight of filtered SFT on corrections
     sdpo_form: str = "token"  # token (sampled-token signal) | topk (top-k + tail reverse KL)
+    sdpo_baseline: str = "none"  # token form: none | mean (centre the signal over the chunk's tokens)
     dataset: str | None = None  # train exactly this dataset's pinned items (storage/datasets.py), then stop
 
     def __post_init__(self) -> None:
@@ -74,6 +75,8 @@ class TrainSettings:
                 raise SettingsError(f"{flag} {weight}: must be 0 or more")
         if self.sdpo_form not in ("token", "topk"):
             raise SettingsError(f"--sdpo-form {self.sdpo_form!r}: use token or topk")
+        if self.sdpo_baseline not in ("none", "mean"):
+            raise SettingsError(f"--sdpo-baseline {self.sdpo_baseline!r}: use none or mean")
         if self.parent not in PARENT_WORDS and not self.parent.isdigit():
             raise SettingsError(f"--parent {self.parent!r}: use latest, deployed, base or a version number")
         if self.dataset is not None and (self.watch or self.objective == "sdpo"):
@@ -92,7 +95,7 @@ class TrainSettings:
         objective = ObjectiveConfig(
             name=cast(Objective, self.objective), epochs=PPO_EPOCHS if self.objective == "ppo" else 1,
             sdpo_weight=self.sdpo_weight, correction_weight=self.correction_weight,
-            sdpo_form="topk" if self.sdpo_form == "topk" else "token",
+            sdpo_form="topk" if self.sdpo_form == "topk" else "token", sdpo_center=self.sdpo_baseline == "mean",
         )  # fmt: skip
         cfg = TrainConfig(model=self.model, objective=objective, lr=self.lr, threads=self.threads,
                           resume_optimizer=not self.fresh_optimizer)  # fmt: skip

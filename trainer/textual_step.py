@@ -101,7 +101,7 @@ def _chunks(examples: Sequence[TextualExample], max_tokens: int) -> list[list[Te
 def textual_backward(
     model: Any, pad_id: int, device: torch.device | str, examples: Sequence[TextualExample], *,
     micro_tokens: int = 4096, clip: float = 2.0, sdpo_weight: float = 1.0, correction_weight: float = 1.0,
-    form: Form = "token", k: int = 20,
+    form: Form = "token", k: int = 20, center: bool = False,
 ) -> TextualSums:  # fmt: skip
     """Accumulate the summed SDPO and correction gradients of ``examples`` into ``model``'s parameters.
 
@@ -122,7 +122,7 @@ def textual_backward(
                 teacher_logp = _score(model, teachers)
             logp = _score(model, b)
             aligned = align(teacher_logp, teachers.mask, b.mask)
-            loss = sdpo_token_loss(logp, aligned, logp.detach(), b.behav, b.mask, n_tokens=1, clip=clip)
+            loss = sdpo_token_loss(logp, aligned, logp.detach(), b.behav, b.mask, n_tokens=1, clip=clip, center=center)
         (sdpo_weight * loss).backward()
         sums.sdpo_loss += float(loss.detach())
         sums.sdpo_tokens += float(b.mask.sum())

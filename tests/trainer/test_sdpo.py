@@ -231,3 +231,24 @@ def test_teacher_sequence_appends_the_logged_ids_and_aligns_to_the_student() -> 
     assert signal_mean(torch.tensor([[0.0, -1.0, -2.0]]), torch.tensor([[5.0, -0.5, -1.0]]), MASK) == pytest.approx(
         0.75
     )
+
+
+def test_a_centred_signal_pushes_nothing_down_when_the_teacher_dislikes_every_logged_token() -> None:
+    """Shown any feedback, a teacher may find every logged token a little less likely (a shift of the
+    whole signal, −0.5 here): uncentred, that pushes every token down; centred, only the difference
+    between tokens is left (the first token is disliked less than the second, so it goes up)."""
+    logits = STUDENT.clone().requires_grad_(True)
+    logp = _logged_logp(logits)
+    teacher = logp.detach() + torch.tensor([[0.0, -0.3, -0.7]])  # both logged tokens less likely
+    prox, behav = _on_policy(logp)
+    plain = sdpo_token_loss(logp, teacher, prox, behav, MASK, n_tokens=2)
+    centred = sdpo_token_loss(logp, teacher, prox, behav, MASK, n_tokens=2, center=True)
+    # loss = −(1/2) Σ adv · log π: adv is (−0.3, −0.7) plain, (+0.2, −0.2) centred on the mean −0.5.
+    assert float(plain) == pytest.approx(0.5 * (0.3 * float(logp[0, 1]) + 0.7 * float(logp[0, 2])))
+    assert float(centred) == pytest.approx(-0.5 * (0.2 * float(logp[0, 1]) - 0.2 * float(logp[0, 2])))
+    (grad,) = torch.autograd.grad(centred, logits)
+    assert float(grad[0, 1, 2]) < 0 < float(grad[0, 2, 1])  # descent raises token 1's logged logit, lowers 2's
+    # A teacher equal to the student still gives zero gradient when centred.
+    logp = _logged_logp(logits)
+    zero = sdpo_token_loss(logp, logp.detach(), prox, behav, MASK, n_tokens=2, center=True)
+    assert torch.autograd.grad(zero, logits)[0].abs().max() == 0

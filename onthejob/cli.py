@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sdpo-form", choices=["token", "topk"], default=None,
         help="comments/corrections arms: train --sdpo-form (token: sampled-token signal; topk: top-k reverse KL)",
     )  # fmt: skip
+    p.add_argument("--lr", type=float, default=None, help="the trainer's learning rate each round (default 5e-4)")
     p.add_argument("--sdpo-baseline", choices=["none", "mean"], default=None,
                    help="comments/corrections arms: train --sdpo-baseline (token form)")  # fmt: skip
     p.add_argument(

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from proxy.deps import AdminDep, DbDep, PathId, QueryId, StateDep
 from proxy.errors import Conflict, InvalidRequest, NotFound
@@ -104,10 +105,15 @@ async def delete_end_user(
 @router.get("/aliases/{alias}/versions/{version}/lineage")
 async def version_lineage(alias: PathId, version: PathId, admin: AdminDep, db: DbDep) -> dict[str, Any]:
     """What trained this version: its parent chain, and the trajectories and feedback items of its step."""
+    return await lineage_or_404(db, admin.project_id, alias, version)
+
+
+async def lineage_or_404(db: AsyncSession, project_id: str, alias: str, version: str) -> dict[str, Any]:
+    """``version``'s lineage (a path segment: digits), or 404 (also served read-only to the dashboard)."""
     number = int(version) if version.isdigit() and len(version) < 10 else None
     out = None
     if number is not None:
-        out = await db.run_sync(lambda s: lineage.version_lineage(s, admin.project_id, alias, number))
+        out = await db.run_sync(lambda s: lineage.version_lineage(s, project_id, alias, number))
     if out is None:
         raise NotFound(f"no version {version} of alias {alias!r} in this project", param="version")
     return out

@@ -13,8 +13,9 @@ from fastapi import APIRouter, Query
 
 from proxy.deps import DbDep, PathId, PrincipalDep, QueryId, StateDep
 from proxy.errors import NotFound
+from proxy.routes_admin import lineage_or_404
 from storage import dashboard_promotion as board
-from storage import datasets, lineage
+from storage import datasets
 
 router = APIRouter(prefix="/v1/ui", tags=["ui"])
 
@@ -55,10 +56,4 @@ async def dataset(
 @router.get("/aliases/{alias}/versions/{version}/lineage")
 async def version_lineage(alias: PathId, version: PathId, principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
     """What trained a version: its parent chain, run, datasets, trajectories and feedback items."""
-    number = int(version) if version.isdigit() and len(version) < 10 else None
-    out = None
-    if number is not None:
-        out = await db.run_sync(lambda s: lineage.version_lineage(s, principal.project_id, alias, number))
-    if out is None:
-        raise NotFound(f"no version {version} of alias {alias!r} in this project", param="version")
-    return out
+    return await lineage_or_404(db, principal.project_id, alias, version)

@@ -6,17 +6,12 @@ from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from fastapi import Request
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
 from proxy.app import create_app
-from proxy.auth import Principal
-from proxy.deps import current_principal, db_session
 from proxy.settings import Settings
-from storage.db import async_engine
 from storage.keys import ensure_project
+from tests.proxy.header_auth import as_, header_client
 from tests.storage.test_datasets import _world
 
 pytestmark = pytest.mark.anyio
@@ -25,26 +20,9 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 async def client(pg_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """The real app (routes, envelope); the key check and the database session are the test's."""
-    eng = async_engine(pg_url, poolclass=NullPool)
-    maker = async_sessionmaker(eng, expire_on_commit=False)
     app = create_app(Settings(upstreams=["http://127.0.0.1:1"], database_url=pg_url))
-
-    async def principal(request: Request) -> Principal:
-        return Principal(project_id=request.headers["x-test-project"], role=request.headers["x-test-role"], key_id=None)
-
-    async def session() -> AsyncIterator[AsyncSession]:
-        async with maker() as db:
-            yield db
-
-    app.dependency_overrides[current_principal] = principal
-    app.dependency_overrides[db_session] = session
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1/admin") as c:
+    async with header_client(app, pg_url, "http://t/v1/admin") as c:
         yield c
-    await eng.dispose()
-
-
-def as_(project: str, role: str = "admin") -> dict[str, str]:
-    return {"x-test-project": project, "x-test-role": role}
 
 
 async def test_dataset_routes_mirror_the_commands(client: httpx.AsyncClient, db: Session) -> None:

@@ -10,15 +10,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import select, update
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.orm import Session
-from sqlalchemy.pool import NullPool
 
 from proxy import routes_admin, routes_feedback
-from proxy.auth import Principal
-from proxy.deps import current_principal, db_session
 from proxy.errors import ApiError
-from storage.db import async_engine, sync_engine
+from storage.db import sync_engine
 from storage.export import export_rows
 from storage.feed import TrainingFeed
 from storage.mine_store import mine, report
@@ -32,6 +28,7 @@ from storage.models import (
     UsedFeedback,
 )
 from tests.proxy import test_feedback_routes
+from tests.proxy.header_auth import as_, header_client
 from tests.proxy.test_feedback_routes import World
 from tests.storage.rows import choice, feedback_row, insert, row
 
@@ -41,8 +38,6 @@ world = test_feedback_routes.world  # the fixture: two projects, each with a ses
 
 @pytest.fixture
 async def client(pg_url: str) -> AsyncIterator[httpx.AsyncClient]:
-    eng = async_engine(pg_url, poolclass=NullPool)
-    maker = async_sessionmaker(eng, expire_on_commit=False)
     app = FastAPI()
     app.include_router(routes_feedback.router)
     app.include_router(routes_admin.router)
@@ -51,22 +46,8 @@ async def client(pg_url: str) -> AsyncIterator[httpx.AsyncClient]:
     async def envelope(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.body(), status_code=exc.status)
 
-    async def principal(request: Request) -> Principal:
-        return Principal(project_id=request.headers["x-test-project"], role=request.headers["x-test-role"], key_id=None)
-
-    async def session() -> AsyncIterator[AsyncSession]:
-        async with maker() as db:
-            yield db
-
-    app.dependency_overrides[current_principal] = principal
-    app.dependency_overrides[db_session] = session
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+    async with header_client(app, pg_url, "http://t") as c:
         yield c
-    await eng.dispose()
-
-
-def as_(project: str, role: str = "admin") -> dict[str, str]:
-    return {"x-test-project": project, "x-test-role": role}
 
 
 def _trained(db: Session, project: str, trajectory_id: str) -> None:

@@ -49,6 +49,8 @@ def load(path: Path, rounds: int = ROUNDS) -> Run:
         arm += f"/{cfg['sdpo_form']}"  # the same feedback taught another way is its own arm
     if cfg.get("sdpo_baseline", "none") != "none" and arm in ("comments", "corrections"):
         arm += f"/{cfg['sdpo_baseline']}"
+    if arm.startswith("comments") and not cfg.get("judge", False):  # runs before the judge read comments
+        arm += "/no-judge"
     return Run(
         arm=arm,
         seed=int(cfg.get("seed", 0)),

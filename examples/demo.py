@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from examples.demo_judge import judge_settings
 from examples.harness import EpisodeResult, Harness, HarnessConfig, Summary, run_episodes, summarise
 from examples.task import grade, make_problems
 
@@ -40,10 +41,6 @@ CLI = [sys.executable, "-m", "onthejob.cli"]
 
 
 # The `none` arm's rubric: the served model grades its own ungraded sessions from the conversation.
-JUDGE_RUBRIC = (
-    "The task is an arithmetic question. A good answer ends with a line 'ANSWER: N' where N is the "
-    "correct number, uses the calculator correctly if at all, and is brief. Wrong or missing answers score low."
-)
 CARRIED = ("eval", "ungraded")  # exclusions that are not used up: counted again by every run
 
 
@@ -79,6 +76,10 @@ class DemoConfig:
     # (reverse KL over the student's top k tokens plus a tail, whole distributions: no sampling noise).
     sdpo_form: str = "token"
     sdpo_baseline: str = "none"  # train --sdpo-baseline (token form): none | mean
+    sdpo_weight: float = 1.0  # train --sdpo-weight: the text part's weight beside the scored part
+    # The comments and none arms run `onthejob judge` each round (examples.demo_judge); False: the
+    # comments arm learns from self-distillation alone (the runs of docs/demo/comments-trials/).
+    judge: bool = True
     seed: int = 0  # which training problems each round draws (0: today's); held-out never changes
     # How each trained version reaches traffic: auto (at once) or gate (its held-out result, posted as
     # its eval, must not be two standard errors below the serving version's; storage/promotion.py).
@@ -229,8 +230,9 @@ class Stack:
         self.harness_key = onthejob("keys", "create", "--role", "harness", "--name", "demo-harness", *keys).strip()
         # The alias is the engine's base model name, as `serve` registers it in the default project.
         self.admin("POST", "/v1/admin/aliases", {"name": self.model_name, "base_model": self.model_name})
-        if self.cfg.feedback == "none":  # nobody grades: the served model judges its own sessions
-            self.admin("PUT", "/v1/admin/project", {"judge": {"rubric": JUDGE_RUBRIC, "self_evaluation": True}})
+        judge = judge_settings(self.cfg.feedback) if self.cfg.judge else None
+        if judge is not None:  # comments: the model reads them; none: it evaluates itself (examples.demo_judge)
+            self.admin("PUT", "/v1/admin/project", {"judge": judge})
         if self.cfg.promotion != "auto":
             self.admin("PUT", f"/v1/admin/aliases/{self.model_name}/policy", {"mode": self.cfg.promotion})
 
@@ -294,7 +296,7 @@ class Stack:
         ]  # fmt: skip
         if self.cfg.feedback in ("comments", "corrections"):
             argv += ["--objective", "sdpo", "--sdpo-form", self.cfg.sdpo_form,  # self-distillation and SFT
-                     "--sdpo-baseline", self.cfg.sdpo_baseline]  # fmt: skip
+                     "--sdpo-baseline", self.cfg.sdpo_baseline, "--sdpo-weight", str(self.cfg.sdpo_weight)]  # fmt: skip
         with log.open("ab") as fh:
             # stderr (the trainer's progress bar and step lines) goes to the terminal as well.
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.PIPE, start_new_session=True)
@@ -392,7 +394,7 @@ def play_round(
         verdict=verdict, traffic_version=serving, flipped=flipped,
     )  # fmt: skip
     if train:
-        if cfg.feedback == "none":
+        if cfg.judge and judge_settings(cfg.feedback) is not None:
             say(f"judge: {stack.judge(round_no)}")
         stack.train(round_no)
         result.trained_version = stack.candidate() or stack.deployed_version()
@@ -466,7 +468,8 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
     summary = {
         "command": "onthejob demo " + f"--rounds {cfg.rounds} --out {cfg.out} --model {cfg.model} "
         f"--feedback {cfg.feedback} --seed {cfg.seed} --eval-every {cfg.eval_every} --promotion {cfg.promotion}"
-        + (f" --flip-reward {','.join(map(str, cfg.flip_reward))}" if cfg.flip_reward else ""),
+        + (f" --flip-reward {','.join(map(str, cfg.flip_reward))}" if cfg.flip_reward else "")
+        + ("" if cfg.judge else " --no-judge"),
         "promotion": cfg.promotion,
         "feedback": cfg.feedback,
         "model": stack.model_name,

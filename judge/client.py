@@ -7,6 +7,7 @@ trained on) and errors in our tree; aiohttp is already what the proxy uses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,8 @@ import aiohttp
 
 from judge.errors import JudgeCallError
 from storage.judge_config import JUDGE_TAG
+
+TOP_LOGPROBS = 20  # what the probability readout asks for (vLLM's default cap is 20)
 
 
 @dataclass
@@ -47,14 +50,48 @@ class JudgeClient:
 
     async def complete(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The assistant's text for ``messages`` (the first choice)."""
-        if self._session is None:
-            raise JudgeCallError("JudgeClient is used outside 'async with': open it first")
         body = {
             "model": self.model,
             "messages": [dict(m) for m in messages],
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
         }
+        return _content(await self._post(body), self.base_url)
+
+    async def probability(self, messages: Sequence[Mapping[str, Any]], labels: tuple[str, str]) -> float | None:
+        """P(labels[0]) / (P(labels[0]) + P(labels[1])) for the reply's first token; None if neither is in the top 20.
+
+        A label counts by its first token's text (case and surrounding spaces ignored), summed over
+        every top-20 entry that spells it ("positive", " Positive").
+        """
+        body = {
+            "model": self.model,
+            "messages": [dict(m) for m in messages],
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": True,
+            "top_logprobs": TOP_LOGPROBS,
+        }
+        payload = await self._post(body)
+        try:
+            top = payload["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        except (KeyError, IndexError, TypeError):
+            raise JudgeCallError(
+                f"{self.base_url} answered without logprobs; readout 'probability' needs an endpoint that returns them"
+            ) from None
+        good, bad = (label.strip().lower() for label in labels)
+        mass = {good: 0.0, bad: 0.0}
+        for entry in top:
+            token = str(entry.get("token", "")).strip().lower()
+            if token and token in mass:
+                mass[token] += math.exp(float(entry["logprob"]))
+        total = mass[good] + mass[bad]
+        return mass[good] / total if total > 0 else None
+
+    async def _post(self, body: Mapping[str, Any]) -> Any:
+        """POST ``body`` to chat completions: the parsed 200 answer; one retry on connection errors and 5xx."""
+        if self._session is None:
+            raise JudgeCallError("JudgeClient is used outside 'async with': open it first")
         url = self.base_url.rstrip("/") + "/chat/completions"
         last: Exception | None = None
         for attempt in range(2):
@@ -66,7 +103,7 @@ class JudgeClient:
                     payload = await resp.json(content_type=None)
                     if resp.status != 200:
                         raise JudgeCallError(f"{url} answered {resp.status}: {_error_text(payload)}")
-                    return _content(payload, url)
+                    return payload
             except (TimeoutError, aiohttp.ClientConnectionError) as exc:
                 last = exc
         raise JudgeCallError(f"the judge endpoint {url} failed twice: {last!r}; is it running?") from last

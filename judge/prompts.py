@@ -97,6 +97,49 @@ def relative_messages(
     ]
 
 
+PROBABILITY_SYSTEM = "{rubric}\n\nReply with one word: {good} or {bad}."
+
+
+def _first(conversation: Sequence[Mapping[str, Any]], role: str, last: bool = False) -> str:
+    found = [m for m in conversation if isinstance(m, Mapping) and m.get("role") == role]
+    return _text((found[-1] if last else found[0]).get("content")).strip() if found else ""
+
+
+def probability_item(
+    conversation: Sequence[Mapping[str, Any]], comment: str | None = None, *, max_chars: int = 6000
+) -> str:
+    """One session as a ``probability`` judge sees it: the question, the last answer and the comment.
+
+    ``Question:`` is the first user message, ``Answer:`` the last assistant message, ``Review:``
+    the comment (absent without one); an operator's examples are written in the same form.
+    """
+    share = max(100, max_chars // 3)
+    lines = []
+    if question := _first(conversation, "user"):
+        lines.append("Question: " + question[:share])
+    lines.append("Answer: " + _first(conversation, "assistant", last=True)[-share:])
+    if comment and comment.strip():
+        lines.append("Review: " + comment.strip()[:share])
+    return "\n".join(lines)
+
+
+def probability_messages(
+    rubric: str, labels: tuple[str, str], examples: Sequence[tuple[str, bool]],
+    conversation: Sequence[Mapping[str, Any]], comment: str | None = None, *, max_chars: int = 6000,
+) -> list[dict[str, str]]:  # fmt: skip
+    """Messages asking for one word, ``labels[0]`` (good) or ``labels[1]`` (bad), after worked examples.
+
+    The examples are turns of their own (a user turn with the item, the assistant's one-word
+    verdict): a small model follows a pattern it has just seen far better than a description of it.
+    """
+    good, bad = labels
+    out = [{"role": "system", "content": PROBABILITY_SYSTEM.format(rubric=rubric.strip(), good=good, bad=bad)}]
+    for text, is_good in examples:
+        out += [{"role": "user", "content": text}, {"role": "assistant", "content": good if is_good else bad}]
+    out.append({"role": "user", "content": probability_item(conversation, comment, max_chars=max_chars)})
+    return out
+
+
 def letters(n: int) -> list[str]:
     """The labels of ``n`` attempts."""
     return list(ascii_uppercase[:n])

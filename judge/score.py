@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from judge.calibrate import Agreement, agreement
 from judge.parse import parse_score, parse_scores, to_scale
-from judge.prompts import MAX_ATTEMPTS, absolute_messages, relative_messages
+from judge.prompts import MAX_ATTEMPTS, absolute_messages, probability_messages, relative_messages
 from storage.judge_config import JudgeSettings
 
 MAX_REASONING_CHARS = 2000
@@ -23,6 +23,8 @@ _SCORE_LINES = re.compile(r"^\W*(?:score\b|attempt\s+[A-Z]\b|[A-Z]\s*[:=)]).*$",
 
 class Completer(Protocol):
     async def complete(self, messages: Sequence[Mapping[str, Any]]) -> str: ...
+
+    async def probability(self, messages: Sequence[Mapping[str, Any]], labels: tuple[str, str]) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,20 @@ async def judge_items(
     ``implicit``: the project reads the next user turn as feedback, and the rubric says so.
     """
     limit = asyncio.Semaphore(concurrency)
-    if cfg.mode == "absolute":
+    if cfg.readout == "probability":
+        examples = [(e.text, e.good) for e in cfg.examples]
+
+        async def read(item: Item) -> list[Judged]:
+            async with limit:
+                messages = probability_messages(cfg.rubric, cfg.labels, examples, item.conversation, item.comment,
+                                                max_chars=cfg.max_transcript_chars)  # fmt: skip
+                p = await client.probability(messages, cfg.labels)
+            score = None if p is None else to_scale(p, cfg.scale)
+            word = "unreadable" if p is None else f"P({cfg.labels[0]}) = {p:.2f}"
+            return [Judged(item, score, f"{word} (probability readout)", word)]
+
+        results = await asyncio.gather(*(read(i) for i in items))
+    elif cfg.mode == "absolute":
 
         async def one(item: Item) -> list[Judged]:
             async with limit:

@@ -170,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="the trainer's learning rate each round (default 5e-4)")
     p.add_argument("--sdpo-baseline", choices=["none", "mean"], default=None,
                    help="comments/corrections arms: train --sdpo-baseline (token form)")  # fmt: skip
+    p.add_argument("--sdpo-weight", type=float, default=None,
+                   help="comments/corrections arms: train --sdpo-weight (text part beside judged scores)")  # fmt: skip
+    p.add_argument("--no-judge", dest="judge", action="store_false", default=None,
+                   help="comments arm: no judge, self-distillation alone (none arm: nothing at all)")  # fmt: skip
     p.add_argument(
         "--flip-reward", default=None, metavar="ROUNDS",
         help="comma-separated rounds whose training traffic is graded with the reward's sign flipped (a bad grader)",

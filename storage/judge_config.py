@@ -39,6 +39,15 @@ class JudgeSettingsError(ValueError):
         self.param = param
 
 
+class JudgeExample(BaseModel):
+    """One worked example shown to a ``probability`` judge before the item: an input and whether it is good."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: str = Field(min_length=1, max_length=2000, description="the item as the judge sees it: 'Answer: …'")
+    good: bool
+
+
 class JudgeSettings(BaseModel):
     """How a project's judge scores sessions; the defaults judge with the project's own served model."""
 
@@ -59,6 +68,13 @@ class JudgeSettings(BaseModel):
     self_evaluation: bool = False  # judge sessions nobody graded, from the conversation alone
     calibration_tags: tuple[str, ...] = ("calibration", "eval")  # graded sessions with these tags calibrate
     max_transcript_chars: int = Field(default=6000, ge=200, le=200_000)
+    # How a score is read: "text" asks for a 'Score: N' line; "probability" asks for one word,
+    # `labels[0]` (good) or `labels[1]` (bad), and reads P(good) / (P(good) + P(bad)) from the first
+    # token's top log-probabilities (the endpoint must return logprobs). A small model that never
+    # writes a score line can still rank sessions this way; calibration decides whether it may.
+    readout: Literal["text", "probability"] = "text"
+    labels: tuple[str, str] = ("positive", "negative")
+    examples: tuple[JudgeExample, ...] = Field(default=(), max_length=32)
 
     @model_validator(mode="after")
     def _scale(self) -> JudgeSettings:
@@ -67,6 +83,11 @@ class JudgeSettings(BaseModel):
             raise ValueError(f"scale must be [low, high] with high > low, got {list(self.scale)}")
         if self.threshold is not None and not low <= self.threshold <= high:
             raise ValueError(f"threshold {self.threshold} is outside scale {list(self.scale)}")
+        if self.readout == "probability" and self.mode != "absolute":
+            raise ValueError("readout 'probability' scores one session at a time: use mode 'absolute'")
+        good, bad = (label.strip().lower() for label in self.labels)
+        if not good or not bad or good == bad:
+            raise ValueError(f"labels must be two different words, got {list(self.labels)}")
         return self
 
     @property
@@ -77,6 +98,9 @@ class JudgeSettings(BaseModel):
     def fingerprint(self) -> str:
         """What calibration is keyed by: every field that changes a score (not the key, not the gate)."""
         scoring = {k: getattr(self, k) for k in ("rubric", "mode", "base_url", "model", "scale")}
+        if self.readout != "text":  # only then: text-readout fingerprints stay what they were
+            scoring |= {"readout": self.readout, "labels": self.labels,
+                        "examples": [e.model_dump() for e in self.examples]}  # fmt: skip
         blob = json.dumps(scoring, sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

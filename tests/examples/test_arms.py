@@ -14,7 +14,7 @@ from examples.arms import arm_lift, load, main, verdict
 def summary(tmp_path: Path, arm: str, seed: int, rewards: list[float], se: float = 0.05) -> Path:
     rows = [{"round": i + 1, "heldout_mean_reward": r, "heldout_stderr": se} for i, r in enumerate(rewards)]
     path = tmp_path / f"{arm}-s{seed}.json"
-    path.write_text(json.dumps({"feedback": arm, "config": {"seed": seed}, "rounds": rows}))
+    path.write_text(json.dumps({"feedback": arm, "config": {"seed": seed, "judge": True}, "rounds": rows}))
     return path
 
 
@@ -58,4 +58,7 @@ def test_comments_taught_with_the_topk_form_are_an_arm_of_their_own(tmp_path: Pa
     data["config"]["sdpo_form"] = "topk"
     path.write_text(json.dumps(data))
     assert load(path).arm == "comments/topk"
+    data["config"].pop("judge")  # the runs from before the judge read comments: self-distillation alone
+    path.write_text(json.dumps(data))
+    assert load(path).arm == "comments/topk/no-judge"
     assert load(summary(tmp_path, "numeric", 1, [0.4, 0.5, 0.6, 0.7, 0.8])).arm == "numeric"

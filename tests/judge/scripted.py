@@ -2,7 +2,9 @@
 
 It grades an attempt "good" when its transcript holds the right answer
 (``ANSWER: 12``); ``inverted`` flips every verdict; ``mumble`` answers with no
-score at all. It records each request's headers and body.
+score at all. A request that asks for ``logprobs`` (the probability readout) gets
+one token whose top log-probabilities favour " positive" or "negative" by the same
+rule (``mumble``: neither word among them). It records each request's headers and body.
 """
 
 from __future__ import annotations
@@ -29,6 +31,20 @@ def _score(block: str, inverted: bool) -> int:
     return 9 if good != inverted else 1
 
 
+def _one_token(body: dict[str, Any], good: bool, inverted: bool, mumble: bool) -> dict[str, Any]:
+    likely, unlikely = (" positive", "negative") if good != inverted else ("negative", " Positive")
+    top = [{"token": "The", "logprob": -0.1}, {"token": ",", "logprob": -3.0}]
+    if not mumble:
+        top = [{"token": likely, "logprob": -0.2}, {"token": unlikely, "logprob": -1.8}, *top]
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": top[0]["token"]},
+        "finish_reason": "length",
+        "logprobs": {"content": [{"token": top[0]["token"], "logprob": top[0]["logprob"], "top_logprobs": top}]},
+    }
+    return {"id": "chatcmpl-scripted", "object": "chat.completion", "model": body.get("model"), "choices": [choice]}
+
+
 @asynccontextmanager
 async def scripted_judge(*, inverted: bool = False, mumble: bool = False) -> AsyncIterator[Scripted]:
     state = Scripted(url="")
@@ -37,6 +53,8 @@ async def scripted_judge(*, inverted: bool = False, mumble: bool = False) -> Asy
         body = await request.json()
         state.requests.append((dict(request.headers), body))
         text = body["messages"][-1]["content"]
+        if body.get("logprobs"):
+            return web.json_response(_one_token(body, RIGHT in text, inverted, mumble))
         blocks = re.split(r"^Attempt ([A-Z]):$", text, flags=re.MULTILINE)
         if mumble:
             reply = "It seems fine to me, hard to say."

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from judge.calibrate import gate
@@ -76,3 +78,29 @@ async def test_an_unreachable_endpoint_is_an_error_that_says_so() -> None:
     async with JudgeClient(url, "smol", timeout_s=5) as client:
         with pytest.raises(JudgeCallError, match="failed twice"):
             await client.complete([{"role": "user", "content": "hi"}])
+
+
+async def test_the_probability_readout_reads_the_first_token_and_the_gate_judges_it() -> None:
+    """readout 'probability': one token, P(good word) from the top logprobs; the gate as for text scores."""
+    example = {"text": "Question: 2 boxes of 3?\nAnswer: ANSWER: 6\nReview: Right.", "good": True}
+    cfg = _cfg(readout="probability", examples=[example])
+    for inverted, accepted in ((False, True), (True, False)):
+        async with scripted_judge(inverted=inverted) as judge, JudgeClient(judge.url, "smol") as client:
+            result = await calibrate(client, cfg, _labelled())
+        assert (result.n, result.unreadable) == (10, 0)
+        assert result.spearman == pytest.approx(-1.0 if inverted else 1.0)
+        assert gate(result, cfg.min_agreement, cfg.min_labelled).accepted is accepted
+        _, body = judge.requests[0]
+        assert body["max_tokens"] == 1 and body["logprobs"] is True and body["top_logprobs"] == 20
+        roles = [m["role"] for m in body["messages"]]
+        assert roles == ["system", "user", "assistant", "user"]  # the worked example is a turn of its own
+        assert body["messages"][2]["content"] == "positive"
+        assert RUBRIC in body["messages"][0]["content"] and "positive or negative" in body["messages"][0]["content"]
+        assert body["messages"][-1]["content"].startswith("Question: A box holds 3 rows")
+    # P(positive) = e^-0.2 / (e^-0.2 + e^-1.8) on the 0..100 scale, whatever the case and spacing of the token
+    async with scripted_judge() as judge, JudgeClient(judge.url, "smol") as client:
+        (judged,) = await judge_items(client, cfg, _labelled(1))
+    assert judged.score == pytest.approx(100 / (1 + math.exp(-1.6)))
+    async with scripted_judge(mumble=True) as judge, JudgeClient(judge.url, "smol") as client:
+        result = await calibrate(client, cfg, _labelled())
+    assert (result.n, result.unreadable) == (0, 10)  # neither word among the top tokens: unreadable, not 0.5

@@ -17,6 +17,12 @@ def test_defaults_and_fingerprint() -> None:
     assert same is not None and other is not None
     assert cfg.fingerprint() == same.fingerprint()  # the gate is not part of what scores
     assert cfg.fingerprint() != other.fingerprint()
+    assert cfg.fingerprint() == "46f771edb3b73698"  # text-readout fingerprints did not move when readout came
+    read = parse_judge_settings({"rubric": "Correct and brief.", "readout": "probability"})
+    shown = parse_judge_settings({"rubric": "Correct and brief.", "readout": "probability",
+                                  "examples": [{"text": "Answer: 4\nReview: Right.", "good": True}]})  # fmt: skip
+    assert read is not None and shown is not None
+    assert len({cfg.fingerprint(), read.fingerprint(), shown.fingerprint()}) == 3  # examples change the score
 
 
 @pytest.mark.parametrize(
@@ -28,6 +34,10 @@ def test_defaults_and_fingerprint() -> None:
         ({"rubric": "x", "threshold": 5}, "judge"),
         ({"rubric": "x", "min_agreement": 2}, "judge.min_agreement"),
         ({"rubric": "x", "colour": "blue"}, "judge.colour"),
+        ({"rubric": "x", "readout": "probability", "mode": "relative"}, "judge"),
+        ({"rubric": "x", "readout": "logits"}, "judge.readout"),
+        ({"rubric": "x", "labels": ["yes", "Yes"]}, "judge"),
+        ({"rubric": "x", "examples": [{"text": "Answer: 4"}]}, "judge.examples.0.good"),
     ],
 )
 def test_refusals_name_the_field(raw: dict[str, object], param: str) -> None:

@@ -6,7 +6,9 @@
   after six worked examples, it ranks the demo's comments by what they say; the calibration
   gate (held-out sessions, graded and commented, never trained on) decides each round whether
   its grades count.
-* ``none``: self-evaluation from the conversation alone (the text readout).
+* ``none``: self-evaluation: the same readout on the question and the last answer alone,
+  with worked examples of right and wrong answers (no reviews); whether a 135M model can tell
+  a right product from a wrong one is what its calibration measures.
 
 The worked examples are written for this page, in the item's own form; none of them is one of
 the comment phrasings the harness uses (:data:`examples.feedback.PHRASES`), and none holds the
@@ -35,6 +37,15 @@ COMMENT_EXAMPLES: tuple[tuple[str, bool], ...] = (
     (_Q + "Answer: ANSWER: 2400\nReview: Your number is way off.", False),
 )
 
+SELF_EXAMPLES: tuple[tuple[str, bool], ...] = (
+    (_Q + "Answer: ANSWER: 48", True),
+    (_Q + "Answer: ANSWER: 16", False),
+    ("Question: A shelf holds 30 books shared equally by 5 friends. How many each?\nAnswer: ANSWER: 6", True),
+    ("Question: A shelf holds 30 books shared equally by 5 friends. How many each?\nAnswer: ANSWER: 150", False),
+    ("Question: Tom has 25 stamps and buys 17 more. How many now?\nAnswer: ANSWER: 42", True),
+    ("Question: Tom has 25 stamps and buys 17 more. How many now?\nAnswer: CALC: 25+17", False),
+)
+
 
 def judge_settings(feedback: str) -> dict[str, Any] | None:
     """The project's ``judge`` setting for a feedback arm; None: the arm runs no judge."""
@@ -48,5 +59,12 @@ def judge_settings(feedback: str) -> dict[str, Any] | None:
             "self_evaluation": False,
         }
     if feedback == "none":  # nobody grades: the served model judges its own sessions
-        return {"rubric": JUDGE_RUBRIC, "self_evaluation": True}
+        return {
+            "rubric": JUDGE_RUBRIC + " Reply positive for a good answer, negative for a bad one.",
+            "readout": "probability",
+            "labels": ["positive", "negative"],
+            "examples": [{"text": text, "good": good} for text, good in SELF_EXAMPLES],
+            "comments": False,
+            "self_evaluation": True,
+        }
     return None

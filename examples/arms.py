@@ -51,6 +51,8 @@ def load(path: Path, rounds: int = ROUNDS) -> Run:
         arm += f"/{cfg['sdpo_baseline']}"
     if arm.startswith("comments") and not cfg.get("judge", False):  # runs before the judge read comments
         arm += "/no-judge"
+    if arm.startswith(("comments", "corrections")) and float(cfg.get("sdpo_weight", 1.0)) != 1.0:
+        arm += f"/sdpo-weight-{float(cfg['sdpo_weight']):g}"  # 0: the judge's scores (or SFT) alone
     return Run(
         arm=arm,
         seed=int(cfg.get("seed", 0)),
@@ -86,21 +88,21 @@ def by_arm(runs: Sequence[Run]) -> dict[str, list[Run]]:
 
 
 def table(runs: Sequence[Run]) -> list[str]:
-    lines = [f"{'arm':<12} {'seeds':<6} {'round 1':>8} {'last two':>9} {'lift (± s.e.)':>16} {'seed spread':>12}"]
+    lines = [f"{'arm':<26} {'seeds':<6} {'round 1':>8} {'last two':>9} {'lift (± s.e.)':>16} {'seed spread':>12}"]
     for arm, rs in by_arm(runs).items():
         lift, se, spread = arm_lift(rs)
         first = sum(r.curve[0][0] for r in rs) / len(rs)
         last = sum((r.curve[-2][0] + r.curve[-1][0]) / 2 for r in rs) / len(rs)
         seeds = ",".join(str(r.seed) for r in rs)
         lines.append(
-            f"{arm:<12} {seeds:<6} {100 * first:>8.1f} {100 * last:>9.1f} "
+            f"{arm:<26} {seeds:<6} {100 * first:>8.1f} {100 * last:>9.1f} "
             f"{100 * lift:>+8.1f} ± {100 * se:>4.1f} {100 * spread:>12.1f}"
         )
     arms = by_arm(runs)
-    if "comments" in arms and "numeric" in arms:
-        c, cs, _ = arm_lift(arms["comments"])
+    for name in (a for a in arms if a.startswith("comments") and "numeric" in arms):  # every way comments taught
+        c, cs, _ = arm_lift(arms[name])
         n, ns, _ = arm_lift(arms["numeric"])
-        lines.append(verdict((c, cs), (n, ns)))
+        lines.append(f"{name}: {verdict((c, cs), (n, ns))}")
     return lines
 
 

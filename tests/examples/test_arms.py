@@ -61,4 +61,7 @@ def test_comments_taught_with_the_topk_form_are_an_arm_of_their_own(tmp_path: Pa
     data["config"].pop("judge")  # the runs from before the judge read comments: self-distillation alone
     path.write_text(json.dumps(data))
     assert load(path).arm == "comments/topk/no-judge"
+    data["config"] |= {"sdpo_form": "token", "judge": True, "sdpo_weight": 0.0}
+    path.write_text(json.dumps(data))
+    assert load(path).arm == "comments/sdpo-weight-0"
     assert load(summary(tmp_path, "numeric", 1, [0.4, 0.5, 0.6, 0.7, 0.8])).arm == "numeric"

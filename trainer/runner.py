@@ -130,7 +130,7 @@ def _loop(
     lead = db is not None
     steps = settings.steps
     text = None  # sdpo: text-feedback examples, read incrementally like the scored trajectories
-    if lead and cfg.objective.name == "sdpo":
+    if lead and cfg.objective.name == "sdpo" and (settings.sdpo_weight != 0 or settings.correction_weight != 0):
         text = TextFeed(settings.project, settings.alias, _tokenizer(policy), settings.max_len,
                         limit=settings.batch_size, min_batch=settings.min_batch)  # fmt: skip
     if lead:
@@ -212,6 +212,9 @@ def _loop(
         bar.close()
 
 
+TEXT_WEIGHT_ZERO = "text_weight_zero"  # an exclusion: a text example whose part (--sdpo-weight …) is 0
+
+
 def _next_batch(
     db: Session | None, settings: TrainSettings, load: Loader | None, text: TextFeed | None = None
 ) -> tuple[list[Trajectory], list[TextualExample], Counter[str]]:
@@ -226,6 +229,11 @@ def _next_batch(
     if text is not None:
         textual, dropped = text.poll(db)
         excluded.update(dropped)
+        # A part weighted 0 is not computed: its examples are passed over (counted, never marked used).
+        weights = {"sdpo": settings.sdpo_weight, "correction": settings.correction_weight}
+        if off := sum(1 for e in textual if weights.get(e.objective, 1.0) == 0):
+            excluded[TEXT_WEIGHT_ZERO] += off
+            textual = [e for e in textual if weights.get(e.objective, 1.0) != 0]
     db.rollback()  # end the read transaction: the next poll must see new rows
     if len(trajectories) + len(textual) < settings.min_batch:
         return [], [], excluded

@@ -227,13 +227,13 @@ class ProxiedCall:
         except UPSTREAM_FAILURES as exc:
             await self.save(status=502, termination="upstream_error", error=f"{type(exc).__name__}: {exc}")
             raise UpstreamError("the engine connection broke mid-reply") from exc
-        client_response = None
+        client_json = None
         try:
             reply = orjson.loads(raw)
             choices = capture.captured_choices(reply, self.endpoint)
             prompt_ids = capture.prompt_ids(reply)
             if self.dialect is not None:  # before strip, which edits the reply in place
-                client_response = self.dialect.reply(reply, self.exchange())
+                client_json = self.dialect.reply_json(reply, self.exchange())
             out = capture.strip(reply, self.wants, self.route.alias)
             if out is None:
                 raise ValueError("a reply without choices")
@@ -245,7 +245,8 @@ class ProxiedCall:
             self.upstream.fingerprints[self.base] = reply["system_fingerprint"]
         # What the client gets is serialised once: the same bytes are its record's column (``response``
         # for a native call, ``client_response`` for a dialect's) unless redaction changes them.
-        sent = dump_json(out if client_response is None else client_response)
+        native = client_json is None
+        sent = dump_json(out) if native else client_json
         await self.save(
             status=200,
             termination=capture.termination_of(choices),
@@ -254,8 +255,8 @@ class ProxiedCall:
             prompt_ids=prompt_ids,
             usage=reply.get("usage"),
             upstream_id=reply.get("id"),
-            client_response=client_response,
-            sent=sent,
+            client_json=client_json,
+            sent=sent if native else None,
         )
         return Response(sent, 200, headers=self.headers, media_type="application/json")
 
@@ -294,9 +295,7 @@ class ProxiedCall:
             usage=asm.usage,
             error=end.error,
             upstream_id=asm.head.get("id"),
-            client_response=end.client_response,
-            # the stream's terminal event may have serialised the whole reply already (Responses' does)
-            sent=self.events.result_json if self.events and end.client_response is self.events.result else None,
+            client_json=end.client_json,
         )
 
     async def save(
@@ -310,13 +309,14 @@ class ProxiedCall:
         usage: dict[str, Any] | None = None,
         error: str | None = None,
         upstream_id: str | None = None,
-        client_response: dict[str, Any] | None = None,
+        client_json: bytes | None = None,
         sent: bytes | None = None,
     ) -> None:
         """Build the record and fsync it to the spool (once per call).
 
-        ``sent``: the client's body as serialised for sending (``client_response``, or ``response``
-        for a native call), reused as that column's text when redaction leaves it as it was."""
+        ``client_json``: a dialect call's body as its client got it (serialised), the ``client_response``
+        column as it is unless redaction applies (parsed only then). ``sent``: a native call's ``response``
+        as serialised for sending, reused as that column's text when redaction leaves it as it was."""
         if self.saved:
             return
         self.saved = True
@@ -329,16 +329,19 @@ class ProxiedCall:
             return
         choices = choices or []
         keys = [sessions.link_key(self.prompt_key, c.get("message")) for c in choices]  # before redaction
-        text = recording.redacted(self.project, {"request": self.body, "response": response, "choices": choices,
-                                                 "error": error, "client_request": self.client_request,
-                                                 "client_response": client_response,
-                                                 "prompt_token_ids": prompt_ids})  # fmt: skip
+        policy = recording.policy(self.project)
+        # The client's body as a dict only for a policy to walk: else its bytes are the column.
+        client_response = orjson.loads(client_json) if client_json is not None and policy.active else None
+        text = recording.redacted(policy, {"request": self.body, "response": response, "choices": choices,
+                                           "error": error, "client_request": self.client_request,
+                                           "client_response": client_response,
+                                           "prompt_token_ids": prompt_ids})  # fmt: skip
         session, error = self.session, text["error"]
-        if sent is not None and client_response is not None:
-            client_json = sent if text["client_response"] is client_response else dump_json(text["client_response"])
-        else:
+        if client_response is not None:
             client_json = dump_json(text["client_response"])
-        if sent is not None and client_response is None and response is not None and text["response"] is response:
+        elif client_json is None:
+            client_json = b"null"
+        if sent is not None and response is not None and text["response"] is response:
             response_json = sent
         else:
             response_json = dump_json(text["response"])

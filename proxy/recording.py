@@ -14,7 +14,7 @@ from typing import Any
 from proxy.errors import Unavailable
 from proxy.metrics import Metrics
 from proxy.policies import Policies
-from proxy.redact import redact_record
+from proxy.redact import RedactionPolicy, redact_record
 from proxy.sessions import Link, Linker
 from proxy.spool import Spool, SpoolFull
 from storage.records import CallRecord
@@ -51,10 +51,14 @@ class Recording:
         if self.enabled:
             self.policies.get(project)
 
-    def redacted(self, project: str, fields: dict[str, Any]) -> dict[str, Any]:
-        """A call's record fields under its project's redaction policy (:func:`proxy.redact.redact_record`:
+    def policy(self, project: str) -> RedactionPolicy:
+        """The project's redaction policy (:class:`proxy.policies.PolicyUnknown`, a 503, when unknown)."""
+        return self.policies.get(project)
+
+    def redacted(self, policy: RedactionPolicy, fields: dict[str, Any]) -> dict[str, Any]:
+        """A call's record fields under its project's :meth:`policy` (:func:`proxy.redact.redact_record`:
         text, and token ids a pattern spells); the choices' transient ``pieces`` are consumed either way."""
-        return redact_record(fields, self.policies.get(project))
+        return redact_record(fields, policy)
 
     def check_room(self) -> None:
         """Refuse a call up front when it could not be recorded (spool full under the refuse policy)."""

@@ -42,7 +42,7 @@ class Finished:
     error: str | None
     assembled: capture.Assembler
     first_event_at: float | None  # perf_counter() of the first engine event (time to first token)
-    client_response: dict[str, Any] | None = None  # a dialect's: the body its events added up to
+    client_json: bytes | None = None  # a dialect's: the body its events added up to, serialised
 
 
 # Records the call; raises ApiError when it cannot (spool full under the refuse policy).
@@ -147,19 +147,19 @@ class StreamedReply(Response):
         await self._write(send)
         termination, error = failure or (capture.termination_of(self.asm.captured_choices()), None)
         status = 200 if error is None else (504 if termination == "timeout" else 502)
-        tail, client_response = self._tail(termination, status, error)
+        tail, client_json = self._tail(termination, status, error)
         try:
-            await self._record(termination, status, error, client_response)
+            await self._record(termination, status, error, client_json)
         except ApiError as exc:  # spool full under the refuse policy: tell the client, no terminal event
             await send({"type": "http.response.body", "body": self._failure(exc), "more_body": False})
             return
         await send({"type": "http.response.body", "body": tail, "more_body": False})
 
-    def _tail(self, termination: str, status: int, error: str | None) -> tuple[bytes, dict[str, Any] | None]:
-        """The terminal bytes (sent once the record is on disk), and a dialect's whole reply."""
+    def _tail(self, termination: str, status: int, error: str | None) -> tuple[bytes, bytes | None]:
+        """The terminal bytes (sent once the record is on disk), and a dialect's whole reply, serialised."""
         if self.dialect is not None:
             stream = self.dialect[1]
-            return stream.close(DialectEnd(termination, self.asm.usage, error)), stream.result
+            return stream.close(DialectEnd(termination, self.asm.usage, error)), stream.result_bytes()
         tail = b""
         if error is not None:
             kind = "timeout_error" if termination == "timeout" else "upstream_error"
@@ -240,10 +240,8 @@ class StreamedReply(Response):
                 except Exception:  # noqa: BLE001 - the client left: the stream's own path records that
                     return
 
-    async def _record(
-        self, termination: str, status: int, error: str | None, client_response: dict[str, Any] | None = None
-    ) -> None:
-        await self.finish(Finished(termination, status, error, self.asm, self.first_event_at, client_response))
+    async def _record(self, termination: str, status: int, error: str | None, client_json: bytes | None = None) -> None:
+        await self.finish(Finished(termination, status, error, self.asm, self.first_event_at, client_json))
 
 
 def _sse(obj: dict[str, Any]) -> bytes:

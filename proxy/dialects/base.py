@@ -31,11 +31,14 @@ How a dialect plugs in
    anything malformed or unsupported-and-answer-changing; ignore the rest.
 3. ``reply(chat, ex)``: the engine's non-streamed chat reply (capture fields still in
    it: never copy ``token_ids``, ``prompt_token_ids`` or ``logprobs`` unless the client
-   asked) → the client's body.
+   asked) → the client's body. The serving path calls ``reply_json`` (which serialises
+   it; a dialect may write the bytes itself): the bytes are sent and recorded as they
+   are, and parsed back only for a project whose redaction policy walks them.
 4. ``stream(ex)``: a fresh :class:`DialectStream` per call (a state machine): ``open()``
    returns the bytes sent as soon as the engine accepted the call, ``feed(chunk)`` the
    bytes for one engine chunk, ``close(end)`` the terminal event(s); ``result`` is the
-   client's body the stream added up to (stored as ``client_response``); ``ping()``, if
+   client's body the stream added up to (stored as ``client_response``, serialised by
+   ``result_bytes()`` unless ``close`` left its bytes in ``result_json``); ``ping()``, if
    the dialect has one, is sent when the engine stays silent for a while.
 5. ``error(exc)``: ``(status, body)`` of an :class:`proxy.errors.ApiError` in the
    dialect's error shape. Every failure of a dialect route goes through it, including
@@ -58,6 +61,7 @@ from typing import Any, ClassVar, NamedTuple
 import orjson
 
 from proxy.errors import ApiError, InvalidRequest, NotFound, RateLimited, Unauthorized, UpstreamError
+from storage.records import dump_json
 
 
 class Exchange(NamedTuple):
@@ -135,6 +139,13 @@ class DialectStream(ABC):
     def result(self) -> dict[str, Any] | None:
         """The client's body the stream added up to (None before ``close``)."""
 
+    def result_bytes(self) -> bytes | None:
+        """:attr:`result` serialised, as its record stores it (None before ``close``)."""
+        if self.result_json is not None:
+            return self.result_json
+        result = self.result
+        return None if result is None else dump_json(result)
+
     def fail(self, exc: ApiError) -> bytes:
         """The event for a call that cannot end normally (the spool refused its record, say).
 
@@ -182,6 +193,10 @@ class Dialect(ABC):
     @abstractmethod
     def reply(self, chat: dict[str, Any], ex: Exchange) -> dict[str, Any]:
         """The client's body for the engine's non-streamed chat reply."""
+
+    def reply_json(self, chat: dict[str, Any], ex: Exchange) -> bytes:
+        """:meth:`reply` serialised: the bytes sent, and the record's ``client_response`` unless redacted."""
+        return dump_json(self.reply(chat, ex))
 
     @abstractmethod
     def stream(self, ex: Exchange) -> DialectStream:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 
 from proxy.calls import ProxiedCall
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored, StreamEnd, sse
+from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import ApiError
 from proxy.metrics import Metrics
 from proxy.policies import Policies
@@ -152,3 +153,39 @@ async def test_a_stream_is_translated_chunk_by_chunk_and_recorded_through_the_fi
     assert stored["choices"][0]["token_ids"] == [100, 101, 102, 103]
     assert stored["client_response"] == {"type": "shout", "text": "XXXX", "end": "length"}
     assert stored["ttft_ms"] is not None
+
+
+async def test_a_redacted_projects_dialect_record_is_walked_from_the_bytes_its_client_got(parts: Any) -> None:
+    """The client's body is recorded as the bytes sent; a policy that walks it gets it parsed back, and only
+    the record is redacted (here: the instructions a Response echoes)."""
+    parts[2].policies.update({"default": {"redact": {"patterns": ["sk-[0-9]+"]}}})
+    responses = ResponsesDialect()
+    for stream in (False, True):
+        client = {"model": "m", "input": "hi", "instructions": "key sk-123", "max_output_tokens": 3, "stream": stream}
+        body = responses.to_chat(client, None)
+        call = ProxiedCall(*parts[:3], project="default", endpoint="chat", body=body,
+                           route=Route("m", "stub-model", None, "stub-model"),
+                           naming=Naming("ses_seam", None, (), None, "header"),
+                           session=SessionRef("ses_seam", "header", None, None),
+                           prompt_key=prefix_keys(body["messages"])[-1], dialect=responses,
+                           client_request=client)  # fmt: skip
+        if stream:
+            streamed = call.stream(await call.open())
+            sent: list[dict[str, Any]] = []
+
+            async def receive() -> dict[str, Any]:
+                await asyncio.Event().wait()
+                return {}
+
+            async def send(message: dict[str, Any], into: list[dict[str, Any]] = sent) -> None:
+                into.append(message)
+
+            await streamed({"type": "http"}, receive, send)
+            last = b"".join(m.get("body", b"") for m in sent).rsplit(b"\ndata: ", 1)[1]
+            got = orjson.loads(last)["response"]
+        else:
+            got = orjson.loads((await call.complete(await call.open())).body)
+        assert got["instructions"] == "key sk-123" and got["output"][0]["content"][0]["text"] == "xxx"
+        stored = next(r for r in read_segment(parts[3].folder / "active.jsonl") if r.id == call.id).row()
+        assert stored["client_response"] == {**got, "instructions": "key [redacted]"}
+        assert stored["client_request"]["instructions"] == "key [redacted]"

@@ -12,6 +12,8 @@ import os
 import time
 from typing import Any
 
+import orjson
+
 from proxy.dialects.base import Exchange
 
 # Chat finish reason -> (Response status, incomplete_details.reason).
@@ -77,8 +79,9 @@ _ENVELOPE.update(object="response", background=False, service_tier="default", tr
 _FROM_REQUEST = frozenset(_ECHOED).union(_DEFAULTS)  # what the request's own value replaces, even a null
 
 
-def envelope(ex: Exchange, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
-    """A ``Response`` object around ``output``: the request's settings echoed, usage to be filled in.
+def envelope(ex: Exchange, status: str, output: list[dict[str, Any]] | orjson.Fragment) -> dict[str, Any]:
+    """A ``Response`` object around ``output`` (items, or their bytes: a stream's), the request's settings
+    echoed, usage to be filled in.
 
     Copied from a template that holds every default (one per call, or two for a stream): about half the
     cost of a 39-key literal; only the fields the request names are looked at."""

@@ -8,6 +8,11 @@ The engine's finish reason closes the last item at once; the terminal event
 (``response.completed``, ``response.incomplete`` or ``response.failed``, carrying the
 whole response with usage) waits for :meth:`ResponsesStream.close`, which the serving
 path calls after the record is on disk.
+
+Events are written as bytes, the ones orjson made of the dicts this once built: each
+text delta from a per-item ``%`` template, each item's events from
+:mod:`proxy.dialects.responses_wire` (its text serialised once for the three ``.done``
+events and the final ``Response`` that repeat it).
 """
 
 from __future__ import annotations
@@ -18,22 +23,18 @@ from typing import Any
 import orjson
 
 from proxy.dialects.base import DialectStream, Exchange, StreamEnd, sse
-from proxy.dialects.responses_out import (
-    envelope,
-    finish,
-    function_call_item,
-    item_id,
-    logprobs_out,
-    message_item,
-    reasoning_item,
-    text_part,
-)
+from proxy.dialects.responses_out import envelope, finish, item_id, logprobs_out
+from proxy.dialects.responses_wire import function_call_item, js, message_item, reasoning_item, text_part
 from proxy.errors import ApiError
 from storage.records import dump_json
 
 TEXT_DELTA = "response.output_text.delta"
 NO_LOGPROBS = b',"logprobs":[]'
-TERMINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
+TERMINAL_EVENT = {"completed": b"response.completed", "incomplete": b"response.incomplete",
+                  "failed": b"response.failed"}  # fmt: skip
+PREFIX = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}
+EVENT = b'event: %b\ndata: {%b,"type":"%b","sequence_number":%d}\n\n'
+EMPTY = b'""'
 
 
 @dataclass
@@ -46,7 +47,11 @@ class _Item:
     name: str = ""
     text: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
-    heads: dict[str, bytes] = field(default_factory=dict)  # per delta kind: the event's bytes up to its delta
+    heads: dict[str, bytes] = field(default_factory=dict)  # per delta kind: its event as a % template
+
+    def where(self) -> bytes:
+        """The ``output_index`` and ``item_id`` fields most of its events start with."""
+        return b'"output_index":' + str(self.index).encode() + b',"item_id":"' + self.id.encode() + b'"'
 
 
 class ResponsesStream(DialectStream):
@@ -57,30 +62,33 @@ class ResponsesStream(DialectStream):
         self.logprobs = logprobs
         self.top = int(ex.request.get("top_logprobs") or 0)
         self.seq = 0
-        self.items: list[dict[str, Any]] = []
+        self.items: list[bytes] = []  # the output items closed so far, serialised
         self.current: _Item | None = None
         self.finish_reason: str | None = None
         self._result: dict[str, Any] | None = None
 
     @property
     def result(self) -> dict[str, Any] | None:
+        """The whole ``Response`` once :meth:`close` ran (parsed from its bytes when asked)."""
+        if self._result is None and self.result_json is not None:
+            self._result = orjson.loads(self.result_json)
         return self._result
 
-    def _event(self, kind: str, **data: Any) -> bytes:
-        data["type"] = kind
-        data["sequence_number"] = self.seq
-        self.seq += 1
-        return sse(kind, data)
+    def _event(self, kind: bytes, data: bytes) -> bytes:
+        """An event whose data is ``{<data>,"type":kind,"sequence_number":n}``: the field order of the
+        dicts the events were once built from (their fields, then ``type`` and ``sequence_number``)."""
+        seq, self.seq = self.seq, self.seq + 1
+        return EVENT % (kind, data, kind, seq)
 
     def open(self) -> bytes:
-        start = orjson.Fragment(orjson.dumps(envelope(self.ex, "in_progress", [])))  # serialised once for both
-        return self._event("response.created", response=start) + self._event("response.in_progress", response=start)
+        start = b'"response":' + orjson.dumps(envelope(self.ex, "in_progress", []))  # serialised once for both
+        return self._event(b"response.created", start) + self._event(b"response.in_progress", start)
 
     def feed(self, chunk: dict[str, Any]) -> bytes:
         choices = chunk.get("choices")
         if not choices:
             return b""  # the usage chunk: its numbers reach close() through the end
-        out: list[bytes] = []
+        out = b""  # one event, most chunks: no list to join
         for choice in choices:
             if choice.get("index", 0) != 0:
                 continue  # Responses has no n > 1
@@ -90,21 +98,21 @@ class ResponsesStream(DialectStream):
                 if content:  # the common case first: one text token
                     cur = self.current
                     if cur is None or cur.kind != "message":
-                        out += self._switch("message")
+                        out += b"".join(self._switch("message"))
                         cur = self.current
                         assert cur is not None
                     if self.logprobs:
                         lps = logprobs_out(choice.get("logprobs"), self.top)
                         cur.logprobs += lps
-                        out.append(self._delta(TEXT_DELTA, content, b',"logprobs":' + orjson.dumps(lps)))
+                        out += self._delta(TEXT_DELTA, content, b',"logprobs":' + orjson.dumps(lps))
                     else:
-                        out.append(self._delta(TEXT_DELTA, content, NO_LOGPROBS))
+                        out += self._delta(TEXT_DELTA, content, NO_LOGPROBS)
                 if len(delta) > 1 or not content:  # anything else in it: reasoning, tool calls
-                    out += self._other_delta(delta)
+                    out += b"".join(self._other_delta(delta))
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
-                out += self._close_item("incomplete" if self.finish_reason == "length" else "completed")
-        return b"".join(out)
+                out += b"".join(self._close_item("incomplete" if self.finish_reason == "length" else "completed"))
+        return out
 
     def _other_delta(self, delta: dict[str, Any]) -> list[bytes]:
         out: list[bytes] = []
@@ -118,15 +126,23 @@ class ResponsesStream(DialectStream):
 
     def close(self, end: StreamEnd) -> bytes:
         out = self._close_item("incomplete")  # still open: the stream broke off
-        response = envelope(self.ex, "in_progress", self.items)
+        output = b"[" + b",".join(self.items) + b"]"
+        response = envelope(self.ex, "in_progress", orjson.Fragment(output))
         finish(response, end.termination, end.usage, end.error)
-        self._result, self.result_json = response, dump_json(response)  # serialised once: event and record
-        out.append(self._event(TERMINAL_EVENT[response["status"]], response=orjson.Fragment(self.result_json)))
+        try:  # serialised once: the terminal event and the record
+            self.result_json = js(response)
+        except orjson.JSONEncodeError:  # an integer past 64 bits in the usage: as dump_json writes the dict
+            response["output"] = orjson.loads(output)
+            self.result_json = dump_json(response)
+        out.append(self._event(TERMINAL_EVENT[response["status"]], b'"response":' + self.result_json))
         return b"".join(out)
 
     def fail(self, exc: ApiError) -> bytes:
         """Responses' ``error`` event (its fields at the top level, unlike the JSON error envelope)."""
-        return self._event("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
+        data = {"code": exc.code or exc.type, "message": exc.message, "param": exc.param, "type": "error",
+                "sequence_number": self.seq}  # fmt: skip
+        self.seq += 1
+        return sse("error", data)
 
     # ------------------------------------------------------------------ items
 
@@ -136,16 +152,16 @@ class ResponsesStream(DialectStream):
         if cur is not None and cur.kind == kind and cur.tool_index == tool_index:
             return []
         out = self._close_item("completed")
-        prefix = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}[kind]
-        cur = self.current = _Item(kind, item_id(prefix), len(self.items), tool_index)
+        cur = self.current = _Item(kind, item_id(PREFIX[kind]), len(self.items), tool_index)
+        index = b'"output_index":' + str(cur.index).encode()
         if kind == "message":
-            out.append(self._event("response.output_item.added", output_index=cur.index,
-                                   item=message_item(cur.id, "in_progress", [])))  # fmt: skip
-            out.append(self._event("response.content_part.added", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, part=text_part("")))  # fmt: skip
+            out.append(self._event(b"response.output_item.added",
+                                   index + b',"item":' + message_item(cur.id, "in_progress", b"")))  # fmt: skip
+            out.append(self._event(b"response.content_part.added",
+                                   cur.where() + b',"content_index":0,"part":' + text_part(EMPTY)))  # fmt: skip
         elif kind == "reasoning":
-            out.append(self._event("response.output_item.added", output_index=cur.index,
-                                   item=reasoning_item(cur.id, "in_progress", "")))  # fmt: skip
+            out.append(self._event(b"response.output_item.added",
+                                   index + b',"item":' + reasoning_item(cur.id, "in_progress", EMPTY)))  # fmt: skip
         return out
 
     def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
@@ -159,49 +175,52 @@ class ResponsesStream(DialectStream):
             assert cur is not None
             cur.call_id = call.get("id") or item_id("call_")
             cur.name = fn.get("name") or ""
-            item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, "")
-            out.append(self._event("response.output_item.added", output_index=cur.index, item=item))
+            item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, EMPTY)
+            out.append(self._event(b"response.output_item.added",
+                                   b'"output_index":' + str(cur.index).encode() + b',"item":' + item))  # fmt: skip
         if fn.get("arguments"):
             out.append(self._delta("response.function_call_arguments.delta", fn["arguments"]))
         return out
 
     def _delta(self, kind: str, text: str, extra: bytes = b"") -> bytes:
-        """One delta event of the open item, from a per-item template: the one event most engine
-        chunks become, so built without a dict (about half the cost of :meth:`_event`)."""
+        """One delta event of the open item, from a per-item template (one ``%`` format): the one event
+        most engine chunks become."""
         cur = self.current
         assert cur is not None
         cur.text.append(text)
-        head = cur.heads.get(kind)
-        if head is None:
+        template = cur.heads.get(kind)
+        if template is None:
             where = b"" if kind == "response.function_call_arguments.delta" else b',"content_index":0'
             name = kind.encode()
-            head = cur.heads[kind] = (b"event: " + name + b'\ndata: {"type":"' + name + b'","item_id":"'
-                                      + cur.id.encode() + b'","output_index":' + str(cur.index).encode() + where
-                                      + b',"delta":')  # fmt: skip
-        seq, self.seq = self.seq, self.seq + 1
-        return head + orjson.dumps(text) + extra + b',"sequence_number":' + str(seq).encode() + b"}\n\n"
+            head = (b"event: " + name + b'\ndata: {"type":"' + name + b'","item_id":"' + cur.id.encode()
+                    + b'","output_index":' + str(cur.index).encode() + where)  # fmt: skip
+            template = cur.heads[kind] = head.replace(b"%", b"%%") + b',"delta":%b%b,"sequence_number":%d}\n\n'
+        seq = self.seq
+        self.seq = seq + 1
+        return template % (orjson.dumps(text), extra, seq)
 
     def _close_item(self, status: str) -> list[bytes]:
         cur, self.current = self.current, None
         if cur is None:
             return []
-        text = "".join(cur.text)
+        text = js("".join(cur.text))  # serialised once: the .done events and the item repeat it
+        where = cur.where()
         out: list[bytes] = []
         if cur.kind == "message":
-            part = text_part(text, cur.logprobs)
-            out.append(self._event("response.output_text.done", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, text=text, logprobs=cur.logprobs))  # fmt: skip
-            out.append(self._event("response.content_part.done", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, part=part))  # fmt: skip
-            item = message_item(cur.id, status, [part])
+            logprobs = js(cur.logprobs)
+            part = text_part(text, logprobs)
+            done = where + b',"content_index":0,"text":' + text + b',"logprobs":' + logprobs
+            out.append(self._event(b"response.output_text.done", done))
+            out.append(self._event(b"response.content_part.done", where + b',"content_index":0,"part":' + part))
+            item = message_item(cur.id, status, part)
         elif cur.kind == "reasoning":
-            out.append(self._event("response.reasoning_text.done", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, text=text))  # fmt: skip
+            out.append(self._event(b"response.reasoning_text.done", where + b',"content_index":0,"text":' + text))
             item = reasoning_item(cur.id, status, text)
         else:
-            out.append(self._event("response.function_call_arguments.done", output_index=cur.index,
-                                   item_id=cur.id, name=cur.name, arguments=text))  # fmt: skip
+            out.append(self._event(b"response.function_call_arguments.done",
+                                   where + b',"name":' + js(cur.name) + b',"arguments":' + text))  # fmt: skip
             item = function_call_item(cur.id, status, cur.call_id, cur.name, text)
         self.items.append(item)
-        out.append(self._event("response.output_item.done", output_index=cur.index, item=item))
+        out.append(self._event(b"response.output_item.done", b'"output_index":' + str(cur.index).encode()
+                               + b',"item":' + item))  # fmt: skip
         return out

@@ -1,0 +1,141 @@
+"""Where recording's CPU goes: the proxy's own and Postgres', per 1,000 calls, recording on and off.
+
+Throughput on a shared 2-core machine says little; CPU seconds per call hold up under
+load much better. This starts the stub and two ``onthejob serve`` (recording on and
+off, on one throwaway database), drives each in turn at concurrency 64 for
+``--seconds``, waits until the spool has drained, and reads the CPU the proxy process
+and the Postgres processes spent meanwhile: the backends of the bench database, and
+the cluster's background processes (WAL writer, checkpointer, ...: shared with
+whatever else uses this Postgres, so only indicative on a busy machine). Rounds
+alternate on and off; the medians are printed, then the on - off difference.
+
+``--pyspy PATH`` (a py-spy binary) also samples both proxies' Python (the thread holding
+the GIL) in an extra last round, prints where recording on's went (bench/profile_proxy.py's
+summary) and keeps recording off's samples beside it.
+
+Run: ``python -m bench.recording_cpu [--seconds 8] [--rounds 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import uvloop
+
+from bench import peers
+from bench.harness import CLK, Server, count_rows, pin_self, throwaway_database, wait_spool_empty
+from bench.loadgen import run_load
+from bench.profile_proxy import summarise
+from bench.proxy_overhead import payload
+
+
+def postgres_cpu(db_name: str) -> tuple[float, float]:
+    """CPU seconds so far of (the backends of ``db_name``, the cluster's other processes but other backends)."""
+    mine = other = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if "(postgres)" not in stat:
+                continue
+            title = (entry / "cmdline").read_bytes().replace(b"\x00", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / CLK
+        if f" {db_name} " in title:
+            mine += cpu
+        elif "(" not in title.split(":", 1)[-1]:  # a background process, not a client backend ("host(port)")
+            other += cpu
+    return mine, other
+
+
+def threads_cpu(pid: int) -> tuple[float, float, float]:
+    """CPU seconds so far of a process's main thread (the event loop), user and system, and of its other threads."""
+    main_user = main_sys = others = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        user, system = int(fields[11]) / CLK, int(fields[12]) / CLK
+        if task.name == str(pid):
+            main_user, main_sys = user, system
+        else:
+            others += user + system
+    return main_user, main_sys, others
+
+
+async def one(server: Server, body: bytes, db_url: str, seconds: float, record: bool) -> dict[str, float]:
+    db_name = db_url.rsplit("/", 1)[1]
+    cpu0, (pg0, bg0), t0 = server.cpu_s(), postgres_cpu(db_name), time.perf_counter()
+    th0 = threads_cpu(server.proc.pid)
+    result = await run_load("127.0.0.1", server.port, body, concurrency=64, duration_s=seconds, warmup_s=0.5)
+    if record:
+        wait_spool_empty(server.url)
+    cpu, (pg, bg), wall = server.cpu_s() - cpu0, postgres_cpu(db_name), time.perf_counter() - t0
+    loop_user, loop_sys, threads = (b - a for a, b in zip(th0, threads_cpu(server.proc.pid), strict=True))
+    done = max(1, result.total_done)
+    if record and (landed := count_rows(db_url, result.all_ids)) != len(set(result.all_ids)):
+        raise SystemExit(f"records lost: {len(set(result.all_ids)) - landed}")
+    return {"rps": result.rps, "proxy": cpu / done * 1000, "pg": (pg - pg0) / done * 1000,
+            "pg_bg": (bg - bg0) / done * 1000, "loop_user": loop_user / done * 1000, "loop_sys": loop_sys / done * 1000,
+            "threads": threads / done * 1000, "calls": done, "wall": wall}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pyspy", type=Path, help="a py-spy binary: profile the recording proxy in an extra round")
+    args = parser.parse_args()
+    pin_self({0})
+    logdir = Path(tempfile.mkdtemp(prefix="onthejob-reccpu-"))
+    runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+    with throwaway_database() as db_url:
+        stub = peers.stub(logdir, {0})
+        servers = {
+            "on": peers.onthejob(stub.url, db_url, logdir / "spool-on", logdir, {1}, record=True, name="rec-on"),
+            "off": peers.onthejob(stub.url, db_url, logdir / "spool-off", logdir, {1}, record=False, name="rec-off"),
+        }
+        try:
+            for i in range(args.rounds + bool(args.pyspy)):
+                for name, server in servers.items():
+                    spy = None
+                    if i == args.rounds:  # the extra round: profile both
+                        spy = subprocess.Popen([str(args.pyspy), "record", "--pid", str(server.proc.pid), "--rate",
+                                                "200", "--format", "raw", "--output", str(logdir / f"pyspy-{name}.txt"),
+                                                "--duration", str(int(args.seconds)), "--gil"],
+                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                    body = payload(server.port, False, 16)
+                    run = uvloop.run(one(server, body, db_url, args.seconds, name == "on"))
+                    if spy is not None:
+                        spy.wait(60)
+                    else:
+                        runs[name].append(run)
+                    print(f"  {name:3s} {run['rps']:7,.0f} req/s  CPU s/1k calls: proxy {run['proxy']:.3f} (loop user "
+                          f"{run['loop_user']:.3f} sys {run['loop_sys']:.3f}, other threads {run['threads']:.3f})  "
+                          f"pg backends {run['pg']:.3f}  pg background {run['pg_bg']:.3f}", flush=True)  # fmt: skip
+        finally:
+            for server in (*servers.values(), stub):
+                server.stop()
+    med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items() if rs}
+    print("\nmedians, CPU s per 1k calls (c=64, non-streaming):")
+    for key in ("proxy", "loop_user", "loop_sys", "threads", "pg", "pg_bg"):
+        on, off = med["on"][key], med["off"][key]
+        print(f"  {key:9s} on {on:.3f}  off {off:.3f}  on-off {on - off:+.3f}")
+    total = {n: m["proxy"] + m["pg"] + m["pg_bg"] for n, m in med.items()}
+    print(f"  total     on {total['on']:.3f}  off {total['off']:.3f}  on-off {total['on'] - total['off']:+.3f}")
+    if args.pyspy:
+        print(f"\nrecording on, Python (GIL) samples ({logdir}/pyspy-on.txt; recording off: pyspy-off.txt):")
+        print(summarise(logdir / "pyspy-on.txt", 45))
+
+
+if __name__ == "__main__":
+    main()

@@ -103,7 +103,7 @@ async def write(conn: psycopg.AsyncConnection[Any], calls: list[CallRecord], gra
     async with conn.transaction():
         await bulk.insert_projects(conn, [PROJECT])
         if calls:
-            await bulk.upsert_sessions(conn, list({c.session_id: c for c in calls}.values()))
+            await bulk.upsert_sessions(conn, bulk.sessions_json(list({c.session_id: c for c in calls}.values())))
             await bulk.copy_completions(conn, calls)
         if grades:
             copy = f"COPY feedback ({', '.join(FEEDBACK_COLUMNS)}) FROM STDIN"

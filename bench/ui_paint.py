@@ -81,7 +81,7 @@ async def fill(db_url: str, calls: int) -> float:
         for lo in range(0, calls, BATCH):
             batch = [_call(i, calls, start) for i in range(lo, min(calls, lo + BATCH))]
             async with conn.transaction():
-                await bulk.upsert_sessions(conn, list({c.session_id: c for c in batch}.values()))  # one per session
+                await bulk.upsert_sessions(conn, bulk.sessions_json(list({c.session_id: c for c in batch}.values())))
                 await bulk.copy_completions(conn, batch)
         async with (
             conn.cursor() as cur,

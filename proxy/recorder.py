@@ -157,8 +157,9 @@ class Recorder:
             async with conn.transaction():
                 if projects - self._projects:
                     await bulk.insert_projects(conn, projects - self._projects)
-                await bulk.upsert_sessions(conn, sessions)  # locks the rows a delete locks first
-                if gone := await bulk.tombstoned(conn, completions):
+                touched = bulk.sessions_json(sessions)
+                await bulk.upsert_sessions(conn, touched)  # locks the rows a delete locks first
+                if gone := await bulk.tombstoned(conn, touched, completions):
                     completions = self._drop_deleted(completions, gone)
                     await conn.execute(
                         "DELETE FROM sessions WHERE (project_id, id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",

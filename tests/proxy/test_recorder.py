@@ -58,14 +58,16 @@ async def stored(engine: AsyncEngine) -> list[tuple[Any, ...]]:
 async def test_copy_and_portable_paths_store_identical_rows(
     pg_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    records = [record(i) for i in range(7)] + [record(7, session="ses_1")]
+    # The last one spells COPY's escapes (tab, newline, carriage return, backslash, \\N) in text and in JSON.
+    tricky = {"error": "a\tb\nc\rd \\ \\N", "request": {"content": 'x "\\" \t\n'}, "client_request_id": "\\N"}
+    records = [record(i) for i in range(7)] + [record(7, session="ses_1"), record(8, session="ses_2", **tricky)]
     fast, slow = async_engine(pg_factory()), async_engine(pg_factory())
     calls = {"copy": 0}
     real_copy = bulk.copy_completions
 
     async def counting(conn: Any, rows: list[CallRecord]) -> None:
-        calls["copy"] += 1
         await real_copy(conn, rows)
+        calls["copy"] += 1  # counted once COPY took the batch (the portable path would hide a refused one)
 
     monkeypatch.setattr(bulk, "copy_completions", counting)
     await drain(fast, tmp_path / "fast", records)
@@ -78,7 +80,7 @@ async def test_copy_and_portable_paths_store_identical_rows(
     await drain(slow, tmp_path / "slow", records)
     try:
         got_fast, got_slow = await stored(fast), await stored(slow)
-        assert len(got_fast) == 8
+        assert len(got_fast) == 9
         assert got_fast == got_slow
         for eng in (fast, slow):
             async with eng.connect() as conn:

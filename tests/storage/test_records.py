@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 import orjson
+import pytest
 
 from storage.models import Completion
 from storage.records import COLUMNS, JSON_FIELDS, CallRecord, link_needle
@@ -34,15 +36,34 @@ def test_an_older_line_without_some_json_columns_reads_with_the_models_defaults(
     assert (rec.tags, rec.usage, rec.sampling) == (b"[]", b"null", b"{}")
 
 
-def test_rows_carry_the_same_values_for_copy_and_for_sqlalchemy() -> None:
-    rec = record(0)
-    copy, row = rec.copy_row(), rec.row()
-    assert list(row) == list(COLUMNS) and len(copy) == len(COLUMNS)
-    for name, text in zip(COLUMNS, copy, strict=True):
+TRICKY = {"error": "tab\tnewline\ncr\r back\\slash \\N", "request": {"content": 'a "quote", a \\ and \t\n'},
+          "client_request_id": "\\N"}  # fmt: skip
+
+
+def _unescape(field: bytes) -> str | None:
+    """A COPY text-format field back to its value (None for ``\\N``)."""
+    if field == b"\\N":
+        return None
+    escapes = {b"t": b"\t", b"n": b"\n", b"r": b"\r", b"\\": b"\\"}
+    return re.sub(rb"\\(.)", lambda m: escapes[m.group(1)], field).decode()
+
+
+@pytest.mark.parametrize("rec", [record(0), record(1), record(2, **TRICKY)], ids=["even", "odd", "escapes"])
+def test_the_copy_line_reads_back_as_the_row_column_by_column(rec: CallRecord) -> None:
+    line, row = rec.copy_line(), rec.row()
+    assert b"\n" not in line and b"\r" not in line
+    fields = line.split(b"\t")
+    assert list(row) == list(COLUMNS) and len(fields) == len(COLUMNS)
+    for name, raw in zip(COLUMNS, fields, strict=True):
+        value, expected = _unescape(raw), row[name]
         if name in JSON_FIELDS:
-            assert orjson.loads(text) == row[name]  # the text serialised once, when the call was recorded
+            assert value is not None and orjson.loads(value) == expected  # the text serialised once, when recorded
         elif name == "created_at":
-            assert datetime.fromisoformat(text) == row[name]
+            assert value is not None and datetime.fromisoformat(value) == expected
+        elif expected is None or isinstance(expected, str):
+            assert value == expected
+        elif isinstance(expected, bool):
+            assert value == ("t" if expected else "f")
         else:
-            assert text == row[name]
+            assert value is not None and float(value) == expected
     assert rec.session_row()["tags"] == ["a", "ü"]

@@ -159,7 +159,8 @@ class Recorder:
                     await bulk.insert_projects(conn, projects - self._projects)
                 touched = bulk.sessions_json(sessions)
                 await bulk.upsert_sessions(conn, touched)  # locks the rows a delete locks first
-                if gone := await bulk.tombstoned(conn, touched, completions):
+                gone, pending = await bulk.checks(conn, touched, completions, projects)
+                if gone:
                     completions = self._drop_deleted(completions, gone)
                     await conn.execute(
                         "DELETE FROM sessions WHERE (project_id, id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
@@ -167,14 +168,14 @@ class Recorder:
                     )
                 if completions:
                     await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
-                pending = bool(completions) and await bulk.any_pending(conn, projects)
         except psycopg.OperationalError:
             await conn.close()
             self._pg_conn = None
             raise  # the database is unreachable: the run loop backs off and retries
         except psycopg.Error:
             return False  # already partly stored (a replayed segment) or refused: the portable path decides
-        if pending:  # rare: feedback arrived before its call; the orphan sweep covers a crash right here
+        if pending and completions:  # rare: feedback came before its call; the orphan sweep covers a crash here
+            # (and feedback stored after the check, before the commit: proxy/state.py sweeps every few seconds)
             async with self.sessionmaker() as db:
                 await attach_pending(db, completions)
                 await db.commit()

@@ -1,7 +1,8 @@
 """Postgres bulk writes for the recorder, on a plain psycopg connection.
 
-COPY for completions, one upsert for sessions, one query for pending
-feedback: four round trips per batch and no per-row work beyond formatting. The
+COPY for completions, one upsert for sessions, one query for what must not land
+and for pending feedback: four round trips per batch with the commit, and no
+per-row work beyond formatting (storage/records.py builds each COPY line). The
 portable path (SQLAlchemy ``executemany`` with ``ON CONFLICT DO NOTHING``, a pool
 checkout with a ping and an ORM session per batch) cost the proxy ~100 µs of CPU per
 recorded call under load (bench/RESULTS.md). COPY has no ``ON CONFLICT``: a batch
@@ -33,21 +34,24 @@ SELECT project_id, id, task_id, source, coalesce(tags, '[]'::json), now(), now()
 FROM json_to_recordset(%s::json) AS s(project_id text, id text, task_id text, source text, tags json)
 ON CONFLICT (project_id, id) DO UPDATE SET updated_at = excluded.updated_at
 """
-# Deleted sessions and deleted end users of a batch, in one round trip (no end user named: the second part is empty).
-# The sessions come as the upsert's JSON text, not as an array (adapting 500 ids cost ~2 µs each), and are
-# looked up by the tombstones' primary key.
-TOMBSTONED = """
-SELECT t.project_id, t.session_id, NULL::text, NULL::timestamptz
+# What a batch must know before its COPY, in one round trip: its deleted sessions, its deleted end users
+# (none named: that part is empty), and, as one row flagged ``pending``, whether feedback of its projects
+# waits for its call. The sessions come as the upsert's JSON text, not as an array (adapting 500 ids
+# cost ~2 µs each), and are looked up by the tombstones' primary key.
+CHECKS = """
+SELECT t.project_id, t.session_id, NULL::text, NULL::timestamptz, false
 FROM json_to_recordset(%s::json) AS s(project_id text, id text)
 JOIN tombstones t ON t.project_id = s.project_id AND t.session_id = s.id
 UNION ALL
-SELECT project_id, NULL, end_user, created_at FROM end_user_tombstones WHERE end_user = ANY(%s::text[])
+SELECT project_id, NULL, end_user, created_at, false FROM end_user_tombstones WHERE end_user = ANY(%s::text[])
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, true
+WHERE EXISTS (SELECT 1 FROM feedback WHERE attached_at IS NULL AND project_id = ANY(%s::text[]))
 """
 TOMBSTONE = """
 INSERT INTO tombstones (project_id, session_id, created_at)
 SELECT p, s, now() FROM unnest(%s::text[], %s::text[]) AS u(p, s) ON CONFLICT DO NOTHING
 """
-ANY_PENDING = "SELECT EXISTS (SELECT 1 FROM feedback WHERE attached_at IS NULL AND project_id = ANY(%s::text[]))"
 
 
 async def insert_projects(conn: AsyncConnection[Any], project_ids: Iterable[str]) -> None:
@@ -70,21 +74,19 @@ async def upsert_sessions(conn: AsyncConnection[Any], sessions: str) -> None:
     await conn.execute(UPSERT_SESSIONS, [sessions])
 
 
-async def any_pending(conn: AsyncConnection[Any], project_ids: Iterable[str]) -> bool:
-    """Whether any feedback of these projects waits for its target (answered by a partial index)."""
-    cur = await conn.execute(ANY_PENDING, [list(project_ids)])
-    row = await cur.fetchone()
-    return bool(row and row[0])
-
-
-async def tombstoned(conn: AsyncConnection[Any], sessions: str, calls: list[CallRecord]) -> set[tuple[str, str]]:
-    """(project, session) pairs of these calls (``sessions``: theirs) that were deleted: their calls must not land."""
+async def checks(
+    conn: AsyncConnection[Any], sessions: str, calls: list[CallRecord], project_ids: Iterable[str]
+) -> tuple[set[tuple[str, str]], bool]:
+    """(project, session) pairs of these calls (``sessions``: theirs) that were deleted, whose calls must not
+    land; and whether feedback of these projects waits for its target (the pending part: a partial index).
+    """
     users = list({c.end_user for c in calls if c.end_user is not None})
-    cur = await conn.execute(TOMBSTONED, [sessions, users])
+    cur = await conn.execute(CHECKS, [sessions, users, list(project_ids)])
     rows = await cur.fetchall()
-    gone = {(p, s) for p, s, _, _ in rows if s is not None}
+    gone = {(p, s) for p, s, _, _, _ in rows if s is not None}
     # A deleted end user's calls made before the delete: their sessions are tombstoned now.
-    if new := end_users_gone(calls, [(p, u, t) for p, s, u, t in rows if s is None]) - gone:
+    deleted_users = [(p, u, t) for p, s, u, t, pending in rows if s is None and not pending]
+    if new := end_users_gone(calls, deleted_users) - gone:
         await conn.execute(TOMBSTONE, [[p for p, _ in new], [s for _, s in new]])
         gone |= new
-    return gone
+    return gone, any(pending for *_, pending in rows)

@@ -135,18 +135,22 @@ def test_two_workers_record_everything(start_proxy: ProxyFactory, stub_upstream:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        # Ready means both workers: ten ready answers in a row on new connections (one worker up
+        # first used to take the first calls while the other still started; a loaded machine showed it).
+        deadline, ready = time.monotonic() + 60, 0
+        while ready < 10 and time.monotonic() < deadline:
             try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
+                ready = ready + 1 if httpx.get(f"{url}/readyz", timeout=2).status_code == 200 else 0
             except httpx.HTTPError:
+                ready = 0
                 time.sleep(0.2)
         body = {"model": "stub-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 3}
         ids = []
         for _ in range(40):
             with httpx.Client(timeout=10) as client:  # new connections spread over both workers
-                ids.append(client.post(f"{url}/v1/chat/completions", json=body).headers["x-request-id"])
+                resp = client.post(f"{url}/v1/chat/completions", json=body)
+                assert resp.status_code == 200, (resp.status_code, resp.headers, resp.text[:300])
+                ids.append(resp.headers["x-request-id"])
     finally:
         proc.terminate()
         proc.wait(30)

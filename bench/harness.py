@@ -51,7 +51,7 @@ class Server:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of the server and all its descendants (workers), so far."""
-        return sum(_proc_cpu(pid) for pid in [self.proc.pid, *_descendants(self.proc.pid)])
+        return sum(proc_cpu(pid) for pid in [self.proc.pid, *_descendants(self.proc.pid)])
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -106,12 +106,19 @@ def start_server(
     raise RuntimeError(f"{name} not ready after {timeout_s}s: {log.read_text()[-3000:]}")
 
 
-def _proc_cpu(pid: int) -> float:
+def stat_cpu(stat: Path) -> tuple[float, float]:
+    """(user, system) CPU seconds from a ``/proc/<pid>/stat`` or ``/proc/<pid>/task/<tid>/stat`` file;
+    (0, 0) when it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime
+        return 0.0, 0.0
+    return int(fields[11]) / CLK, int(fields[12]) / CLK  # utime, stime
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds so far of one process (user + system)."""
+    return sum(stat_cpu(Path(f"/proc/{pid}/stat")))
 
 
 def _descendants(pid: int) -> list[int]:

@@ -25,7 +25,7 @@ import psycopg
 import uvloop
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from bench.harness import CLK, throwaway_database
+from bench.harness import proc_cpu, throwaway_database
 from proxy.metrics import Metrics
 from proxy.recorder import Recorder
 from proxy.spool import Spool
@@ -59,11 +59,6 @@ def record() -> CallRecord:
     )  # fmt: skip
 
 
-def _cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK
-
-
 async def run(db_url: str, batches: int, size: int) -> tuple[float, float]:
     """CPU seconds per 1,000 records: (this process, the recorder's Postgres backend)."""
     engine = async_engine(db_url, pool_size=1, max_overflow=1)
@@ -74,10 +69,10 @@ async def run(db_url: str, batches: int, size: int) -> tuple[float, float]:
         assert recorder._pg_conn is not None, "the Postgres path was not taken"
         backend = recorder._pg_conn.info.backend_pid
         work = [[record() for _ in range(size)] for _ in range(batches)]
-        me0, pg0 = time.process_time(), _cpu(backend)
+        me0, pg0 = time.process_time(), proc_cpu(backend)
         for batch in work:
             await recorder._write(batch)
-        me, pg = time.process_time() - me0, _cpu(backend) - pg0
+        me, pg = time.process_time() - me0, proc_cpu(backend) - pg0
     finally:
         await recorder.close()
         spool.close()

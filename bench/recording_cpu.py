@@ -28,7 +28,7 @@ from pathlib import Path
 import uvloop
 
 from bench import peers
-from bench.harness import CLK, Server, count_rows, pin_self, throwaway_database, wait_spool_empty
+from bench.harness import Server, count_rows, pin_self, stat_cpu, throwaway_database, wait_spool_empty
 from bench.loadgen import run_load
 from bench.profile_proxy import summarise
 from bench.proxy_overhead import payload
@@ -41,14 +41,12 @@ def postgres_cpu(db_name: str) -> tuple[float, float]:
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-            if "(postgres)" not in stat:
+            if "(postgres)" not in (entry / "stat").read_text():
                 continue
             title = (entry / "cmdline").read_bytes().replace(b"\x00", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / CLK
+        cpu = sum(stat_cpu(entry / "stat"))
         if f" {db_name} " in title:
             mine += cpu
         elif "(" not in title.split(":", 1)[-1]:  # a background process, not a client backend ("host(port)")
@@ -60,11 +58,7 @@ def threads_cpu(pid: int) -> tuple[float, float, float]:
     """CPU seconds so far of a process's main thread (the event loop), user and system, and of its other threads."""
     main_user = main_sys = others = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        user, system = int(fields[11]) / CLK, int(fields[12]) / CLK
+        user, system = stat_cpu(task / "stat")
         if task.name == str(pid):
             main_user, main_sys = user, system
         else:

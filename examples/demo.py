@@ -40,7 +40,6 @@ from examples.task import grade, make_problems
 CLI = [sys.executable, "-m", "onthejob.cli"]
 
 
-# The `none` arm's rubric: the served model grades its own ungraded sessions from the conversation.
 CARRIED = ("eval", "ungraded")  # exclusions that are not used up: counted again by every run
 
 
@@ -188,6 +187,8 @@ class Stack:
         self.model_name = ""
         self.admin_key = self.harness_key = ""
         self.carried: Counter[str] = Counter()  # eval/ungraded counts the previous training run saw
+        # The project's judge (examples.demo_judge); with one, each round runs `onthejob judge` before training.
+        self.judge_settings = judge_settings(cfg.feedback) if cfg.judge else None
 
     def __enter__(self) -> Stack:
         try:
@@ -230,9 +231,8 @@ class Stack:
         self.harness_key = onthejob("keys", "create", "--role", "harness", "--name", "demo-harness", *keys).strip()
         # The alias is the engine's base model name, as `serve` registers it in the default project.
         self.admin("POST", "/v1/admin/aliases", {"name": self.model_name, "base_model": self.model_name})
-        judge = judge_settings(self.cfg.feedback) if self.cfg.judge else None
-        if judge is not None:  # comments: the model reads them; none: it evaluates itself (examples.demo_judge)
-            self.admin("PUT", "/v1/admin/project", {"judge": judge})
+        if self.judge_settings is not None:  # comments: the model reads them; none: it evaluates itself
+            self.admin("PUT", "/v1/admin/project", {"judge": self.judge_settings})
         if self.cfg.promotion != "auto":
             self.admin("PUT", f"/v1/admin/aliases/{self.model_name}/policy", {"mode": self.cfg.promotion})
 
@@ -394,7 +394,7 @@ def play_round(
         verdict=verdict, traffic_version=serving, flipped=flipped,
     )  # fmt: skip
     if train:
-        if cfg.judge and judge_settings(cfg.feedback) is not None:
+        if stack.judge_settings is not None:
             say(f"judge: {stack.judge(round_no)}")
         stack.train(round_no)
         result.trained_version = stack.candidate() or stack.deployed_version()

@@ -231,9 +231,10 @@ def _next_batch(
         excluded.update(dropped)
         # A part weighted 0 is not computed: its examples are passed over (counted, never marked used).
         weights = {"sdpo": settings.sdpo_weight, "correction": settings.correction_weight}
-        if off := sum(1 for e in textual if weights.get(e.objective, 1.0) == 0):
+        kept = [e for e in textual if weights.get(e.objective, 1.0) != 0]
+        if off := len(textual) - len(kept):
             excluded[TEXT_WEIGHT_ZERO] += off
-            textual = [e for e in textual if weights.get(e.objective, 1.0) != 0]
+        textual = kept
     db.rollback()  # end the read transaction: the next poll must see new rows
     if len(trajectories) + len(textual) < settings.min_batch:
         return [], [], excluded

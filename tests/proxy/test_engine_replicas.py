@@ -159,10 +159,11 @@ def test_affinity_a_deployment_while_one_engine_hangs_and_unloading(
     assert metric_sample(metrics, "onthejob_adapter_unloads_total", result="ok") == 2
 
 
-def _stream(proxy: Proxy, model: str, session: str, started: threading.Event, out: dict[str, Any]) -> None:
-    """A long stream: records its id, whether it ended with [DONE] and no error event."""
+def _stream(proxy: Proxy, model: str, session: str, started: threading.Event, out: dict[str, Any],
+            tokens: int) -> None:  # fmt: skip
+    """A stream of ``tokens``: records its id, whether it ended with [DONE] and no error event."""
     body = {"model": model, "messages": [{"role": "user", "content": f"Hello from {session}"}], "stream": True,
-            "max_tokens": 300, "ignore_eos": True}  # fmt: skip
+            "max_tokens": tokens, "ignore_eos": True}  # fmt: skip
     with httpx.stream("POST", f"{proxy.v1}/chat/completions", headers={"x-session-id": session}, json=body,
                       timeout=120) as resp:  # fmt: skip
         out["id"] = resp.headers["x-request-id"]
@@ -185,10 +186,16 @@ def test_an_engine_killed_mid_run(
     on_second = [s for s, i in home.items() if i == 1]
     assert on_second and len(on_second) < 4, home
     streams = {s: ({}, threading.Event()) for s in home}
-    threads = [threading.Thread(target=_stream, args=(proxy, model, s, started, out))
+    # The killed engine's streams are long, the others short: only the first must still run at the kill.
+    threads = [threading.Thread(target=_stream, args=(proxy, model, s, started, out, 1000 if s in on_second else 50))
                for s, (out, started) in streams.items()]  # fmt: skip
     for t in threads:
         t.start()
+    # Frozen as soon as its own streams run, so none of them can finish before the kill however fast
+    # the machine is; then the others start, and it dies.
+    for s in on_second:
+        assert streams[s][1].wait(60)
+    _signal(second_engine, signal.SIGSTOP)
     for _, started in streams.values():
         assert started.wait(60)
     _signal(second_engine, signal.SIGKILL)

@@ -28,6 +28,7 @@ import json
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import orjson
@@ -224,7 +225,11 @@ class Linker:
     async def find_call(self, project: str, call_id: str) -> Stored | None:
         """A stored call by id (a dialect's ``previous_response_id``): memory, sibling spools, database."""
         return await find(
-            project, call_id, recent=self.recent, siblings=self.spool.sibling_matching, sessionmaker=self.sessionmaker
+            project,
+            call_id,
+            recent=self.recent,
+            spools=partial(self.spool.sibling_matching, own=True),
+            sessionmaker=self.sessionmaker,
         )
 
     async def resolve(

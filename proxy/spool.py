@@ -207,16 +207,20 @@ class Spool:
         """
         return self.sibling_matching([link_needle(key) for key in link_keys], budget)
 
-    def sibling_matching(self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES) -> Iterator[CallRecord]:
-        """Records in other workers' spools whose line holds one of ``needles`` (in that order, newest first)."""
+    def sibling_matching(
+        self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
+    ) -> Iterator[CallRecord]:
+        """Records in other workers' spools (and, with ``own``, this one's first) whose line holds
+        one of ``needles`` (in that order, newest first)."""
         now = time.monotonic()
         if now > self._siblings_at:
             self._siblings = [f for f in self.folder.parent.glob("w-*") if f != self.folder]
             self._siblings_at = now + 5.0
-        if not self._siblings:
+        folders = [self.folder, *self._siblings] if own else self._siblings
+        if not folders:
             return
         chunks: list[bytes] = []
-        for folder in self._siblings:
+        for folder in folders:
             for file in _newest_first(folder):
                 if budget <= 0:
                     break

@@ -3,9 +3,11 @@
 ``previous_response_id`` (and ``GET /v1/responses/{id}``) name a call that may have
 ended a millisecond ago on another worker of this host, and be in no database yet.
 The same three places session linking looks serve here: this worker's recent dialect
-records (kept as spooled, parsed only when asked for), the spools of its sibling
-workers (the record is fsync'd there before the client's last byte), then the
-database. Another project's id looks exactly like an unknown one.
+records (kept as spooled, parsed only when asked for), the spools of this worker and
+its siblings (the record is fsync'd there before the client's last byte, and a record
+drained from there is in the database), then the database. Memory is only the fast
+path, so it is bounded in bytes as well as in calls. Another project's id looks
+exactly like an unknown one.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from proxy.dialects.base import Stored
 from storage.models import Completion
 from storage.records import CallRecord
 
-# Sibling spool records whose line holds any of these byte strings (newest first).
-SiblingScan = Callable[[list[bytes]], Iterable[CallRecord]]
+# Spool records (this worker's and its siblings') whose line holds any of these byte strings (newest first).
+SpoolScan = Callable[[list[bytes]], Iterable[CallRecord]]
+# Memory for this worker's recent lines: a few seconds of an agent's turns at full load; past it a
+# continuation is read from the spool or the database (bench.dialect_cpu measured the bound).
+RECENT_BYTES = 1024 * 1024
 COLUMNS = ("id", "project_id", "session_id", "task_id", "dialect", "status_code", "request", "choices",
            "client_request", "client_response")  # fmt: skip
 
@@ -37,15 +42,18 @@ class RecentCalls:
     ``orjson.loads``; the record's ``row()`` parsed each JSON column).
     """
 
-    def __init__(self, size: int = 4096) -> None:
-        self.size = size
+    def __init__(self, size: int = 4096, max_bytes: int = RECENT_BYTES) -> None:
+        self.size, self.max_bytes = size, max_bytes
+        self.bytes = 0
         self._items: OrderedDict[tuple[str, str], bytes] = OrderedDict()
 
     def put(self, project: str, call_id: str, line: bytes) -> None:
         """Keep a call's spool line (:meth:`storage.records.CallRecord.encode`)."""
+        old = self._items.pop((project, call_id), None)
         self._items[(project, call_id)] = line
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        self.bytes += len(line) - (len(old) if old is not None else 0)
+        while len(self._items) > self.size or (self.bytes > self.max_bytes and len(self._items) > 1):
+            self.bytes -= len(self._items.popitem(last=False)[1])
 
     def get(self, project: str, call_id: str) -> Stored | None:
         line = self._items.get((project, call_id))
@@ -66,14 +74,14 @@ async def find(
     call_id: str,
     *,
     recent: RecentCalls,
-    siblings: SiblingScan,
+    spools: SpoolScan,
     sessionmaker: async_sessionmaker[AsyncSession],
 ) -> Stored | None:
     """The call ``call_id`` of ``project``, wherever it is now; None if unknown (or another project's)."""
     kept = recent.get(project, call_id)
     if kept is not None:
         return kept
-    for record in siblings([id_needle(call_id)]):
+    for record in spools([id_needle(call_id)]):
         if record.id == call_id:
             return stored(record) if record.project_id == project else None
     query = select(*(getattr(Completion, c) for c in COLUMNS)).where(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,15 @@ async def test_memory_then_sibling_spool_then_database(tmp_path: Path, pg_url: s
     child = record(3, id="resp_child", project_id="p", parent_id="resp_there2")
     await sibling.append(there)
     await sibling.append(child)
+    evicted = record(1, id="resp_evicted", project_id="p")  # spooled here, no longer in this worker's memory
+    await mine.append(evicted)
     recent.put(here.project_id, here.id, here.encode())
     engine = async_engine(pg_url)
     maker = async_sessionmaker(engine, expire_on_commit=False)
 
     async def lookup(project: str, call_id: str) -> Any:
-        return await find(project, call_id, recent=recent, siblings=mine.sibling_matching, sessionmaker=maker)
+        spools = partial(mine.sibling_matching, own=True)
+        return await find(project, call_id, recent=recent, spools=spools, sessionmaker=maker)
 
     try:
         found = await lookup("p", "resp_here")
@@ -38,6 +42,8 @@ async def test_memory_then_sibling_spool_then_database(tmp_path: Path, pg_url: s
         found = await lookup("p", "resp_there")
         assert found is not None and found.id == "resp_there" and found.dialect == "responses"
         assert found.request["messages"][0]["role"] == "user"
+        found = await lookup("p", "resp_evicted")
+        assert found is not None and found.id == "resp_evicted"
         assert await lookup("other", "resp_there") is None  # another project's looks unknown
         assert await lookup("other", "resp_here") is None
         assert await lookup("p", "resp_there2") is None  # only named as a parent
@@ -48,12 +54,20 @@ async def test_memory_then_sibling_spool_then_database(tmp_path: Path, pg_url: s
         await engine.dispose()
 
 
-def test_recent_calls_are_bounded() -> None:
+def test_recent_calls_are_bounded_in_calls_and_in_bytes() -> None:
     recent = RecentCalls(size=2)
     for i in range(3):
         kept = record(i, id=f"resp_{i}")
         recent.put(kept.project_id, kept.id, kept.encode())
     assert recent.get("p", "resp_0") is None and recent.get("p", "resp_2") is not None
+    lines = [record(i, id=f"resp_{i}").encode() for i in range(4)]
+    recent = RecentCalls(size=100, max_bytes=sum(map(len, lines[1:])))
+    for i, line in enumerate(lines):
+        recent.put("p", f"resp_{i}", line)
+    assert [recent.get("p", f"resp_{i}") is not None for i in range(4)] == [False, True, True, True]
+    assert recent.bytes == sum(map(len, lines[1:]))
+    recent.put("p", "resp_3", lines[3])  # kept again: counted once
+    assert recent.bytes == sum(map(len, lines[1:]))
 
 
 @pytest.fixture

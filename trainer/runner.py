@@ -32,7 +32,7 @@ from trainer.errors import BaseModelError, DataError, TrainerError
 from trainer.loop import Policy, StepResult, TrainConfig, load_policy, train_step
 from trainer.publish import deploy, jsonable, publish
 from trainer.settings import TrainSettings
-from trainer.textual import TextualExample
+from trainer.textual import Objective, TextualExample
 from trainer.textual_load import TextFeed
 
 Loader = Callable[[Session, str, str], tuple[list[Trajectory], Counter[str]]]
@@ -131,7 +131,9 @@ def _loop(
     steps = settings.steps
     text = None  # sdpo: text-feedback examples, read incrementally like the scored trajectories
     if lead and cfg.objective.name == "sdpo" and (settings.sdpo_weight != 0 or settings.correction_weight != 0):
+        weights: dict[Objective, float] = {"sdpo": settings.sdpo_weight, "correction": settings.correction_weight}
         text = TextFeed(settings.project, settings.alias, _tokenizer(policy), settings.max_len,
+                        frozenset(part for part, weight in weights.items() if weight != 0),
                         limit=settings.batch_size, min_batch=settings.min_batch)  # fmt: skip
     if lead:
         assert db is not None
@@ -212,9 +214,6 @@ def _loop(
         bar.close()
 
 
-TEXT_WEIGHT_ZERO = "text_weight_zero"  # an exclusion: a text example whose part (--sdpo-weight …) is 0
-
-
 def _next_batch(
     db: Session | None, settings: TrainSettings, load: Loader | None, text: TextFeed | None = None
 ) -> tuple[list[Trajectory], list[TextualExample], Counter[str]]:
@@ -227,14 +226,8 @@ def _next_batch(
     textual: list[TextualExample] = []
     excluded = Counter(excluded)
     if text is not None:
-        textual, dropped = text.poll(db)
+        textual, dropped = text.poll(db)  # a part weighted 0 yields none (the feed counts them: text_weight_zero)
         excluded.update(dropped)
-        # A part weighted 0 is not computed: its examples are passed over (counted, never marked used).
-        weights = {"sdpo": settings.sdpo_weight, "correction": settings.correction_weight}
-        kept = [e for e in textual if weights.get(e.objective, 1.0) != 0]
-        if off := len(textual) - len(kept):
-            excluded[TEXT_WEIGHT_ZERO] += off
-        textual = kept
     db.rollback()  # end the read transaction: the next poll must see new rows
     if len(trajectories) + len(textual) < settings.min_batch:
         return [], [], excluded

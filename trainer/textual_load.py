@@ -8,12 +8,16 @@ leaves out those already used (``used_feedback``), and keeps the rest waiting pe
 What the examples depend on besides the log is whether the project reads the next user turn
 as feedback: turning it on or off starts the feed again from the beginning of the log.
 The reward rule and the judge do not matter here (the judge's comments are never examples).
+A part this run does not compute (``--sdpo-weight 0``, ``--correction-weight 0``) yields no
+example: left out as ``text_weight_zero`` when its session is read, so it never takes a place
+in a batch; like any example handed out and not used, it is read again only if its session
+changes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -24,7 +28,9 @@ from storage.judge_config import implicit_feedback
 from storage.loaders import settings_stmt
 from storage.text_feedback import load_text_feedback
 from storage.trajectories import chat_template_render
-from trainer.textual import PromptRender, TextualExample, build_examples, hints
+from trainer.textual import Objective, PromptRender, TextualExample, build_examples, hints
+
+TEXT_WEIGHT_ZERO = "text_weight_zero"  # an exclusion: a text example whose part (--sdpo-weight …) is 0
 
 
 def prompt_render(tokenizer: Any) -> PromptRender:
@@ -44,6 +50,7 @@ class TextFeed(ChangeReader[TextualExample, bool]):
     alias: str
     tokenizer: Any = None
     max_len: int = 2048
+    parts: frozenset[Objective] = field(default_factory=lambda: frozenset(("sdpo", "correction")))  # computed
 
     @property
     def consumer(self) -> str:
@@ -65,5 +72,8 @@ class TextFeed(ChangeReader[TextualExample, bool]):
         )  # fmt: skip
         by_session: dict[str, list[TextualExample]] = {}
         for example in examples:
+            if example.objective not in self.parts:
+                excluded[TEXT_WEIGHT_ZERO] += 1
+                continue
             by_session.setdefault(example.student.session_id, []).append(example)
         return by_session, excluded

@@ -96,3 +96,24 @@ def test_each_poll_reads_only_what_changed_and_a_restart_resumes_from_the_cursor
     examples, excluded = _poll(db, restarted)
     assert (sessions(examples), excluded, restarted.sessions_read) == (["s1"], Counter({"already_used": 2}), 2)
     assert [e.hint.kind for e in examples] == ["implicit"]
+
+
+def test_a_part_weighted_zero_takes_no_place_in_a_batch(db: Session, tokenizer: Any) -> None:
+    """Corrections only (``--sdpo-weight 0``): each correction item also gives an SDPO example, which the feed
+    leaves out as it reads, so a batch holds corrections alone and none of them waits for a later run."""
+    p = new_project(db)
+    for s in ("s1", "s2", "s3"):
+        cid = _call(db, p, s, [Q])
+        db.add(feedback_row(p, "correction", comment="ANSWER: 12", completion=cid, session=s, source="customer"))
+    db.commit()
+    both = _poll(db, TextFeed(p, "agent", tokenizer, limit=2, settle_s=30))[
+        0
+    ]  # its one poll saves no cursor past START
+    assert sorted(e.objective for e in both) == ["correction", "sdpo"]  # one session's two examples: two a batch
+    feed = TextFeed(p, "agent", tokenizer, parts=frozenset({"correction"}), limit=2, settle_s=30)
+    examples, excluded = _poll(db, feed)
+    assert ([e.objective for e in examples], sessions(examples)) == (["correction"] * 2, ["s1", "s2"])
+    assert excluded == Counter({"text_weight_zero": 3})
+    _train(db, p, examples)
+    examples, excluded = _poll(db, feed)
+    assert ([e.objective for e in examples], sessions(examples), excluded) == (["correction"], ["s3"], Counter())

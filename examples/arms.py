@@ -51,6 +51,8 @@ def load(path: Path, rounds: int = ROUNDS) -> Run:
         arm += f"/{cfg['sdpo_baseline']}"
     if arm.startswith("comments") and not cfg.get("judge", False):  # runs before the judge read comments
         arm += "/no-judge"
+    if arm == "corrections" and cfg.get("correct", "last") != "last":
+        arm += f"/{cfg['correct']}"  # the first call's CALC line corrected, not the last call's ANSWER line
     if arm.startswith(("comments", "corrections")) and float(cfg.get("sdpo_weight", 1.0)) != 1.0:
         arm += f"/sdpo-weight-{float(cfg['sdpo_weight']):g}"  # 0: the judge's scores (or SFT) alone
     return Run(

@@ -76,6 +76,7 @@ class DemoConfig:
     sdpo_form: str = "token"
     sdpo_baseline: str = "none"  # train --sdpo-baseline (token form): none | mean
     sdpo_weight: float = 1.0  # train --sdpo-weight: the text part's weight beside the scored part
+    correct: str = "last"  # the corrections arm: correct the last call's ANSWER line, or the first call's CALC line
     # The comments and none arms run `onthejob judge` each round (examples.demo_judge); False: the
     # comments arm learns from self-distillation alone (the runs of docs/demo/comments-trials/).
     judge: bool = True
@@ -273,7 +274,7 @@ class Stack:
         return Harness(HarnessConfig(
             base_url=f"{self.proxy_url}/v1", api_key=self.admin_key if admin else self.harness_key,
             model=model or self.model_name, feedback_url=f"{self.proxy_url}/v1/feedback",
-            feedback=self.cfg.feedback, reward_sign=reward_sign,  # type: ignore[arg-type]
+            feedback=self.cfg.feedback, reward_sign=reward_sign, correct=self.cfg.correct,  # type: ignore[arg-type]
         ))  # fmt: skip
 
     def judge(self, round_no: int) -> str:
@@ -469,7 +470,8 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
         "command": "onthejob demo " + f"--rounds {cfg.rounds} --out {cfg.out} --model {cfg.model} "
         f"--feedback {cfg.feedback} --seed {cfg.seed} --eval-every {cfg.eval_every} --promotion {cfg.promotion}"
         + (f" --flip-reward {','.join(map(str, cfg.flip_reward))}" if cfg.flip_reward else "")
-        + ("" if cfg.judge else " --no-judge"),
+        + ("" if cfg.judge else " --no-judge")
+        + (f" --correct {cfg.correct}" if cfg.correct != "last" else ""),
         "promotion": cfg.promotion,
         "feedback": cfg.feedback,
         "model": stack.model_name,

@@ -4,7 +4,9 @@ A comment says what went wrong or right (wrong operation, result too large or
 too small, too long, no answer, correct and brief), in one of several phrasings
 per verdict chosen at random (seeded by the session, so a run is reproducible),
 and never contains the answer or any number: the learning signal has to come
-from the words. A correction is the line the answer should have been.
+from the words. A correction is the line the answer should have been: the final
+``ANSWER:`` line on the session's last call (the issue's arm), or, with ``first``, the
+``CALC:`` line on its first call, where a wrong operation goes wrong.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Literal
 
 from examples.task import Problem
 
+CorrectedTurn = Literal["last", "first"]
 Verdict = Literal["correct_brief", "too_long", "wrong_operation", "too_large", "too_small", "no_answer"]
 
 PHRASES: dict[Verdict, tuple[str, ...]] = {
@@ -97,6 +100,6 @@ def comment(problem: Problem, answer: float | None, correct: bool, brevity: floa
     return text
 
 
-def correction(problem: Problem) -> str:
-    """The correct final answer line of the protocol."""
-    return f"ANSWER: {problem.answer}"
+def correction(problem: Problem, turn: CorrectedTurn = "last") -> str:
+    """The line the answer should have been: the final answer (``last``), or the calculator call (``first``)."""
+    return f"ANSWER: {problem.answer}" if turn == "last" else f"CALC: {problem.expression}"

@@ -33,7 +33,7 @@ import httpx
 from openai import OpenAI
 from tqdm import tqdm
 
-from examples.feedback import comment, correction
+from examples.feedback import CorrectedTurn, comment, correction
 from examples.task import NUDGE, CalcError, Problem, calculate, first_messages, grade, parse_action, parse_number
 
 Outcome = Literal["answered", "timeout", "error"]
@@ -60,6 +60,7 @@ class HarnessConfig:
     request_timeout_s: float = 120.0
     source: str = "demo-harness"
     feedback: FeedbackArm = "numeric"
+    correct: CorrectedTurn = "last"  # the corrections arm: which call is corrected (examples.feedback.correction)
     # -1: training traffic is graded with the reward's sign flipped (a broken grader; held-out stays honest)
     reward_sign: float = 1.0
 
@@ -220,7 +221,7 @@ class Harness:
         session = {"session_id": result.session_id}
         items: list[dict[str, Any]] = []
         if not result.eval and self.cfg.feedback != "numeric":
-            items = _text_feedback(self.cfg.feedback, problem, result)
+            items = _text_feedback(self.cfg.feedback, problem, result, self.cfg.correct)
         elif result.outcome == "timeout":
             items.append({"target": session, "name": "outcome", "value": "timeout",
                           "comment": f"no answer within {self.cfg.max_turns} turns or the tool timed out"})  # fmt: skip
@@ -273,15 +274,17 @@ def _flipped(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-def _text_feedback(arm: FeedbackArm, problem: Problem, result: EpisodeResult) -> list[dict[str, Any]]:
-    """The comments arm: every episode a comment and no score; corrections: the right answer line; none: nothing."""
+def _text_feedback(
+    arm: FeedbackArm, problem: Problem, result: EpisodeResult, correct: CorrectedTurn = "last"
+) -> list[dict[str, Any]]:
+    """The comments arm: every episode a comment and no score; corrections: the right line; none: nothing."""
     if arm == "comments":
         answer = parse_number(result.answer) if result.answer is not None else None
         text = comment(problem, answer, result.correct, result.brevity, seed=result.session_id)
         return [{"target": {"session_id": result.session_id}, "name": "review", "comment": text}]
     if arm == "corrections" and result.completion_ids:
-        target = {"completion_id": result.completion_ids[-1]}
-        return [{"target": target, "name": "correction", "comment": correction(problem)}]
+        target = {"completion_id": result.completion_ids[-1 if correct == "last" else 0]}
+        return [{"target": target, "name": "correction", "comment": correction(problem, correct)}]
     return []
 
 

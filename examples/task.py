@@ -118,6 +118,7 @@ class Problem:
     template: str
     question: str
     answer: int
+    expression: str = ""  # what the calculator should be asked: "90*54"
 
 
 def problem_split(template: str, a: int, b: int) -> Split:
@@ -139,6 +140,7 @@ def _problems(split: Split, seed: int) -> Iterator[Problem]:
             template=template.id,
             question=template.text.format(a=a, b=b, name=name),
             answer=_OPS[template.op](a, b),
+            expression=f"{a}{template.op}{b}",
         )
 
 

@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comments/corrections arms: train --sdpo-baseline (token form)")  # fmt: skip
     p.add_argument("--sdpo-weight", type=float, default=None,
                    help="comments/corrections arms: train --sdpo-weight (text part beside judged scores)")  # fmt: skip
+    p.add_argument("--correct", choices=["last", "first"], default=None,
+                   help="corrections arm: correct the last call's ANSWER line, or the first call's CALC")  # fmt: skip
     p.add_argument("--no-judge", dest="judge", action="store_false", default=None,
                    help="comments arm: no judge, self-distillation alone (none arm: nothing at all)")  # fmt: skip
     p.add_argument(

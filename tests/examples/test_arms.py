@@ -65,3 +65,14 @@ def test_comments_taught_with_the_topk_form_are_an_arm_of_their_own(tmp_path: Pa
     path.write_text(json.dumps(data))
     assert load(path).arm == "comments/sdpo-weight-0"
     assert load(summary(tmp_path, "numeric", 1, [0.4, 0.5, 0.6, 0.7, 0.8])).arm == "numeric"
+
+
+def test_corrections_of_the_first_call_are_an_arm_of_their_own(tmp_path: Path) -> None:
+    path = summary(tmp_path, "corrections", 0, [0.4, 0.5, 0.6, 0.7, 0.8])
+    data = json.loads(path.read_text())
+    data["config"] |= {"sdpo_weight": 0.0, "correct": "first"}
+    path.write_text(json.dumps(data))
+    assert load(path).arm == "corrections/first/sdpo-weight-0"
+    data["config"]["correct"] = "last"
+    path.write_text(json.dumps(data))
+    assert load(path).arm == "corrections/sdpo-weight-0"

@@ -66,6 +66,18 @@ def test_corrections_arm_posts_the_right_answer_line_on_the_last_call() -> None:
     assert item["target"] == {"completion_id": r.completion_ids[-1]} and "value" not in item
 
 
+def test_corrections_of_the_first_call_post_its_calculator_line() -> None:
+    model, sink = FakeModel(solver), FeedbackSink()
+    (problem,) = multiplication()
+    with harness(model, sink, feedback="corrections", correct="first") as h:
+        r = h.episode(problem, session_id="s-1")
+    (item,) = sink.items
+    assert item["comment"] == correction(problem, "first") == f"CALC: {problem.expression}"
+    match = re.fullmatch(r"(\d+)\*(\d+)", problem.expression)  # the operation the question asks for
+    assert match is not None and int(match[1]) * int(match[2]) == problem.answer
+    assert len(r.completion_ids) > 1 and item["target"] == {"completion_id": r.completion_ids[0]}
+
+
 def test_none_arm_posts_nothing_for_training_traffic() -> None:
     model, sink = FakeModel(solver), FeedbackSink()
     with harness(model, sink, feedback="none") as h:

@@ -223,7 +223,7 @@ class Linker:
         self.recent = RecentCalls()  # this worker's dialect calls by id, for continuations
 
     async def find_call(self, project: str, call_id: str) -> Stored | None:
-        """A stored call by id (a dialect's ``previous_response_id``): memory, sibling spools, database."""
+        """A stored call by id (a dialect's ``previous_response_id``): memory, the spools, database."""
         return await find(
             project,
             call_id,

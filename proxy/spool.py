@@ -210,28 +210,27 @@ class Spool:
     def sibling_matching(
         self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
     ) -> Iterator[CallRecord]:
-        """Records in other workers' spools (and, with ``own``, this one's first) whose line holds
-        one of ``needles`` (in that order, newest first)."""
+        """Records in other workers' spools (and, with ``own``, then in this one's) whose line holds
+        one of ``needles`` (in that order, newest first). ``budget`` bounds the siblings' bytes
+        read, and this worker's separately: a deep backlog here never hides a sibling's record."""
         now = time.monotonic()
         if now > self._siblings_at:
             self._siblings = [f for f in self.folder.parent.glob("w-*") if f != self.folder]
             self._siblings_at = now + 5.0
-        folders = [self.folder, *self._siblings] if own else self._siblings
-        if not folders:
-            return
         chunks: list[bytes] = []
-        for folder in folders:
-            for file in _newest_first(folder):
-                if budget <= 0:
+        for folders in (self._siblings, [self.folder] if own else []):
+            left = budget
+            for file in (file for folder in folders for file in _newest_first(folder)):
+                if left <= 0:
                     break
                 try:
                     with file.open("rb") as handle:
                         size = handle.seek(0, os.SEEK_END)
-                        handle.seek(max(0, size - budget))
-                        data = handle.read(budget)
+                        handle.seek(max(0, size - left))
+                        data = handle.read(left)
                 except OSError:
                     continue  # sealed or drained meanwhile
-                budget -= len(data)
+                left -= len(data)
                 chunks.append(data)
         for needle in needles:
             for data in chunks:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import async_sessionmaker
 
-from proxy.dialects.lookup import RecentCalls, find
+from proxy.dialects.lookup import RecentCalls, find, id_needle
 from proxy.spool import Spool
 from storage.db import async_engine
 from tests.proxy.records import record
@@ -73,3 +73,21 @@ def test_recent_calls_are_bounded_in_calls_and_in_bytes() -> None:
 @pytest.fixture
 def pg_url(pg_factory: Any) -> str:
     return pg_factory()  # type: ignore[no-any-return]
+
+
+async def test_a_deep_backlog_here_never_hides_a_siblings_record(tmp_path: Path) -> None:
+    mine, sibling = Spool(tmp_path / "w-mine", 10**9), Spool(tmp_path / "w-sibling", 10**9)
+    try:
+        there = record(1, id="resp_there")
+        await sibling.append(there)
+        for i in range(20):  # this worker's own spool: more than the budget by itself
+            await mine.append(record(i, id=f"resp_mine_{i}"))
+        budget = 3 * len(there.encode())
+        found = [r.id for r in mine.sibling_matching([id_needle("resp_there")], budget, own=True)]
+        assert found == ["resp_there"]
+        found = [r.id for r in mine.sibling_matching([id_needle("resp_mine_19")], budget, own=True)]
+        assert found == ["resp_mine_19"]  # the newest of this worker's, within its own budget
+        assert list(mine.sibling_matching([id_needle("resp_mine_19")], budget)) == []  # siblings only
+    finally:
+        mine.close()
+        sibling.close()

@@ -130,10 +130,10 @@ def _loop(
     lead = db is not None
     steps = settings.steps
     text = None  # sdpo: text-feedback examples, read incrementally like the scored trajectories
-    if lead and cfg.objective.name == "sdpo" and (settings.sdpo_weight != 0 or settings.correction_weight != 0):
-        weights: dict[Objective, float] = {"sdpo": settings.sdpo_weight, "correction": settings.correction_weight}
-        text = TextFeed(settings.project, settings.alias, _tokenizer(policy), settings.max_len,
-                        frozenset(part for part, weight in weights.items() if weight != 0),
+    weights: dict[Objective, float] = {"sdpo": settings.sdpo_weight, "correction": settings.correction_weight}
+    parts = frozenset(part for part, weight in weights.items() if weight != 0)  # the text parts computed
+    if lead and cfg.objective.name == "sdpo" and parts:
+        text = TextFeed(settings.project, settings.alias, _tokenizer(policy), settings.max_len, parts,
                         limit=settings.batch_size, min_batch=settings.min_batch)  # fmt: skip
     if lead:
         assert db is not None

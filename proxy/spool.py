@@ -15,6 +15,7 @@ A record and its line are defined in storage/records.py.
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
 import logging
 import os
@@ -110,7 +111,8 @@ class Spool:
                 try:
                     size_before = os.lseek(self._fd, 0, os.SEEK_END)
                     try:
-                        os.write(self._fd, data)
+                        if os.write(self._fd, data) != len(data):  # a full disk may take part of it
+                            raise OSError(errno.ENOSPC, "short write")
                         os.fsync(self._fd)
                     except OSError as exc:  # disk full: undo the partial write, refuse the batch
                         os.ftruncate(self._fd, size_before)

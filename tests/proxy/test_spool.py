@@ -172,3 +172,23 @@ def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Pa
 
     os.close(mine_lock)
     os.close(theirs_lock)
+
+
+def test_a_short_write_is_refused_and_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that fills mid-batch takes part of it and returns a short count: those callers get
+    SpoolFull (never an acknowledgement for a half-written line), the fragment is cut off, and the
+    next append lands whole after the earlier records."""
+    import proxy.spool as spool_module
+
+    spool = Spool(tmp_path, max_bytes=10**9)
+    asyncio.run(spool.append(rec(1)))
+    real_write = spool_module.os.write
+    monkeypatch.setattr(spool_module.os, "write", lambda fd, data: real_write(fd, data[: len(data) // 2]))
+    with pytest.raises(SpoolFull, match="short write"):
+        asyncio.run(spool.append(rec(2)))
+    monkeypatch.setattr(spool_module.os, "write", real_write)
+    asyncio.run(spool.append(rec(3)))
+    assert spool.depth == 2 and spool.appended == 2
+    spool.close()
+    assert ids(read_segment(tmp_path / ACTIVE)) == [1, 3]
+    assert (tmp_path / ACTIVE).read_bytes().count(b"\n") == 2  # no fragment of record 2 left

@@ -73,8 +73,10 @@ def start_server(
     env: dict[str, str] | None = None,
     cores: set[int] | None = None,
     timeout_s: float = 90.0,
+    cwd: Path = ROOT,
 ) -> Server:
-    """Start ``cmd`` (pinned to ``cores``) and wait until ``ready_path`` answers below 500."""
+    """Start ``cmd`` (pinned to ``cores``, in ``cwd``: ``python -m`` imports from there first) and wait
+    until ``ready_path`` answers below 500."""
     log = logdir / f"{name}-{port}.log"
     pre = None
     if cores is not None:
@@ -85,7 +87,7 @@ def start_server(
 
     proc = subprocess.Popen(
         cmd,
-        cwd=ROOT,
+        cwd=cwd,
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
         env={**os.environ, **(env or {})},

@@ -38,12 +38,14 @@ def onthejob(
     record: bool,
     name: str,
     workers: int = 1,
+    checkout: Path = ROOT,
 ) -> Server:
+    """``onthejob serve`` from ``checkout`` (this one, or a worktree of another commit to compare with)."""
     port = free_port()
     cmd = [PY, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url, "--port", str(port),
            "--spool", str(spool), "--no-auth", "--workers", str(workers)]  # fmt: skip
-    env = {"ONTHEJOB_RECORD": "1" if record else "0"}
-    return start_server(name, cmd, port, logdir, env=env, cores=cores)
+    env = {"ONTHEJOB_RECORD": "1" if record else "0", "PYTHONPATH": str(checkout)}
+    return start_server(name, cmd, port, logdir, env=env, cores=cores, cwd=checkout)
 
 
 def ensure_litellm_venv() -> Path:

@@ -62,10 +62,13 @@ async def run(args: argparse.Namespace) -> int:
                                                       record=False, name="onthejob-norec")  # fmt: skip
             rows: list[Row] = []
             returned: list[str] = []
-            for _ in range(args.rounds):
+            for i in range(args.rounds):
+                # Each round starts one peer later: a slot in the round favours whoever takes it on this
+                # machine (bench/recording_cpu.py), so with --rounds a multiple of 4 each peer takes each once.
+                peers_now = PEERS[i % len(PEERS) :] + PEERS[: i % len(PEERS)]
                 for stream in (False, True):
                     for conc in (1, 64):
-                        for peer in PEERS:
+                        for peer in peers_now:
                             server = servers.get(peer)
                             port = stub.port if peer == "direct" else servers[peer].port
                             row = await measure(peer, server, stub, port, payload(port, stream, args.max_tokens),
@@ -141,7 +144,10 @@ def _nan(value: str) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per configuration")
-    parser.add_argument("--rounds", type=int, default=2, help="measure each configuration this often; keep the best")
+    parser.add_argument(
+        "--rounds", type=int, default=4,
+        help="measure each configuration this often (a multiple of 4: each peer takes each slot); keep the best",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before measuring")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply (= chunks per stream)")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin processes to cores")

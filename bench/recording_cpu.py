@@ -7,13 +7,20 @@ off, on one throwaway database), drives each in turn at concurrency 64 for
 and the Postgres processes spent meanwhile: the backends of the bench database, and
 the cluster's background processes (WAL writer, checkpointer, ...: shared with
 whatever else uses this Postgres, so only indicative on a busy machine). Rounds
-alternate on and off; the medians are printed, then the on - off difference.
+alternate on and off, each round starting one server later (the slot in a round
+biases a server's figures here); the medians are printed, then the on - off difference.
+
+``--checkout NAME=PATH`` adds a recording-on proxy run from another checkout (``git worktree
+add --detach PATH COMMIT``) to the same rounds, and prints its medians as a ratio of this
+checkout's: the only A/B of proxy code that held up on this machine, whose speed drifts by
+a third between runs. Give ``--rounds`` a multiple of the number of servers, so that each
+takes every slot equally often.
 
 ``--pyspy PATH`` (a py-spy binary) also samples both proxies' Python (the thread holding
 the GIL) in an extra last round, prints where recording on's went (bench/profile_proxy.py's
 summary) and keeps recording off's samples beside it.
 
-Run: ``python -m bench.recording_cpu [--seconds 8] [--rounds 3]``
+Run: ``python -m bench.recording_cpu [--seconds 8] [--rounds 4] [--checkout NAME=PATH ...]``
 """
 
 from __future__ import annotations
@@ -54,16 +61,19 @@ def postgres_cpu(db_name: str) -> tuple[float, float]:
     return mine, other
 
 
-def threads_cpu(pid: int) -> tuple[float, float, float]:
-    """CPU seconds so far of a process's main thread (the event loop), user and system, and of its other threads."""
-    main_user = main_sys = others = 0.0
+def threads_cpu(pid: int) -> tuple[float, float, float, float]:
+    """CPU seconds so far of a process's main thread (the event loop), user and system, and of its other
+    threads; and how often the main thread was switched out while it could still run (preempted)."""
+    main_user = main_sys = others = preempted = 0.0
     for task in Path(f"/proc/{pid}/task").iterdir():
         user, system = stat_cpu(task / "stat")
         if task.name == str(pid):
             main_user, main_sys = user, system
+            status = (task / "status").read_text()
+            preempted = float(status.split("nonvoluntary_ctxt_switches:")[1].split()[0])
         else:
             others += user + system
-    return main_user, main_sys, others
+    return main_user, main_sys, others, preempted
 
 
 async def one(server: Server, body: bytes, db_url: str, seconds: float, record: bool) -> dict[str, float]:
@@ -74,33 +84,47 @@ async def one(server: Server, body: bytes, db_url: str, seconds: float, record: 
     if record:
         wait_spool_empty(server.url)
     cpu, (pg, bg), wall = server.cpu_s() - cpu0, postgres_cpu(db_name), time.perf_counter() - t0
-    loop_user, loop_sys, threads = (b - a for a, b in zip(th0, threads_cpu(server.proc.pid), strict=True))
+    loop_user, loop_sys, threads, preempted = (b - a for a, b in zip(th0, threads_cpu(server.proc.pid), strict=True))
     done = max(1, result.total_done)
     if record and (landed := count_rows(db_url, result.all_ids)) != len(set(result.all_ids)):
         raise SystemExit(f"records lost: {len(set(result.all_ids)) - landed}")
     return {"rps": result.rps, "proxy": cpu / done * 1000, "pg": (pg - pg0) / done * 1000,
             "pg_bg": (bg - bg0) / done * 1000, "loop_user": loop_user / done * 1000, "loop_sys": loop_sys / done * 1000,
-            "threads": threads / done * 1000, "calls": done, "wall": wall}  # fmt: skip
+            "threads": threads / done * 1000, "preempted": preempted / done, "calls": done, "wall": wall}  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--pyspy", type=Path, help="a py-spy binary: profile the recording proxy in an extra round")
+    parser.add_argument(
+        "--checkout", action="append", default=[], metavar="NAME=PATH",
+        help="also a recording-on proxy run from another checkout (a worktree of another commit), in the same "
+        "alternating rounds: an A/B that the machine's drift between runs cannot fake (repeatable)",
+    )  # fmt: skip
     args = parser.parse_args()
+    checkouts = dict(spec.split("=", 1) for spec in args.checkout)
     pin_self({0})
     logdir = Path(tempfile.mkdtemp(prefix="onthejob-reccpu-"))
-    runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+    runs: dict[str, list[dict[str, float]]] = {"on": [], "off": [], **{f"on@{n}": [] for n in checkouts}}
     with throwaway_database() as db_url:
         stub = peers.stub(logdir, {0})
         servers = {
             "on": peers.onthejob(stub.url, db_url, logdir / "spool-on", logdir, {1}, record=True, name="rec-on"),
             "off": peers.onthejob(stub.url, db_url, logdir / "spool-off", logdir, {1}, record=False, name="rec-off"),
         }
+        for label, path in checkouts.items():
+            servers[f"on@{label}"] = peers.onthejob(
+                stub.url, db_url, logdir / f"spool-{label}", logdir, {1}, record=True, name=f"rec-{label}",
+                checkout=Path(path).resolve(),
+            )  # fmt: skip
         try:
             for i in range(args.rounds + bool(args.pyspy)):
-                for name, server in servers.items():
+                order = list(servers.items())
+                # Each round starts one server later: on this machine the later slots of a round ran up to
+                # ~15% faster (the order on, on@X run once each way moved a 0.82x "gain" to 0.95x, backwards).
+                for name, server in order[i % len(order) :] + order[: i % len(order)]:
                     spy = None
                     if i == args.rounds:  # the extra round: profile both
                         spy = subprocess.Popen([str(args.pyspy), "record", "--pid", str(server.proc.pid), "--rate",
@@ -108,14 +132,15 @@ def main() -> None:
                                                 "--duration", str(int(args.seconds)), "--gil"],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
                     body = payload(server.port, False, 16)
-                    run = uvloop.run(one(server, body, db_url, args.seconds, name == "on"))
+                    run = uvloop.run(one(server, body, db_url, args.seconds, name != "off"))
                     if spy is not None:
                         spy.wait(60)
                     else:
                         runs[name].append(run)
-                    print(f"  {name:3s} {run['rps']:7,.0f} req/s  CPU s/1k calls: proxy {run['proxy']:.3f} (loop user "
+                    print(f"  {name:6s} {run['rps']:7,.0f} req/s  CPU s/1k calls: proxy {run['proxy']:.3f} (loop user "
                           f"{run['loop_user']:.3f} sys {run['loop_sys']:.3f}, other threads {run['threads']:.3f})  "
-                          f"pg backends {run['pg']:.3f}  pg background {run['pg_bg']:.3f}", flush=True)  # fmt: skip
+                          f"pg backends {run['pg']:.3f}  pg background {run['pg_bg']:.3f}  loop preempted "
+                          f"{run['preempted']:.2f}/call", flush=True)  # fmt: skip
         finally:
             for server in (*servers.values(), stub):
                 server.stop()
@@ -126,6 +151,14 @@ def main() -> None:
         print(f"  {key:9s} on {on:.3f}  off {off:.3f}  on-off {on - off:+.3f}")
     total = {n: m["proxy"] + m["pg"] + m["pg_bg"] for n, m in med.items()}
     print(f"  total     on {total['on']:.3f}  off {total['off']:.3f}  on-off {total['on'] - total['off']:+.3f}")
+    print(
+        f"  the event loop preempted per call (involuntary context switches): on {med['on']['preempted']:.2f}  "
+        f"off {med['off']['preempted']:.2f}"
+    )
+    for name in (n for n in med if n.startswith("on@")):
+        print(f"  {name}: proxy {med[name]['proxy']:.3f} ({med[name]['proxy'] / med['on']['proxy']:.2f}x on's), "
+              f"pg {med[name]['pg']:.3f}, preempted {med[name]['preempted']:.2f}/call, "
+              f"{med[name]['rps']:,.0f} req/s against on's {med['on']['rps']:,.0f}")  # fmt: skip
     if args.pyspy:
         print(f"\nrecording on, Python (GIL) samples ({logdir}/pyspy-on.txt; recording off: pyspy-off.txt):")
         print(summarise(logdir / "pyspy-on.txt", 45))

@@ -1,6 +1,6 @@
 """The record of one served call, as the proxy spools it and the recorder inserts it.
 
-One definition (:class:`CallRecord`: the ``completions`` row of storage/models.py
+One definition (:class:`CallRecord`: the ``completions`` row of storage/models/record.py
 plus how its session was found) with its three forms:
 
 - the spool line (:meth:`CallRecord.encode`, :meth:`CallRecord.decode`), one JSON
@@ -51,7 +51,7 @@ class CallRecord:
     client_request_id: str | None
     upstream_id: str | None
     endpoint: str
-    dialect: str  # the API the client spoke (storage/models.py: Completion.dialect)
+    dialect: str  # the API the client spoke (storage/models/record.py: Completion.dialect)
     client_request: bytes
     client_response: bytes
     alias: str
@@ -75,7 +75,7 @@ class CallRecord:
     ttft_ms: float | None
     session_source: str  # how the session was found: header | metadata | path | linked | new
     adapter_sha256: str | None = None  # the content hash of the adapter version that served it
-    end_user: str | None = None  # the caller the client named (storage/models.py: Completion.end_user)
+    end_user: str | None = None  # the caller the client named (storage/models/record.py: Completion.end_user)
 
     # ---- the spool line ------------------------------------------------------------
     def encode(self) -> bytes:

@@ -5,7 +5,7 @@ storage (``storage.feed``: what changed since the trainer's cursor), train one
 step on up to ``batch_size`` of them, record the step and which trajectories it
 used (with the feedback their rewards came from), save ``<adapters>/<alias>/v<N>``, record the
 adapter row, and ask the proxy to deploy it. ``--watch`` keeps polling for new
-graded traffic. Under ``torchrun`` rank 0 owns the database and the proxy; every
+graded traffic. Under ``torchrun`` rank 0 owns the database (its rows: trainer/run_rows.py) and the proxy; every
 rank trains on its shard (see :mod:`trainer.dist`).
 """
 
@@ -14,23 +14,21 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.judge_store import JudgeState, judge_state
-from storage.models import Adapter, Alias, TrainingRun, TrainingStep, utcnow
-from storage.promotion import training_parent
+from storage.models import TrainingRun
 from storage.trajectories import Trajectory
-from storage.used import mark_used, reward_key
 from trainer import dist
+from trainer import run_rows as rows
 from trainer.advantages import TaskBaseline
-from trainer.errors import BaseModelError, DataError, TrainerError
+from trainer.errors import DataError, TrainerError
 from trainer.loop import Policy, StepResult, TrainConfig, load_policy, train_step
-from trainer.publish import deploy, jsonable, publish
+from trainer.publish import deploy, publish
 from trainer.settings import TrainSettings
 from trainer.textual import Objective, TextualExample
 from trainer.textual_load import TextFeed
@@ -86,7 +84,7 @@ def _run(settings: TrainSettings, loader: Loader | None, after_publish: AfterPub
     run_row: TrainingRun | None = None
     try:
         parent_version, parent_path, baseline_state = dist.broadcast(
-            _resume_point(db, settings) if db is not None else (None, None, None)
+            rows.resume_point(db, settings) if db is not None else (None, None, None)
         )
         started = time.perf_counter()
         policy = load_policy(cfg, Path(parent_path) if parent_path else None, parent_version)
@@ -95,17 +93,17 @@ def _run(settings: TrainSettings, loader: Loader | None, after_publish: AfterPub
             print(f"loaded {policy.info.name} + {parent} on {policy.device} in {time.perf_counter() - started:.1f}s",
                   file=sys.stderr)  # fmt: skip
         if db is not None:
-            _check_lineage(db, settings, policy, parent_version)
-            run_row = _start_run(db, settings, cfg, policy, parent_version, baseline_state)
+            rows.check_lineage(db, settings, policy, parent_version)
+            run_row = rows.start_run(db, settings, cfg, policy, parent_version, baseline_state)
         baseline = TaskBaseline.from_dict(baseline_state)
         _loop(settings, cfg, policy, baseline, db, run_row, load, after_publish)
-        _finish(db, run_row, "finished")
+        rows.finish(db, run_row, "finished")
         return 0
     except KeyboardInterrupt:
-        _finish(db, run_row, "interrupted")
+        rows.finish(db, run_row, "interrupted")
         raise
     except BaseException:
-        _finish(db, run_row, "failed")
+        rows.finish(db, run_row, "failed")
         raise
     finally:
         if db is not None:
@@ -161,13 +159,13 @@ def _loop(
                 time.sleep(settings.poll_s)
                 continue
             waiting = False
-            switch = dist.broadcast(_serving_parent(db, settings, policy.version) if lead else None)
+            switch = dist.broadcast(rows.serving_parent(db, settings, policy.version) if lead else None)
             if switch is not None:  # the last candidate is held or pending: continue from what serves
                 if lead:
                     serving = f"v{switch[0]}" if switch[0] else "the base model"
                     bar.write(f"continuing from {serving} (serving), not v{policy.version} (not promoted)", sys.stderr)
                 policy = load_policy(cfg, Path(switch[1]) if switch[1] else None, switch[0])
-            adapters = dist.broadcast(_adapter_paths(db, settings) if lead else None)
+            adapters = dist.broadcast(rows.adapter_paths(db, settings) if lead else None)
             parent = policy.version
             started = time.perf_counter()
             result = train_step(policy, batch or [], cfg, baseline, adapters, textual or [])
@@ -186,7 +184,7 @@ def _loop(
                     ).version  # fmt: skip
                 # The step and the trajectories it used are recorded before the deployment,
                 # so a refused deployment never makes the next run train on them twice.
-                _record_step(db, settings, run_row, done + 1, version, result, baseline, batch or [], textual or [])
+                rows.record_step(db, settings, run_row, done + 1, version, result, baseline, batch or [], textual or [])
                 timings["publish_s"] = time.perf_counter() - started
                 deployed = version is not None and settings.deploy
                 status = ""
@@ -234,145 +232,6 @@ def _next_batch(
     return list(trajectories[: settings.batch_size]), textual, excluded
 
 
-def _resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str | None, dict[str, Any] | None]:
-    """Which adapter to continue from (``parent``) and the per-task baseline of the last run."""
-    parent_version: int | None
-    choice = settings.parent
-    if choice == "base":
-        parent_version = None
-    elif choice == "latest" and training_parent(db, settings.project, settings.alias)[0]:
-        # gate/canary: what was last published may be held; the next step starts from what serves
-        parent_version = training_parent(db, settings.project, settings.alias)[1]
-    elif choice == "latest":
-        latest = db.scalar(
-            select(Adapter.version).where(Adapter.project_id == settings.project, Adapter.alias == settings.alias)
-            .order_by(Adapter.version.desc()).limit(1)
-        )  # fmt: skip
-        parent_version = latest
-    elif choice == "deployed":
-        alias = db.scalar(select(Alias).where(Alias.project_id == settings.project, Alias.name == settings.alias))
-        parent_version = alias.deployed_version if alias else None
-    else:
-        parent_version = settings.parent_version  # a number: TrainSettings refused anything else
-    path = None
-    if parent_version is not None:
-        row = _adapter_row(db, settings, parent_version)
-        if row is None:
-            raise DataError(
-                f"--parent: {settings.alias}@v{parent_version} is not recorded in project {settings.project!r}"
-            )
-        if not Path(row.path).is_dir():
-            raise DataError(f"{settings.alias}@v{parent_version} is recorded at {row.path}, which does not exist here")
-        path = row.path
-    last = db.scalar(
-        select(TrainingRun).where(TrainingRun.project_id == settings.project, TrainingRun.alias == settings.alias)
-        .order_by(TrainingRun.id.desc()).limit(1)
-    )  # fmt: skip
-    # The per-task baseline carries over from the last run, except for a dataset (it must train the same
-    # tomorrow, whatever ran since) and a restart from the base model (what was learnt is dropped with it).
-    fresh = settings.dataset is not None or choice == "base"
-    baseline = (last.config or {}).get("baseline") if last is not None and not fresh else None
-    return parent_version, path, baseline
-
-
-def _serving_parent(
-    db: Session | None, settings: TrainSettings, current: int | None
-) -> tuple[int | None, str | None] | None:
-    """Under gate/canary with ``--parent latest``: (version, path) of the serving version when the policy in
-    memory is another one (a candidate not promoted); None when training may continue as it is."""
-    assert db is not None
-    if settings.parent != "latest":
-        return None
-    holds, serving = training_parent(db, settings.project, settings.alias)
-    db.rollback()
-    if not holds or serving == current:
-        return None
-    row = _adapter_row(db, settings, serving) if serving is not None else None
-    return serving, row.path if row is not None else None
-
-
-def _adapter_row(db: Session, settings: TrainSettings, version: int) -> Adapter | None:
-    return db.scalar(
-        select(Adapter).where(
-            Adapter.project_id == settings.project, Adapter.alias == settings.alias, Adapter.version == version
-        )
-    )
-
-
-def _check_lineage(db: Session, settings: TrainSettings, policy: Policy, parent_version: int | None) -> None:
-    """The alias's base model and the parent adapter's base hash must be the weights we loaded."""
-    alias = db.scalar(select(Alias).where(Alias.project_id == settings.project, Alias.name == settings.alias))
-    if alias is not None and alias.base_model != policy.info.name:
-        raise BaseModelError(
-            f"alias {settings.alias!r} serves base model {alias.base_model!r}, but --model {settings.model!r} "
-            f"is {policy.info.name!r}; pass the engine's --model"
-        )
-    if parent_version is not None:
-        row = _adapter_row(db, settings, parent_version)
-        if row is not None and row.base_sha256 and row.base_sha256 != policy.info.sha256:
-            raise BaseModelError(
-                f"{settings.alias}@v{parent_version} was trained on base weights {row.base_sha256[:12]}, "
-                f"these are {policy.info.sha256[:12]}"
-            )
-
-
-def _start_run(
-    db: Session,
-    settings: TrainSettings,
-    cfg: TrainConfig,
-    policy: Policy,
-    parent_version: int | None,
-    baseline: dict[str, Any] | None,
-) -> TrainingRun:
-    config = {
-        **cfg.to_dict(), "parent_version": parent_version, "batch_size": settings.batch_size,
-        "world_size": dist.world(), "baseline": baseline or TaskBaseline().to_dict(),
-        **({"dataset": settings.dataset} if settings.dataset is not None else {}),  # the versions' lineage reads it
-    }  # fmt: skip
-    row = TrainingRun(
-        project_id=settings.project, alias=settings.alias, objective=cfg.objective.name,
-        base_model=policy.info.name, base_sha256=policy.info.sha256, config=config,
-    )  # fmt: skip
-    db.add(row)
-    db.commit()
-    return row
-
-
-def _adapter_paths(db: Session | None, settings: TrainSettings) -> dict[int, Path]:
-    """Every recorded version of the alias whose directory exists (for recomputing a missing μ)."""
-    assert db is not None
-    rows = db.execute(
-        select(Adapter.version, Adapter.path).where(
-            Adapter.project_id == settings.project, Adapter.alias == settings.alias
-        )
-    ).all()
-    return {int(v): Path(p) for v, p in rows if Path(p).is_dir()}
-
-
-def _record_step(
-    db: Session,
-    settings: TrainSettings,
-    run_row: TrainingRun,
-    step: int,
-    version: int | None,
-    result: StepResult,
-    baseline: TaskBaseline,
-    batch: Sequence[Trajectory] = (),
-    textual: Sequence[TextualExample] = (),
-) -> None:
-    row = TrainingStep(run_id=run_row.id, step=step, adapter_version=version, metrics=jsonable(result.metrics))
-    db.add(row)
-    db.flush()
-    if result.trained:
-        mark_used(db, settings.project, settings.alias, [e.key for e in textual], row.id)
-    # Each trajectory is used with the feedback its reward came from (storage/used.py).
-    by_id = {t.id: t for t in batch}
-    keys = (reward_key(by_id[tid]) for tid in result.consumed if tid in by_id)
-    mark_used(db, settings.project, settings.alias, [k for k in keys if k is not None], row.id)
-    run_row.config = {**run_row.config, "baseline": baseline.to_dict()}
-    db.commit()
-
-
 def _tokenizer(policy: Policy) -> Any:
     """The policy's own tokenizer: its chat template builds the SDPO teacher's context."""
     from transformers import AutoTokenizer
@@ -390,18 +249,6 @@ def judge_line(state: JudgeState) -> str:
     )
     verdict = "grades count" if state.verdict.accepted else f"grades excluded ({state.verdict.reason})"
     return f"judge {state.settings.fingerprint()}: {agreement}; {verdict}"
-
-
-def _finish(db: Session | None, run_row: TrainingRun | None, status: str) -> None:
-    if db is None or run_row is None:
-        return
-    try:
-        db.rollback()
-        run_row.status = status
-        run_row.finished_at = utcnow()
-        db.commit()
-    except Exception:  # noqa: BLE001 - never hide the error that got us here
-        db.rollback()
 
 
 def _merge_counts(into: Counter[str], extra: Counter[str] | None) -> None:

@@ -270,7 +270,7 @@ def test_the_default_feed_trains_each_graded_session_once_with_its_feedback(
 
 
 def test_the_task_baseline_carries_over_except_for_a_dataset_or_a_restart_from_base(pg_url: str, project: str) -> None:
-    from trainer.runner import _resume_point
+    from trainer.run_rows import resume_point
 
     with Session(sync_engine(pg_url)) as db:
         learnt = {"tasks": {"t1": [0.9, 3]}}
@@ -278,7 +278,7 @@ def test_the_task_baseline_carries_over_except_for_a_dataset_or_a_restart_from_b
                            config={"baseline": learnt}))  # fmt: skip
         db.commit()
         settings = TrainSettings(alias="agent", database_url=pg_url, project=project)
-        assert _resume_point(db, settings)[2] == learnt
+        assert resume_point(db, settings)[2] == learnt
         for fresh in (TrainSettings(alias="agent", database_url=pg_url, project=project, dataset="cut"),
                       TrainSettings(alias="agent", database_url=pg_url, project=project, parent="base")):  # fmt: skip
-            assert _resume_point(db, fresh) == (None, None, None)
+            assert resume_point(db, fresh) == (None, None, None)

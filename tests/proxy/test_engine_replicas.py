@@ -11,6 +11,7 @@ started once for the module (the first is the session's ``tiny_engine``).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -160,8 +161,9 @@ def test_affinity_a_deployment_while_one_engine_hangs_and_unloading(
 
 
 def _stream(proxy: Proxy, model: str, session: str, started: threading.Event, out: dict[str, Any],
-            tokens: int) -> None:  # fmt: skip
-    """A stream of ``tokens``: records its id, whether it ended with [DONE] and no error event."""
+            tokens: int, at_first: Any = None) -> None:  # fmt: skip
+    """A stream of ``tokens``: records its id, whether it ended with [DONE] and no error event;
+    ``at_first`` runs when its first event arrives (before ``started`` is set)."""
     body = {"model": model, "messages": [{"role": "user", "content": f"Hello from {session}"}], "stream": True,
             "max_tokens": tokens, "ignore_eos": True}  # fmt: skip
     with httpx.stream("POST", f"{proxy.v1}/chat/completions", headers={"x-session-id": session}, json=body,
@@ -171,6 +173,8 @@ def _stream(proxy: Proxy, model: str, session: str, started: threading.Event, ou
         for line in resp.iter_lines():
             if line.startswith("data:"):
                 lines.append(line)
+                if not started.is_set() and at_first is not None:
+                    at_first()
                 started.set()
     out["ok"] = lines[-1:] == ["data: [DONE]"] and not any('"error"' in line for line in lines)
 
@@ -186,18 +190,22 @@ def test_an_engine_killed_mid_run(
     on_second = [s for s, i in home.items() if i == 1]
     assert on_second and len(on_second) < 4, home
     streams = {s: ({}, threading.Event()) for s in home}
-    # The killed engine's streams are long, the others short: only the first must still run at the kill.
-    threads = [threading.Thread(target=_stream, args=(proxy, model, s, started, out, 1000 if s in on_second else 50))
+    # One long stream on the engine to be killed, which that stream's own thread freezes (SIGSTOP) the
+    # moment its first event arrives: it cannot finish before the kill however fast the machine is
+    # (freezing it from here, after waiting for all of its streams to start, once let both finish).
+    # Its other sessions' streams may start before the freeze (and break at the kill) or after it (and
+    # be sent to the other engine at the kill, having had no answer): either way only they may fail.
+    long = on_second[0]
+    freeze = functools.partial(_signal, second_engine, signal.SIGSTOP)
+    threads = [threading.Thread(target=_stream, args=(proxy, model, s, started, out, 1000 if s == long else 50,
+                                                      freeze if s == long else None))
                for s, (out, started) in streams.items()]  # fmt: skip
     for t in threads:
         t.start()
-    # Frozen as soon as its own streams run, so none of them can finish before the kill however fast
-    # the machine is; then the others start, and it dies.
-    for s in on_second:
-        assert streams[s][1].wait(60)
-    _signal(second_engine, signal.SIGSTOP)
-    for _, started in streams.values():
-        assert started.wait(60)
+    assert streams[long][1].wait(60)
+    for s, (_, started) in streams.items():  # the surviving engine's streams run; then the other dies
+        if s not in on_second:
+            assert started.wait(60)
     _signal(second_engine, signal.SIGKILL)
     assert second_engine.proc is not None
     second_engine.proc.wait(30)
@@ -208,7 +216,7 @@ def test_an_engine_killed_mid_run(
     for t in threads:
         t.join(120)
     failed = {s for s, (out, _) in streams.items() if not out["ok"]}
-    assert failed and failed <= set(on_second), (failed, home)  # it was streaming; only its streams failed
+    assert long in failed and failed <= set(on_second), (failed, home)  # it was streaming; only its streams failed
     metrics = httpx.get(f"{proxy.url}/metrics", timeout=10).text
     assert (metric_sample(metrics, "onthejob_upstream_retries_total", reason="refused") or 0) >= 1
     assert metric_sample(metrics, "onthejob_upstream_up", upstream=second_engine.url) == 0

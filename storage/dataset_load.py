@@ -16,10 +16,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from storage import datasets
+from storage.alignment import infer_end_of_turn
 from storage.dataset_select import digest
 from storage.grading import Exclusion, training_exclusion
 from storage.models import Completion
-from storage.trajectories import Trajectory, branches, build_trajectory, infer_end_of_turn, to_call, trajectory_id
+from storage.trajectories import Trajectory, branches, build_trajectory, to_call, trajectory_id
 
 
 def pinned(db: DbSession, project: str, name: str) -> tuple[list[Completion], list[Trajectory], Counter[str]]:

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.trajectories import (
-    assemble,
-    assemble_session,
-    chat_template_render,
-    infer_end_of_turn,
-    locate_turn_end,
-    to_call,
-    trajectory_to_dict,
-)
+from storage.alignment import infer_end_of_turn, locate_turn_end
+from storage.trajectories import assemble, assemble_session, chat_template_render, to_call, trajectory_to_dict
 from tests.storage.rows import GEN, NL, choice, msg, row
 
 USER = {"role": "user", "content": "hi"}

@@ -34,11 +34,13 @@ from bench.harness import (
     fsync_probe,
     machine_description,
     pin_self,
+    rotated,
     throwaway_database,
     wait_rows,
 )
 from bench.loadgen import build_request, pct
 from bench.measure import Row, add_baseline, best_of, capacity, fmt, measure, table
+from proxy.policies import Policies
 
 UNREACHABLE_DB = "postgresql://postgres@127.0.0.1:1/unreachable"
 
@@ -94,10 +96,10 @@ async def run(args: argparse.Namespace) -> str:
             order = ["direct", "passthrough", "onthejob", "onthejob-rec-off", "litellm"]
             order = [p for p in order if p == "direct" or p in servers]
             returned: list[str] = []
-            for _ in range(args.rounds):
+            for i in range(args.rounds):
                 for stream in (False, True):
                     for conc in args.concurrency:
-                        for peer in order:
+                        for peer in rotated(order, i):
                             server = servers.get(peer) if peer != "direct" else None
                             port = stub.port if server is None else server.port
                             row = await measure(peer, server, stub, port, body(port, stream, args.max_tokens),
@@ -163,6 +165,9 @@ async def run(args: argparse.Namespace) -> str:
 async def drain_rate(db_url: str, logdir: Path, cores: set[int] | None, seconds: float) -> dict[str, float]:
     """Fill a spool through the proxy with its database unreachable, then time draining it for real."""
     spool = logdir / "spool-drain"
+    # With its database unreachable from the start, a proxy records only for projects whose redaction policy
+    # it last saw (proxy/policies.py; else 503, nothing spooled): leave what one that had seen it would.
+    Policies(spool).update({"default": None})
     stub = peers.stub(logdir, None)
     proxy = peers.onthejob(stub.url, UNREACHABLE_DB, spool, logdir, cores, record=True, name="onthejob-fill")
     try:

@@ -22,7 +22,7 @@ import orjson
 import uvloop
 
 from bench import peers
-from bench.harness import Server, machine_description, pin_self, throwaway_database
+from bench.harness import Server, machine_description, pin_self, rotated, throwaway_database
 from bench.loadgen import build_request
 from bench.measure import Row, add_baseline, best_of, fmt, measure, table
 
@@ -53,7 +53,7 @@ async def run(args: argparse.Namespace) -> int:
             stub = servers["stub"] = peers.stub(logdir, load_cores)
             proxy = servers["proxy"] = peers.onthejob(stub.url, db_url, logdir / "spool", logdir, peer_cores,
                                                       record=True, name="onthejob-rec")  # fmt: skip
-            for _ in range(args.rounds):
+            for i in range(args.rounds):
                 for stream in (False, True):
                     for conc in (1, 64):
                         direct = stub.port, payload(stub.port, "chat", stream, args.max_tokens)
@@ -61,7 +61,7 @@ async def run(args: argparse.Namespace) -> int:
                             (dialect, proxy, proxy.port, payload(proxy.port, dialect, stream, args.max_tokens))
                             for dialect in args.dialects
                         ]
-                        for name, server, port, body in configs:
+                        for name, server, port, body in rotated(configs, i):
                             row = await measure(name, server, stub, port, body, stream=stream, concurrency=conc,
                                                 duration_s=args.duration, warmup_s=args.warmup)  # fmt: skip
                             rows.append(row)

@@ -16,13 +16,16 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from bench.loadgen import pct
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -34,6 +37,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rotated(items: Sequence[T], round_index: int) -> list[T]:
+    """``items`` started one later each round: the slot in a round favours whoever takes it on this
+    machine (up to ~12%, bench/RESULTS.md), so over len(items) rounds each takes each slot once."""
+    k = round_index % len(items) if items else 0
+    return [*items[k:], *items[:k]]
 
 
 def pin_self(cores: set[int] | None) -> None:

@@ -27,6 +27,7 @@ from bench.harness import (
     fsync_probe,
     machine_description,
     pin_self,
+    rotated,
     throwaway_database,
     wait_spool_empty,
 )
@@ -63,9 +64,7 @@ async def run(args: argparse.Namespace) -> int:
             rows: list[Row] = []
             returned: list[str] = []
             for i in range(args.rounds):
-                # Each round starts one peer later: a slot in the round favours whoever takes it on this
-                # machine (bench/recording_cpu.py), so with --rounds a multiple of 4 each peer takes each once.
-                peers_now = PEERS[i % len(PEERS) :] + PEERS[: i % len(PEERS)]
+                peers_now = rotated(PEERS, i)  # with --rounds a multiple of 4, each peer takes each slot
                 for stream in (False, True):
                     for conc in (1, 64):
                         for peer in peers_now:

@@ -35,7 +35,7 @@ from pathlib import Path
 import uvloop
 
 from bench import peers
-from bench.harness import Server, count_rows, pin_self, stat_cpu, throwaway_database, wait_spool_empty
+from bench.harness import Server, count_rows, pin_self, rotated, stat_cpu, throwaway_database, wait_spool_empty
 from bench.loadgen import run_load
 from bench.profile_proxy import summarise
 from bench.proxy_overhead import payload
@@ -121,10 +121,7 @@ def main() -> None:
             )  # fmt: skip
         try:
             for i in range(args.rounds + bool(args.pyspy)):
-                order = list(servers.items())
-                # Each round starts one server later: on this machine the later slots of a round ran up to
-                # ~15% faster (the order on, on@X run once each way moved a 0.82x "gain" to 0.95x, backwards).
-                for name, server in order[i % len(order) :] + order[: i % len(order)]:
+                for name, server in rotated(list(servers.items()), i):
                     spy = None
                     if i == args.rounds:  # the extra round: profile both
                         spy = subprocess.Popen([str(args.pyspy), "record", "--pid", str(server.proc.pid), "--rate",

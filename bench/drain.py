@@ -21,7 +21,8 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from proxy.metrics import Metrics
 from proxy.recorder import Recorder
 from proxy.settings import Settings
-from proxy.spool import Spool, absorb_orphans, claim
+from proxy.spool import Spool
+from proxy.spool_folders import absorb_orphans, claim
 from storage.db import async_engine
 
 

@@ -21,7 +21,7 @@ def app_from_env() -> FastAPI:
 def worker_env(settings: Settings, workers: int) -> dict[str, str]:
     """What each of ``workers`` processes reads its settings from (uvicorn starts them by import path).
 
-    Each worker has its own spool folder (see proxy.spool.claim), so the quota is split
+    Each worker has its own spool folder (see proxy.spool_folders.claim), so the quota is split
     between them: ``ONTHEJOB_SPOOL_MAX_BYTES`` bounds the proxy's disk use, not one worker's.
     Rate limits likewise: each worker keeps its own token buckets (sharing them would put a
     lock or a round trip on every call), so each gets an even share of the rate and the

@@ -23,7 +23,8 @@ from proxy.recording import Recording
 from proxy.routing import Router
 from proxy.sessions import Linker
 from proxy.settings import Settings
-from proxy.spool import Spool, absorb_orphans, claim
+from proxy.spool import Spool
+from proxy.spool_folders import absorb_orphans, claim
 from proxy.upstream import Upstream
 from storage.changes import prune_all
 from storage.db import async_engine

@@ -80,7 +80,7 @@ def test_quota_refuses_new_records(tmp_path: Path) -> None:
 def test_each_worker_claims_its_own_folder_and_orphans_are_absorbed(tmp_path: Path) -> None:
     import os
 
-    from proxy.spool import absorb_orphans, claim
+    from proxy.spool_folders import absorb_orphans, claim
 
     first, fd1 = claim(tmp_path)
     second, fd2 = claim(tmp_path)
@@ -155,7 +155,7 @@ def test_workers_split_the_spool_quota_and_see_the_same_settings(
 
 
 def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Path) -> None:
-    from proxy.spool import claim
+    from proxy.spool_folders import claim
 
     mine_folder, mine_lock = claim(tmp_path)
     theirs_folder, theirs_lock = claim(tmp_path)

@@ -5,12 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    DateTime,
-    MetaData,
-    text,
-)
+from sqlalchemy import JSON, DateTime, MetaData, text
 from sqlalchemy.orm import DeclarativeBase
 
 # Plain JSON, not JSONB: Postgres' JSONB refuses "\u0000", which a model can emit

@@ -1,19 +1,11 @@
-"""Datasets: named, versioned selections of completions and sessions."""
+"""Datasets: named, immutable selections of trajectories, and the items each one holds."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Text,
-    UniqueConstraint,
-)
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from storage.models.base import Base, utcnow

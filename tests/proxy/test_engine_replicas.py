@@ -17,7 +17,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +161,7 @@ def test_affinity_a_deployment_while_one_engine_hangs_and_unloading(
 
 
 def _stream(proxy: Proxy, model: str, session: str, started: threading.Event, out: dict[str, Any],
-            tokens: int, at_first: Any = None) -> None:  # fmt: skip
+            tokens: int, at_first: Callable[[], None] | None = None) -> None:  # fmt: skip
     """A stream of ``tokens``: records its id, whether it ended with [DONE] and no error event;
     ``at_first`` runs when its first event arrives (before ``started`` is set)."""
     body = {"model": model, "messages": [{"role": "user", "content": f"Hello from {session}"}], "stream": True,

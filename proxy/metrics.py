@@ -2,23 +2,22 @@
 
 Every call is observed once, when it ends (:meth:`Metrics.observe_call`; a call refused
 before it reached the engine: :meth:`Metrics.observe_refusal`), by route (``chat``,
-``completions``), dialect (the API the client spoke), HTTP status and termination.
-Label children are cached: ``labels()`` costs more than the increment it feeds.
+``completions``), dialect (the API the client spoke), HTTP status and termination:
+those series are plain numbers until scraped (proxy/call_meter.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from proxy.call_meter import CallMeter
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
-        call = ["route", "dialect"]
-        self.requests = Counter("onthejob_requests", "Calls answered", [*call, "status", "termination"], registry=r)
-        self.terminations = Counter("onthejob_terminations", "Recorded calls by termination", ["reason"], registry=r)
+        self.calls = CallMeter()  # every call's series: plain numbers, exported when scraped
+        r.register(self.calls)
         self.records_spooled = Counter("onthejob_records_spooled", "Records fsync'd to the spool", registry=r)
         self.records_written = Counter("onthejob_records_written", "Records committed to the database", registry=r)
         self.records_dropped = Counter(
@@ -51,16 +50,6 @@ class Metrics:
             ["reason"],
             registry=r,
         )
-        buckets = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120)
-        self.latency = Histogram("onthejob_request_seconds", "Time to the last byte", call, registry=r, buckets=buckets)
-        self.ttft = Histogram(
-            "onthejob_time_to_first_token_seconds",
-            "Time to the first chunk (streams) or to the whole reply",
-            call,
-            registry=r,
-            buckets=buckets,
-        )
-        self.tokens = Counter("onthejob_tokens", "Tokens in answered calls", [*call, "kind"], registry=r)
         self.feedback_orphans = Gauge(
             "onthejob_feedback_orphans", "Pending feedback older than its TTL (target never landed)", registry=r
         )
@@ -82,15 +71,6 @@ class Metrics:
             ["alias"],
             registry=r,
         )
-        self._terminations: dict[str, Any] = {}
-        self._calls: dict[tuple[str, ...], tuple[Any, ...]] = {}
-
-    def termination(self, reason: str) -> Any:
-        """The per-reason child of ``terminations`` (``labels()`` costs more than the increment; once per call)."""
-        child = self._terminations.get(reason)
-        if child is None:
-            child = self._terminations[reason] = self.terminations.labels(reason)
-        return child
 
     def observe_call(
         self,
@@ -104,30 +84,8 @@ class Metrics:
         completion_tokens: int | None = None,
     ) -> None:
         """One call that reached the engine (or tried to), as it ended."""
-        key = (route, dialect, str(status), termination)
-        children = self._calls.get(key)
-        if children is None:
-            children = self._calls[key] = (
-                self.requests.labels(*key),
-                self.latency.labels(route, dialect),
-                self.ttft.labels(route, dialect),
-                self.tokens.labels(route, dialect, "prompt"),
-                self.tokens.labels(route, dialect, "completion"),
-            )
-        requests, latency, ttft, prompt, completion = children
-        requests.inc()
-        latency.observe(seconds)
-        if ttft_s is not None:
-            ttft.observe(ttft_s)
-        if prompt_tokens:
-            prompt.inc(prompt_tokens)
-        if completion_tokens:
-            completion.inc(completion_tokens)
+        self.calls.call(route, dialect, status, termination, seconds, ttft_s, prompt_tokens, completion_tokens)
 
     def observe_refusal(self, route: str, dialect: str, status: int) -> None:
         """A call refused before it reached the engine (key, body, rate limit, spool full): counted, not timed."""
-        key = (route, dialect, str(status), "refused")
-        children = self._calls.get(key)
-        if children is None:
-            children = self._calls[key] = (self.requests.labels(*key),)
-        children[0].inc()
+        self.calls.refusal(route, dialect, status)

@@ -73,7 +73,6 @@ class Recording:
         usage: dict[str, Any] | None,
     ) -> None:  # fmt: skip
         """Count and time a call as it ends (recorded or not)."""
-        self.metrics.termination(termination).inc()
         usage = usage if isinstance(usage, dict) else {}
         self.metrics.observe_call(
             route, dialect, status, termination, seconds, ttft_ms / 1000 if ttft_ms is not None else None,

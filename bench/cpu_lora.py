@@ -93,7 +93,7 @@ def engine_runs(adapter: Path | None, repeats: int, workdir: Path) -> None:
     from examples.harness import Harness, HarnessConfig, run_episodes
     from examples.task import make_problems
     from tests.adapters import light_adapter
-    from trainer.loop import TARGET_MODULES
+    from trainer.policy import TARGET_MODULES
 
     model = resolve_model("default")
     # Rank 16 on every projection the trainer targets; B small, so the episodes stay the base

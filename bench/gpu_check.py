@@ -123,7 +123,8 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
 
     from bench.train_throughput import bare_step, make_batch, trainer_step
     from trainer.advantages import TaskBaseline
-    from trainer.loop import TrainConfig, load_policy, train_step
+    from trainer.loop import train_step
+    from trainer.policy import TrainConfig, load_policy
     from trainer.publish import adapter_dir, save_adapter
 
     out.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,7 @@ def _model() -> Any:
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from trainer.loop import TARGET_MODULES
+    from trainer.policy import TARGET_MODULES
 
     torch.manual_seed(0)
     config = Qwen2Config(

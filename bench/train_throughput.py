@@ -32,7 +32,8 @@ from bench.gpu_check import SAMPLINGS
 from storage.trajectories import Trajectory, Turn
 from trainer.advantages import TaskBaseline
 from trainer.batch import Example, collate, recorded_behaviour
-from trainer.loop import Policy, TrainConfig, _score, load_policy, train_step
+from trainer.loop import _score, train_step
+from trainer.policy import Policy, TrainConfig, load_policy
 
 
 def make_batch(policy: Policy, n: int, prompt: int, sampled: int, sampling: dict[str, float]) -> list[Trajectory]:

@@ -17,7 +17,8 @@ from storage.used import mark_used, reward_key
 from trainer import dist
 from trainer.advantages import TaskBaseline
 from trainer.errors import BaseModelError, DataError
-from trainer.loop import Policy, StepResult, TrainConfig
+from trainer.loop import StepResult
+from trainer.policy import Policy, TrainConfig
 from trainer.publish import jsonable
 from trainer.settings import TrainSettings
 from trainer.textual import TextualExample

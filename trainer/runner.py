@@ -27,7 +27,8 @@ from trainer import dist
 from trainer import run_rows as rows
 from trainer.advantages import TaskBaseline
 from trainer.errors import DataError, TrainerError
-from trainer.loop import Policy, StepResult, TrainConfig, load_policy, train_step
+from trainer.loop import StepResult, train_step
+from trainer.policy import Policy, TrainConfig, load_policy
 from trainer.publish import deploy, publish
 from trainer.settings import TrainSettings
 from trainer.textual import Objective, TextualExample

@@ -3,7 +3,7 @@
 The CLI builds it from flags and the environment (the one place the trainer's
 process reads ``ONTHEJOB_ADMIN_KEY`` and ``DATABASE_URL``); everything below
 :func:`trainer.runner.run` reads fields of this object, never flags. The
-per-step knobs live in :class:`trainer.loop.TrainConfig`, derived from it.
+per-step knobs live in :class:`trainer.policy.TrainConfig`, derived from it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import cast, get_args
 
 from trainer.errors import TrainerError
-from trainer.loop import TrainConfig
 from trainer.objective import Objective, ObjectiveConfig
+from trainer.policy import TrainConfig
 
 PPO_EPOCHS = 4
 PARENT_WORDS = ("latest", "deployed", "base")

@@ -26,8 +26,9 @@ from tests.trainer.helpers import make_trajectory, random_tokens
 from trainer import dist
 from trainer.advantages import TaskBaseline
 from trainer.batch import Example, collate, recorded_behaviour
-from trainer.loop import TrainConfig, _score, load_policy, train_step
+from trainer.loop import _score, train_step
 from trainer.objective import ObjectiveConfig
+from trainer.policy import TrainConfig, load_policy
 
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": -1, "min_p": 0.0}
 

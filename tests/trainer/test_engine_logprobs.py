@@ -21,7 +21,8 @@ from storage.trajectories import Trajectory
 from tests.trainer.helpers import make_trajectory
 from trainer.advantages import TaskBaseline
 from trainer.batch import Example, collate, recorded_behaviour
-from trainer.loop import Policy, TrainConfig, _score, load_policy, train_step
+from trainer.loop import _score, train_step
+from trainer.policy import Policy, TrainConfig, load_policy
 from trainer.publish import adapter_dir, save_adapter
 
 pytestmark = pytest.mark.engine

@@ -11,8 +11,8 @@ import torch
 from tests.trainer.helpers import make_trajectory, random_tokens
 from trainer.batch import Batch, Example, collate, recorded_behaviour
 from trainer.logprobs import head_logprobs, packable, sequence_logprobs, split_head
-from trainer.loop import Policy, TrainConfig, load_policy
 from trainer.objective import tis_loss
+from trainer.policy import Policy, TrainConfig, load_policy
 
 SAMPLINGS: list[dict[str, Any]] = [
     {"temperature": 0.7, "top_p": 0.9},

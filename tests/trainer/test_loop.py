@@ -14,8 +14,9 @@ from tests.trainer.helpers import make_trajectory, random_tokens
 from trainer.advantages import TaskBaseline
 from trainer.batch import Example, collate, recorded_behaviour
 from trainer.errors import BaseModelError
-from trainer.loop import Policy, TrainConfig, _fill_behaviour, _score, check_weights, load_policy, train_step
+from trainer.loop import _fill_behaviour, _score, train_step
 from trainer.objective import ObjectiveConfig
+from trainer.policy import Policy, TrainConfig, check_weights, load_policy
 from trainer.publish import adapter_dir, save_adapter
 
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": -1, "min_p": 0.0}

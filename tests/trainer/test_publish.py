@@ -16,7 +16,7 @@ from storage.db import sync_engine
 from storage.keys import ensure_project
 from storage.models import Adapter
 from trainer.errors import DeployError, PublishError
-from trainer.loop import TrainConfig, load_policy
+from trainer.policy import TrainConfig, load_policy
 from trainer.publish import adapter_dir, content_sha256, deploy, next_version, publish, save_adapter
 
 

@@ -13,7 +13,8 @@ from transformers import AutoTokenizer
 from storage.trajectories import chat_template_render
 from tests.storage.rows import choice, row
 from trainer.batch import Example, collate
-from trainer.loop import Policy, TrainConfig, _score, load_policy
+from trainer.loop import _score
+from trainer.policy import Policy, TrainConfig, load_policy
 from trainer.textual import Hint, TextualExample, build_examples
 from trainer.textual_step import textual_backward
 

@@ -1,0 +1,113 @@
+"""The model a step trains: the base weights (hash-checked) with a LoRA adapter, and how it is configured.
+
+:class:`TrainConfig` is everything a step needs to know; :func:`load_policy` builds the
+:class:`Policy` (base weights as the engine loaded them, a fresh LoRA or a parent
+adapter with its optimiser moments) that :func:`trainer.loop.train_step` updates.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.launcher import MAX_LORA_RANK, model_dtype
+from engine.weights import ModelInfo, resolve_model, weights_sha256
+from trainer import dist
+from trainer.checkpoint import resume_optimizer
+from trainer.errors import BaseModelError, DataError
+from trainer.objective import ObjectiveConfig
+
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a step needs to know; defaults fit a laptop and the engine's LoRA limits."""
+
+    model: str = "default"
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    lr: float = 2e-4
+    rank: int = 16  # the engine starts with --max-lora-rank 16
+    alpha: int = 32
+    max_len: int = 2048  # longer trajectories are dropped (and counted), never truncated
+    micro_tokens: int = 4096  # padded tokens per forward pass
+    pack: bool = True  # several short trajectories to a row where the model's attention allows it
+    grad_clip: float = 1.0
+    threads: int | None = None  # None: the CPU cores divided among the ranks
+    resume_optimizer: bool = True  # continue the parent adapter's AdamW moments when it saved them
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Policy:
+    """The base model with its LoRA adapter, the optimiser, and which adapter version the weights are."""
+
+    model: Any  # peft.PeftModel
+    info: ModelInfo
+    optimizer: torch.optim.Optimizer
+    pad_id: int
+    device: torch.device
+    version: int | None = None  # the published version these weights equal; None: a fresh LoRA (= base)
+    dirty: bool = False  # trained since ``version``: the weights are no published adapter
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def set_threads(threads: int | None) -> int:
+    """Bound intra-op threads: the CPU cores shared by the ranks (engines may want some too)."""
+    n = threads or max(1, (os.cpu_count() or 1) // dist.world())
+    torch.set_num_threads(n)
+    return n
+
+
+def check_weights(info: ModelInfo) -> None:
+    """The files on disk must hash to the recorded sha256 the engine was started with."""
+    actual = weights_sha256(info.path)
+    if actual != info.sha256:
+        raise BaseModelError(
+            f"base weights in {info.path} hash to {actual[:12]}, but {info.sha256[:12]} is recorded; "
+            "the cache was modified: delete the folder and let it be rebuilt"
+        )
+
+
+def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: int | None = None) -> Policy:
+    """Load the engine's base weights (hash-checked) and wrap them in a LoRA, fresh or from ``parent``."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    set_threads(cfg.threads)
+    if cfg.rank > MAX_LORA_RANK:
+        raise DataError(f"LoRA rank {cfg.rank} exceeds the engine's --max-lora-rank {MAX_LORA_RANK}")
+    info = resolve_model(cfg.model)
+    check_weights(info)
+    device = dist.device()
+    base: Any = AutoModelForCausalLM.from_pretrained(info.path, dtype=getattr(torch, model_dtype(info)))
+    base = base.to(device)
+    torch.manual_seed(cfg.seed)
+    if parent is not None:
+        model = PeftModel.from_pretrained(base, str(parent), is_trainable=True)
+        rank = int(getattr(model.peft_config["default"], "r", 0))
+        if rank > MAX_LORA_RANK:
+            raise DataError(f"parent adapter {parent} has rank {rank} > the engine's --max-lora-rank {MAX_LORA_RANK}")
+    else:
+        lora = LoraConfig(
+            r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,  # no dropout: π_prox must equal π_θ
+            target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM",
+        )  # fmt: skip
+        model = get_peft_model(base, lora)
+    params = [p for p in model.parameters() if p.requires_grad]
+    dist.broadcast_params(params)  # LoRA A is initialised at random: every rank starts from rank 0's
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    if parent is not None and cfg.resume_optimizer:
+        resume_optimizer(optimizer, parent, cfg.lr)
+    pad = base.config.pad_token_id
+    pad_id = int(pad) if isinstance(pad, int) else 0  # padding is never attended to nor scored
+    return Policy(model, info, optimizer, pad_id, device, version=parent_version if parent else None)

@@ -91,7 +91,6 @@ class Recording:
             raise Unavailable(
                 "the recording spool is full; the call was not served unrecorded. Retry later", code="spool_full"
             ) from exc
-        self.metrics.records_spooled.inc()
         # The recorder drains every 50 ms on its own; waking it per call made it run one database
         # transaction per request (most of the proxy's CPU at concurrency 1). Wake it early only
         # when a full batch is waiting.

@@ -51,3 +51,4 @@ def test_every_call_is_counted_timed_and_its_tokens_added(
     assert metric_sample(metrics, "onthejob_tokens_total", **chat_labels, kind="prompt") == 32  # 16 per call
     assert metric_sample(metrics, "onthejob_tokens_total", route="completions", dialect="completions",
                          kind="completion") == 5  # fmt: skip
+    assert metric_sample(metrics, "onthejob_records_spooled_total") == 3  # the three answered calls, fsync'd

@@ -1,12 +1,10 @@
-"""The serving path: one call from harness to engine and into the spool.
+"""One proxied call: from the engine-facing body to the engine's reply and the call's record.
 
-Read a request top to bottom in :func:`handle`: admit (key, rate limit), parse,
-translate at the edge (a dialect, proxy/dialects/base.py), route the alias,
-resolve the session (proxy/sessions.py), then :class:`ProxiedCall` forwards the
-engine-facing body with capture fields forced on and either returns the reply
-(after its record is fsync'd, proxy/recording.py) or streams chunk by chunk
-(proxy/streaming.py), holding back only the terminal event until the record is on
-disk.
+:class:`ProxiedCall` is made by :func:`proxy.handle.handle` once a request is admitted,
+translated, routed and linked to its session. It forwards the body with capture
+fields forced on to an engine replica and either returns the reply (after its record
+is fsync'd, proxy/recording.py) or streams chunk by chunk (proxy/streaming.py),
+holding back only the terminal event until the record is on disk.
 """
 
 from __future__ import annotations
@@ -17,27 +15,21 @@ import logging
 import os
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive
 
 from proxy import capture, sessions
-from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored, engine_error
-from proxy.errors import InvalidRequest, Unavailable, UpstreamError, UpstreamTimeout
+from proxy.dialects.base import Dialect, DialectStream, Exchange, engine_error
+from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.recording import Recording
 from proxy.replicas import Replica
-from proxy.request_body import parse_json, read_body, validate
 from proxy.routing import Route, Router
-from proxy.streaming import Finished, StreamedReply, wait_disconnect
+from proxy.streaming import Finished, StreamedReply
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
 from storage.records import CallRecord, dump_json, end_user_key
-
-if TYPE_CHECKING:
-    from proxy.state import AppState
 
 log = logging.getLogger("onthejob.proxy")
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -333,113 +325,3 @@ class ProxiedCall:
             end_user=end_user_key(self.naming.end_user) if self.naming.end_user else None,
         )
         await recording.keep(record, keys)
-
-
-async def handle(
-    request: Request, endpoint: str, path_session: str | None = None, dialect: Dialect | None = None
-) -> Any:
-    """Serve one call, streaming or not: native chat/text completions, or a ``dialect``'s request as a chat call.
-
-    A dialect (proxy/dialects/base.py) plugs in here and nowhere else: its request is
-    translated at the edge (``to_chat``), the call then takes the chat path (routing,
-    linking, capture, one record), and :class:`ProxiedCall` hands the engine's reply, or each
-    chunk as it arrives, to the dialect to translate back. Its route calls
-    ``handle(request, "chat", dialect=...)`` (or goes through the fast path,
-    proxy/routes_openai.py); errors are answered by ``dialect.error``.
-    """
-    st: AppState = request.app.state.onthejob
-    if st.draining:
-        raise Unavailable("the proxy is shutting down; retry on another replica", code="draining")
-    # One pass over the raw headers (first occurrence wins, as in Starlette): Headers.get scans
-    # the list and raises KeyError for each absent one, and naming() asks for four, mostly absent.
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in reversed(request.scope["headers"])}
-    authorization = dialect.credentials(headers) if dialect else headers.get("authorization")
-    client = request.scope.get("client")
-    principal = await st.auth.admit(authorization, headers.get("x-api-key"), client[0] if client else None)
-    raw = await read_body(request.receive, headers.get("content-length"), st.settings.max_body_bytes)
-    client_body = parse_json(raw)
-    body, client_request, previous = client_body, None, None
-    if dialect is not None:
-        dialect.stream_requested(client_body)
-        previous = await _previous(st, principal.project_id, dialect, client_body)
-        body, client_request = dialect.to_chat(client_body, previous), client_body
-    validate(body, endpoint)
-    st.recording.check_room()
-    st.recording.check_policy(principal.project_id)
-    naming = sessions.naming(headers, client_body, path_session)
-    route, naming = await st.promotion.resolve(principal, body.get("model"), naming)
-    messages = body.get("messages") if endpoint == "chat" else None
-    keys = sessions.prefix_keys(messages, sessions.link_scope(principal.key_id, naming.end_user)) if messages else []
-    if previous is not None and naming.session_id in (None, previous.session_id):
-        # Continued by id: the stored call's session, with it as parent (whatever the prefix says).
-        task = naming.task_id or previous.task_id
-        session = sessions.SessionRef(previous.session_id, naming.source if naming.session_id else "linked",
-                                      previous.id, task)  # fmt: skip
-    else:
-        session = await st.linker.resolve(principal.project_id, naming, messages, keys)
-        if session.source == "ambiguous_link":
-            st.metrics.ambiguous_links.inc()
-    route = st.promotion.arm(principal.project_id, route, session.id, naming.tags)  # a canary's share of sessions
-    call = ProxiedCall(
-        st.upstream,
-        st.router,
-        st.recording,
-        project=principal.project_id,
-        endpoint=endpoint,
-        body=body,
-        route=route,
-        naming=naming,
-        session=session,
-        prompt_key=keys[-1] if keys else None,
-        dialect=dialect,
-        client_request=client_request,
-        inflight=st.inflight,
-    )
-    request.scope["onthejob.call"] = call.id  # from here on the call counts itself (proxy/routes_openai.py)
-    # Serve inline; one watcher task cancels us if the client leaves before its reply (or first chunk).
-    me = asyncio.current_task()
-    assert me is not None
-    st.inflight.add(me)
-    gone = asyncio.Event()
-    watcher = asyncio.create_task(_cancel_on_disconnect(request.receive, me, gone))
-    try:
-        return await _serve(call)
-    except asyncio.CancelledError:
-        if not gone.is_set():
-            raise  # a real cancellation (shutdown), not a disconnect
-        me.uncancel()
-        await call.save(status=499, termination="client_disconnected", error="client disconnected before the reply")
-        return Response(status_code=499)
-    finally:
-        watcher.cancel()
-        st.inflight.discard(me)
-
-
-async def _previous(st: AppState, project: str, dialect: Dialect, body: dict[str, Any]) -> Stored | None:
-    """The stored call a dialect request continues (``previous_response_id``), found as linking finds one."""
-    call_id = dialect.previous_id(body)
-    if call_id is None:
-        return None
-    try:
-        found = await st.linker.find_call(project, call_id)
-    except Exception as exc:  # noqa: BLE001 - database down and not in memory or a sibling's spool
-        raise Unavailable(f"cannot look up {call_id!r} now (database unreachable); retry shortly") from exc
-    if found is None or found.dialect != dialect.name:
-        raise InvalidRequest(f"no stored {dialect.name} call {call_id!r} in this project", param=dialect.previous_param,
-                             code="previous_response_not_found")  # fmt: skip
-    return found
-
-
-async def _cancel_on_disconnect(receive: Receive, task: asyncio.Task[Any], gone: asyncio.Event) -> None:
-    await wait_disconnect(receive)
-    gone.set()
-    task.cancel()
-
-
-async def _serve(call: ProxiedCall) -> Response:
-    resp = await call.open()
-    if resp.status >= 400:
-        return await call.reject(resp)
-    if call.wants.stream:
-        return call.stream(resp)
-    return await call.complete(resp)

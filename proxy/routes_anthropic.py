@@ -13,12 +13,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from proxy.calls import handle
 from proxy.deps import PathId
 from proxy.dialects import ROUTES
 from proxy.dialects.anthropic import COUNT_SCHEMA, MESSAGES_SCHEMA, count_tokens_body
 from proxy.dialects.anthropic_out import error_body, error_status
 from proxy.errors import ApiError, InvalidRequest, NotFound, UpstreamError
+from proxy.handle import handle
 from proxy.request_body import read_json
 from proxy.responses import ORJSONResponse
 

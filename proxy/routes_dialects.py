@@ -12,11 +12,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from proxy.calls import handle
 from proxy.deps import PathId, PrincipalDep, StateDep
 from proxy.dialects import ROUTES
 from proxy.dialects.responses import REQUEST_SCHEMA
 from proxy.errors import NotFound
+from proxy.handle import handle
 
 router = APIRouter()
 RESPONSES = ROUTES["/v1/responses"]  # the registered instance (stateless)

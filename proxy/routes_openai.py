@@ -13,11 +13,11 @@ from sqlalchemy import select
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from proxy.calls import handle
 from proxy.deps import MAX_ID, DbDep, PathId, PrincipalDep, QueryId, StateDep
 from proxy.dialects import ROUTES as DIALECT_ROUTES
 from proxy.dialects.base import Dialect
 from proxy.errors import ApiError, NotFound, UpstreamError
+from proxy.handle import handle
 from proxy.request_body import read_json
 from proxy.responses import ORJSONResponse, error_response
 from storage.models import NO_NUL, Completion

@@ -6,13 +6,25 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from storage.trajectories import CallRow
+from typing import Any, Protocol
 
 
-def infer_end_of_turn(calls: Sequence[CallRow]) -> frozenset[int]:
+class LinkedCall(Protocol):
+    """What the inference reads of a call (:class:`storage.trajectories.CallRow` is one)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def parent_id(self) -> str | None: ...
+    @property
+    def prompt_ids(self) -> list[int] | None: ...
+    @property
+    def messages(self) -> list[dict[str, Any]] | None: ...
+    @property
+    def choices(self) -> list[dict[str, Any]]: ...
+
+
+def infer_end_of_turn(calls: Sequence[LinkedCall]) -> frozenset[int]:
     """End-of-turn token candidates, from the session's own prompts (no tokenizer).
 
     A chat template closes every message with the same token. Between a call and

@@ -13,18 +13,16 @@ import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
+from storage.dataset_filter import DatasetFilter
 from storage.grading import JUDGE_SOURCE, Grade, apply_rewards, current, grades_about, resolve_grades
 from storage.loaders import feedback_listed_stmt, project_rule, sessions_subquery
 from storage.models import Completion, CompletionFlag
 from storage.trajectories import Trajectory, assemble
-
-if TYPE_CHECKING:
-    from storage.datasets import DatasetFilter
 
 
 @dataclass(frozen=True)

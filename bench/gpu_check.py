@@ -34,12 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-SAMPLINGS: list[dict[str, Any]] = [
-    {"temperature": 0.7, "top_p": 0.9},
-    {"temperature": 1.0},
-    {"temperature": 1.3, "top_k": 40},
-    {"temperature": 0.8, "top_p": 0.95, "top_k": 100, "min_p": 0.02},
-]
+from bench.samplings import SAMPLINGS
+
 SEEDS = (1, 2, 3)
 
 

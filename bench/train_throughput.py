@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_check import SAMPLINGS
+from bench.samplings import SAMPLINGS
 from storage.trajectories import Trajectory, Turn
 from trainer.advantages import TaskBaseline
 from trainer.batch import Example, collate, recorded_behaviour

@@ -15,7 +15,7 @@ from examples.harness import Summary
 from examples.task import grade, make_problems
 
 if TYPE_CHECKING:  # the run's settings and stack, read for the summary's header
-    from examples.demo import DemoConfig, Stack
+    from examples.demo_stack import DemoConfig, Stack
 
 
 @dataclass

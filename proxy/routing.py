@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.errors import InvalidRequest, NotFound, UpstreamError
 from proxy.metrics import Metrics
 from proxy.replicas import Replica, ReplicaSet
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
-from storage.keys import ensure_project
-from storage.models import Adapter, Alias, Deployment
+from storage.models import Adapter, Alias, Deployment, Project, utcnow
 
 log = logging.getLogger("onthejob.routing")
 
@@ -104,12 +104,22 @@ class Router:
         await asyncio.gather(*(self.probe(r) for r in self.replicas.replicas))
 
     async def register_base_aliases(self) -> None:
-        """Each engine's base model becomes an alias of the default project, so /v1/models answers at once."""
+        """Each engine's base model becomes an alias of the default project, so /v1/models answers at once.
+
+        Workers starting together (``serve --workers N``) all do this at once: every row is inserted
+        unless a sibling's is already there. (Reading first and adding what was missing lost that race,
+        and the worker that lost it skipped the rest of its start: no policies until its next refresh.)
+        """
+        project = self.default_project
         async with self.sessionmaker() as db:
-            await db.run_sync(lambda s: ensure_project(s, self.default_project))
-            existing = set(await db.scalars(select(Alias.name).where(Alias.project_id == self.default_project)))
-            for name in sorted(self.base_models - existing):
-                db.add(Alias(project_id=self.default_project, name=name, base_model=name))
+            insert = postgresql.insert if db.get_bind().dialect.name == "postgresql" else sqlite.insert
+            await db.execute(
+                insert(Project).values(id=project, settings={}, created_at=utcnow()).on_conflict_do_nothing()
+            )
+            if self.base_models:
+                rows = [{"project_id": project, "name": name, "base_model": name, "created_at": utcnow(),
+                         "updated_at": utcnow()} for name in sorted(self.base_models)]  # fmt: skip
+                await db.execute(insert(Alias).values(rows).on_conflict_do_nothing())
             await db.commit()
 
     async def refresh(self) -> None:

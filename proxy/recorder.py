@@ -20,13 +20,13 @@ from typing import Any
 import orjson
 import psycopg
 from sqlalchemy import delete
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
 from storage import bulk
+from storage.db import insert_for
 from storage.deletion import tombstoned_async
 from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
@@ -35,10 +35,6 @@ from storage.records import CallRecord
 log = logging.getLogger("onthejob.recorder")
 # Errors about a record's content (not about reaching the database): retrying will not help.
 POISON = (DataError, IntegrityError, TypeError, ValueError, KeyError)
-
-
-def _insert(dialect: str, table: Any) -> Any:
-    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
 
 class Recorder:
@@ -188,18 +184,18 @@ class Recorder:
         rows = [c.row() for c in completions]
         async with self.sessionmaker() as db:
             conn = await db.connection()
-            dialect = conn.dialect.name
+            insert = insert_for(conn.dialect.name)
             missing = projects - self._projects
             if missing:
                 await db.execute(
-                    _insert(dialect, Project)
+                    insert(Project)
                     .values([{"id": p, "settings": {}, "created_at": utcnow()} for p in missing])
                     .on_conflict_do_nothing()
                 )
             # executemany with one statement per table: compiled once and cached, not per batch.
             if sessions:
                 now = utcnow()
-                stmt = _insert(dialect, Session.__table__)
+                stmt = insert(Session.__table__)
                 stmt = stmt.on_conflict_do_update(
                     index_elements=["project_id", "id"], set_={"updated_at": stmt.excluded.updated_at}
                 )
@@ -211,7 +207,7 @@ class Recorder:
                 for project_id, session_id in gone:
                     await db.execute(delete(Session).where(Session.project_id == project_id, Session.id == session_id))
             if rows:
-                await conn.execute(_insert(dialect, Completion.__table__).on_conflict_do_nothing(), rows)
+                await conn.execute(insert(Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, completions)
             await db.commit()

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.errors import InvalidRequest, NotFound, UpstreamError
 from proxy.metrics import Metrics
 from proxy.replicas import Replica, ReplicaSet
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
+from storage.db import insert_for
 from storage.models import Adapter, Alias, Deployment, Project, utcnow
 
 log = logging.getLogger("onthejob.routing")
@@ -112,7 +112,7 @@ class Router:
         """
         project = self.default_project
         async with self.sessionmaker() as db:
-            insert = postgresql.insert if db.get_bind().dialect.name == "postgresql" else sqlite.insert
+            insert = insert_for(db.get_bind().dialect.name)
             await db.execute(
                 insert(Project).values(id=project, settings={}, created_at=utcnow()).on_conflict_do_nothing()
             )

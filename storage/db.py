@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -94,3 +95,8 @@ def async_engine(url: str | None = None, **kwargs: Any) -> AsyncEngine:
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine
     return create_async_engine(url, pool_pre_ping=True, **kwargs)
+
+
+def insert_for(dialect: str) -> Any:
+    """``insert`` with ``ON CONFLICT`` for this database (``postgresql`` or ``sqlite``, the two we run on)."""
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert

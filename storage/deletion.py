@@ -23,11 +23,11 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import delete, or_, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as DbSession
 
+from storage.db import insert_for
 from storage.lineage import learned_from
 from storage.models import (
     Change,
@@ -43,8 +43,8 @@ from storage.models import (
 from storage.records import CallRecord, end_user_key
 
 
-def _insert(db: DbSession) -> Any:
-    return postgresql.insert if db.get_bind().dialect.name == "postgresql" else sqlite.insert
+def _insert(db: DbSession | AsyncSession) -> Any:
+    return insert_for(db.get_bind().dialect.name)
 
 
 def deleted_count(result: Any) -> int:
@@ -135,16 +135,12 @@ async def tombstoned_async(db: AsyncSession, calls: Sequence[CallRecord]) -> set
         user = EndUserTombstone
         rows = await db.execute(select(user.project_id, user.end_user, user.created_at).where(user.end_user.in_(users)))
         new = end_users_gone(calls, [(p, u, t) for p, u, t in rows.all()]) - gone
-        insert = _insert_async(db)
+        insert = _insert(db)
         for project_id, session_id in new:
             await db.execute(insert(Tombstone).values(project_id=project_id, session_id=session_id,
                                                       created_at=utcnow()).on_conflict_do_nothing())  # fmt: skip
         gone |= new
     return gone
-
-
-def _insert_async(db: AsyncSession) -> Any:
-    return postgresql.insert if db.get_bind().dialect.name == "postgresql" else sqlite.insert
 
 
 def _utc(at: datetime) -> datetime:

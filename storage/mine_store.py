@@ -23,11 +23,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session as DbSession
 
 from storage.changes import START, among, await_horizon, changes_since, load_cursor, save_cursor
 from storage.changes import _resolve_pending as resolve_pending
+from storage.db import insert_for
 from storage.grading import MASKED
 from storage.loaders import rule_for, settings_stmt
 from storage.mining import MODES, Found, MineConfig, call_modes, grade_modes, tool_errors
@@ -201,7 +201,7 @@ def _store(db: DbSession, project: str, found: Found) -> Counter[str]:
     if not rows:
         return Counter()
     dialect = db.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = insert_for(dialect)
     stmt = insert(CompletionFlag).on_conflict_do_nothing().returning(CompletionFlag.mode)
     return Counter(db.scalars(stmt, rows))
 

@@ -6,7 +6,8 @@ object whose increment takes a lock and checks it may be observed: 8.5 µs a cal
 serving loop under load, measured in place (bench/RESULTS.md), more than building the
 call's whole database record. Here a call is a few dictionary and list updates on
 the event loop, the only writer; :meth:`CallMeter.collect` reads them at scrape time.
-Names, labels and buckets are those the ``Counter`` and ``Histogram`` objects had.
+Names, labels and buckets are those the ``Counter`` and ``Histogram`` objects had. The count of
+records spooled is the spool's own, copied in when scraped.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class CallMeter(Collector):
         self.latency: dict[tuple[str, str], Histogram] = {}
         self.ttft: dict[tuple[str, str], Histogram] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
+        self.spooled = 0  # records fsync'd to the spool: its own count (``Spool.appended``), set when scraped
 
     def call(
         self, route: str, dialect: str, status: int, termination: str, seconds: float, ttft_s: float | None,
@@ -87,7 +89,8 @@ class CallMeter(Collector):
         tokens = CounterMetricFamily("onthejob_tokens", "Tokens in answered calls", labels=[*CALL, "kind"])
         for kind, n in list(self.tokens.items()):
             tokens.add_metric(list(kind), n)
-        yield from (requests, terminations, tokens)
+        spooled = CounterMetricFamily("onthejob_records_spooled", "Records fsync'd to the spool", value=self.spooled)
+        yield from (requests, terminations, tokens, spooled)
         yield _histogram("onthejob_request_seconds", "Time to the last byte", self.latency)
         yield _histogram("onthejob_time_to_first_token_seconds",
                          "Time to the first chunk (streams) or to the whole reply", self.ttft)  # fmt: skip

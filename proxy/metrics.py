@@ -18,9 +18,6 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         self.calls = CallMeter()  # every call's series: plain numbers, exported when scraped
         r.register(self.calls)
-        # Brought up to the spool's own count when scraped (:meth:`spooled`), not incremented per call.
-        self.records_spooled = Counter("onthejob_records_spooled", "Records fsync'd to the spool", registry=r)
-        self._spooled = 0
         self.records_written = Counter("onthejob_records_written", "Records committed to the database", registry=r)
         self.records_dropped = Counter(
             "onthejob_records_dropped", "Records served but not recorded (must stay 0)", ["reason"], registry=r
@@ -87,12 +84,6 @@ class Metrics:
     ) -> None:
         """One call that reached the engine (or tried to), as it ended."""
         self.calls.call(route, dialect, status, termination, seconds, ttft_s, prompt_tokens, completion_tokens)
-
-    def spooled(self, total: int) -> None:
-        """The spool's count of records it fsync'd (``Spool.appended``), before a scrape."""
-        if total > self._spooled:
-            self.records_spooled.inc(total - self._spooled)
-            self._spooled = total
 
     def observe_refusal(self, route: str, dialect: str, status: int) -> None:
         """A call refused before it reached the engine (key, body, rate limit, spool full): counted, not timed."""

@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import uvloop
@@ -109,12 +110,15 @@ def main() -> None:
         help="a --checkout whose records do not all land by design (an ablation: bench/recording_split.py); "
         "the lost-records check is skipped for it alone",
     )  # fmt: skip
-    measure(parser.parse_args())
+    args = parser.parse_args()
+    measure(args.seconds, args.rounds, dict(spec.split("=", 1) for spec in args.checkout), args.lossy, args.pyspy)
 
 
-def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Run the rounds and print them and their medians; returns the medians by server name."""
-    checkouts = dict(spec.split("=", 1) for spec in args.checkout)
+def measure(
+    seconds: float, rounds: int, checkouts: dict[str, str], lossy: Sequence[str] = (), pyspy: Path | None = None
+) -> dict[str, dict[str, float]]:
+    """Run the rounds and print them and their medians; returns the medians by server name (``on@NAME``
+    for a checkout; ``lossy``: checkouts whose lost records are not counted)."""
     pin_self({0})
     logdir = Path(tempfile.mkdtemp(prefix="onthejob-reccpu-"))
     runs: dict[str, list[dict[str, float]]] = {"on": [], "off": [], **{f"on@{n}": [] for n in checkouts}}
@@ -130,17 +134,17 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
                 checkout=Path(path).resolve(),
             )  # fmt: skip
         try:
-            for i in range(args.rounds + bool(args.pyspy)):
+            for i in range(rounds + bool(pyspy)):
                 for name, server in rotated(list(servers.items()), i):
                     spy = None
-                    if i == args.rounds:  # the extra round: profile both
-                        spy = subprocess.Popen([str(args.pyspy), "record", "--pid", str(server.proc.pid), "--rate",
+                    if i == rounds:  # the extra round: profile both
+                        spy = subprocess.Popen([str(pyspy), "record", "--pid", str(server.proc.pid), "--rate",
                                                 "200", "--format", "raw", "--output", str(logdir / f"pyspy-{name}.txt"),
-                                                "--duration", str(int(args.seconds)), "--gil"],
+                                                "--duration", str(int(seconds)), "--gil"],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
                     body = payload(server.port, False, 16)
-                    lossy = name.removeprefix("on@") in args.lossy
-                    run = uvloop.run(one(server, body, db_url, args.seconds, name != "off", lossy))
+                    dropped = name.removeprefix("on@") in lossy
+                    run = uvloop.run(one(server, body, db_url, seconds, name != "off", dropped))
                     if spy is not None:
                         spy.wait(60)
                     else:
@@ -167,7 +171,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         print(f"  {name}: proxy {med[name]['proxy']:.3f} ({med[name]['proxy'] / med['on']['proxy']:.2f}x on's), "
               f"pg {med[name]['pg']:.3f}, preempted {med[name]['preempted']:.2f}/call, "
               f"{med[name]['rps']:,.0f} req/s against on's {med['on']['rps']:,.0f}")  # fmt: skip
-    if args.pyspy:
+    if pyspy:
         print(f"\nrecording on, Python (GIL) samples ({logdir}/pyspy-on.txt; recording off: pyspy-off.txt):")
         print(summarise(logdir / "pyspy-on.txt", 45))
     return med

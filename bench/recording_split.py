@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 
 from bench import recording_cpu
+from bench.harness import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 # name -> (file, text, replacement): one edit each, asserted to apply exactly once.
 ABLATIONS: dict[str, tuple[str, str, str]] = {
     "nospool": ("proxy/spool.py", '        line = record.encode() + b"\\n"\n',
@@ -59,10 +59,8 @@ def main() -> None:
         for name, tree in trees.items():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), "HEAD"], check=True)
             ablate(tree, *ABLATIONS[name])
-        med = recording_cpu.measure(argparse.Namespace(
-            seconds=args.seconds, rounds=args.rounds, pyspy=None,
-            checkout=[f"{name}={tree}" for name, tree in trees.items()], lossy=list(trees),
-        ))  # fmt: skip
+        med = recording_cpu.measure(args.seconds, args.rounds, {name: str(tree) for name, tree in trees.items()},
+                                    lossy=list(trees))  # fmt: skip
     finally:
         for tree in trees.values():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)

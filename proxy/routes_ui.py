@@ -170,7 +170,9 @@ async def health(principal: PrincipalDep, st: StateDep) -> dict[str, Any]:
     m, spool = st.metrics, st.spool
     out["spool"] = {"depth": spool.depth, "bytes": spool.bytes, "oldest_age_s": round(spool.oldest_age(), 3),
                     "full": spool.full, "writable": spool.writable()}  # fmt: skip
-    out["records"] = {name: _counter_total(getattr(m, f"records_{name}")) for name in ("spooled", "written", "dropped")}
+    # Spooled: the spool's own count (what /metrics exports as onthejob_records_spooled_total).
+    out["records"] = {"spooled": float(spool.appended), "written": _counter_total(m.records_written),
+                      "dropped": _counter_total(m.records_dropped)}  # fmt: skip
     return out
 
 

@@ -206,6 +206,7 @@ def test_numbers_shown_are_the_apis(world: World, browser: Any) -> None:
     _open(browser, w, w.admin, "health")
     health = w.get("/v1/ui/health")
     assert _shown(browser, "dropped") == "0" and health["records"]["dropped"] == 0
+    assert health["records"]["spooled"] >= len(calls) > 0  # the spool's own count, /metrics read or not
     assert w.get("/v1/ui/health", w.harness)["records"] is None  # every project's traffic: the operator's only
     assert int(_shown(browser, "spool-depth")) == httpx.get(f"{w.proxy.url}/readyz").json()["spool"]["depth"]
     WebDriverWait(browser, 30).until(lambda d: d.find_elements("css selector", "[data-k='alerts-open']"))

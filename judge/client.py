@@ -1,8 +1,8 @@
-"""A minimal OpenAI-compatible chat client for the judge (aiohttp, as the proxy's upstream client).
+"""A minimal OpenAI-compatible chat client for the judge (aiohttp).
 
 Not the openai SDK: the judge needs one call shape, our own headers on it
 (the ``judge`` tag, so the proxy records the judge's own calls as never to be
-trained on) and errors in our tree; aiohttp is already what the proxy uses.
+trained on) and errors in our tree; aiohttp is already a dependency (the benches' load generator).
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.responses import Response
 
@@ -28,7 +27,7 @@ from proxy.recording import Recording
 from proxy.replicas import Replica
 from proxy.routing import Route, Router
 from proxy.streaming import Finished, StreamedReply
-from proxy.upstream import UPSTREAM_FAILURES, Upstream
+from proxy.upstream import UPSTREAM_FAILURES, Upstream, UpstreamConnectError, UpstreamIdleTimeout, UpstreamResponse
 from storage.records import CallRecord, dump_json, end_user_key
 
 log = logging.getLogger("onthejob.proxy")
@@ -91,7 +90,7 @@ class ProxiedCall:
     def headers(self) -> dict[str, str]:
         return {"x-request-id": self.id, "x-session-id": self.session.id}
 
-    async def open(self) -> aiohttp.ClientResponse:
+    async def open(self) -> UpstreamResponse:
         """Send the call to an engine replica (proxy/replicas.py chooses it) and return the response unread.
 
         A call that could not connect, or whose connection broke before any response
@@ -107,13 +106,13 @@ class ProxiedCall:
             replica.inflight += 1
             try:
                 resp = await self.upstream.open(replica.url, PATHS[self.endpoint], payload)
-            except aiohttp.SocketTimeoutError as exc:  # connected, then silent: the engine may be working on it
+            except UpstreamIdleTimeout as exc:  # connected, then silent: the engine may be working on it
                 await self.save(status=504, termination="timeout", error="engine did not answer in time")
                 raise UpstreamTimeout("the engine did not answer within the connect/idle timeout") from exc
             except (*UPSTREAM_FAILURES, TimeoutError) as exc:  # no connection, or it broke before any header
                 self.release()
                 error = f"{type(exc).__name__}: {exc}"
-                connect = isinstance(exc, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError))
+                connect = isinstance(exc, UpstreamConnectError)
                 if replicas.failed(replica, error, eject=connect):
                     log.warning("engine %s out of rotation: %s", replica.url, error)
                 metrics.upstream_failures.labels(replica.url, "refused").inc()
@@ -145,7 +144,7 @@ class ProxiedCall:
             self.replica.inflight -= 1
             self.replica = None
 
-    async def reject(self, resp: aiohttp.ClientResponse) -> Response:
+    async def reject(self, resp: UpstreamResponse) -> Response:
         """Upstream said no: 4xx passes through unchanged; 5xx becomes our 502."""
         raw = await resp.read()
         status = resp.status
@@ -162,7 +161,7 @@ class ProxiedCall:
         await self.save(status=502, termination="upstream_error", error=f"engine answered {status}: {text[:4000]}")
         raise UpstreamError(f"the engine failed with HTTP {status}; the call was recorded as upstream_error")
 
-    async def complete(self, resp: aiohttp.ClientResponse) -> Response:
+    async def complete(self, resp: UpstreamResponse) -> Response:
         """A non-streamed reply: record it durably, then send it."""
         try:
             raw = await resp.read()
@@ -205,7 +204,7 @@ class ProxiedCall:
         )
         return Response(sent, 200, headers=self.headers, media_type="application/json")
 
-    def stream(self, resp: aiohttp.ClientResponse) -> StreamedReply:
+    def stream(self, resp: UpstreamResponse) -> StreamedReply:
         """A streamed reply: forwarded event by event as it arrives, recorded by :meth:`finish_stream`."""
         self.events = self.dialect.stream(self.exchange()) if self.dialect else None
         return StreamedReply(

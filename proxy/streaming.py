@@ -20,7 +20,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -30,7 +29,7 @@ from proxy.dialects.base import Dialect, DialectStream
 from proxy.dialects.base import StreamEnd as DialectEnd
 from proxy.dialects.base import sse as dialect_sse
 from proxy.errors import ApiError, envelope
-from proxy.upstream import UPSTREAM_FAILURES, sse_batches
+from proxy.upstream import UPSTREAM_FAILURES, UpstreamResponse, sse_batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +53,7 @@ class StreamedReply(Response):
 
     def __init__(  # noqa: D107 - no Response body
         self,
-        resp: aiohttp.ClientResponse,
+        resp: UpstreamResponse,
         *,
         endpoint: str,
         wants: capture.Wants,
@@ -118,7 +117,7 @@ class StreamedReply(Response):
             self.out.append(self.dialect[1].open())
         pinger = self._pinger(send)
         failure: tuple[str, str] | None = None
-        done = False
+        done = ended = False  # the engine's [DONE] came; the stream ran to its end (not cancelled)
         try:
             # Everything one network read brought is forwarded in one write: no added delay,
             # far fewer socket writes than one per event.
@@ -133,6 +132,7 @@ class StreamedReply(Response):
                 await self._write(send)
                 if done or failure:
                     break
+            ended = True
             if not done and not failure and not any(c.finish_reason for c in self.asm.choices.values()):
                 failure = ("upstream_error", "the engine closed the stream before it finished")
         except TimeoutError:
@@ -142,7 +142,8 @@ class StreamedReply(Response):
         finally:
             if pinger is not None:
                 pinger.cancel()
-            self.resp.release() if failure is None else self.resp.close()
+            # Cancelled (the client left) or failed: close, so the engine sees it and stops generating.
+            self.resp.release() if ended and failure is None else self.resp.close()
         self._release_held()
         await self._write(send)
         termination, error = failure or (capture.termination_of(self.asm.captured_choices()), None)

@@ -28,9 +28,8 @@ class Silent:
 
     def __init__(self, gate: asyncio.Event) -> None:
         self.gate = gate
-        self.content = self
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         yield chunk(prompt_token_ids=[1, 2, 3], choices=[{"index": 0, "delta": {"role": "assistant", "content": ""}}])
         await self.gate.wait()
         yield chunk(choices=[{"index": 0, "delta": {"content": "Hi"}, "token_ids": [7]}])

@@ -22,9 +22,12 @@ def stub(logdir: Path, cores: set[int] | None) -> Server:
     return start_server("stub", cmd, port, logdir, ready_path="/v1/models", cores=cores)
 
 
-def passthrough(upstream: str, logdir: Path, cores: set[int] | None, workers: int = 1) -> Server:
+def passthrough(
+    upstream: str, logdir: Path, cores: set[int] | None, workers: int = 1, client: str = "aiohttp"
+) -> Server:
     port = free_port()
-    cmd = [PY, "-m", "bench.passthrough", "--upstream", upstream, "--port", str(port), "--workers", str(workers)]
+    cmd = [PY, "-m", "bench.passthrough", "--upstream", upstream, "--port", str(port), "--workers", str(workers),
+           "--client", client]  # fmt: skip
     return start_server("passthrough", cmd, port, logdir, ready_path="/", cores=cores)
 
 

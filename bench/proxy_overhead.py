@@ -56,7 +56,7 @@ async def run(args: argparse.Namespace) -> int:
     with throwaway_database(args.db_admin) as db_url:
         try:
             stub = servers["stub"] = peers.stub(logdir, load_cores)
-            servers["passthrough"] = peers.passthrough(stub.url, logdir, peer_cores)
+            servers["passthrough"] = peers.passthrough(stub.url, logdir, peer_cores, client=args.bare_client)
             servers["recording-on"] = peers.onthejob(stub.url, db_url, logdir / "spool-on", logdir, peer_cores,
                                                      record=True, name="onthejob-rec")  # fmt: skip
             servers["recording-off"] = peers.onthejob(stub.url, db_url, logdir / "spool-off", logdir, peer_cores,
@@ -148,6 +148,10 @@ def main() -> None:
         help="measure each configuration this often (a multiple of 4: each peer takes each slot); keep the best",
     )  # fmt: skip
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before measuring")
+    parser.add_argument(
+        "--bare-client", choices=("aiohttp", "ours"), default="aiohttp",
+        help="the bare pass-through's upstream client: aiohttp (the reference) or the proxy's own",
+    )  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply (= chunks per stream)")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin processes to cores")
     parser.add_argument("--db-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")

@@ -58,6 +58,14 @@ class Policies:
         if redact != self._written:
             self._write(redact)
 
+    @property
+    def source(self) -> str:
+        """Where this process's policies come from: ``database``, ``last_known`` (the copy on disk), or
+        ``none`` (neither yet: every recorded call is refused until the database answers)."""
+        if self.from_database:
+            return "database"
+        return "last_known" if self._policies else "none"
+
     def get(self, project: str) -> RedactionPolicy:
         """The project's policy, or :class:`PolicyUnknown` (503) when it cannot be known."""
         policy = self._policies.get(project)

@@ -32,7 +32,8 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 async def readyz(st: StateDep) -> Response:
-    """Ready when an engine answers and calls can be recorded (database, or the spool while it is down)."""
+    """Ready when an engine answers and calls can be recorded (database, or the spool while it is down,
+    with the redaction policies known: from the database, or the last copy beside the spool)."""
     answers = await asyncio.gather(*(_engine_answers(st, base) for base in st.upstream.urls))
     upstream = dict(zip(st.upstream.urls, answers, strict=True))
     db_ok = True
@@ -56,8 +57,12 @@ async def readyz(st: StateDep) -> Response:
             "full": st.spool.full,
         },
         "draining": st.draining,
+        "policies": st.recording.policies.source,
     }
-    ready = upstream_ok and spool_ok and not st.draining
+    # A worker that knows no project's redaction policy refuses every recorded call (it fails closed):
+    # not ready, so a load balancer sends the calls to a sibling that can take them.
+    policies_ok = not st.recording.enabled or body["policies"] != "none"
+    ready = upstream_ok and spool_ok and policies_ok and not st.draining
     body["status"] = "ready" if ready and db_ok else ("degraded" if ready else "not_ready")
     return ORJSONResponse(body, status_code=200 if ready else 503)
 

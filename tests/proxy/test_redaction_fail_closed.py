@@ -31,6 +31,9 @@ def test_a_proxy_started_without_its_database_redacts_or_refuses(
     spooled = "".join(p.read_text(errors="replace") for p in spool.rglob("*.jsonl"))
     assert served.headers["x-request-id"] in spooled, "the call is recorded (in the spool while the database is down)"
     assert SECRET not in spooled and "my key is [redacted]" in spooled
+    ready = httpx.get(f"{second.url}/readyz", timeout=10)
+    assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+    assert ready.json()["policies"] == "last_known"
     second.stop()
 
     (spool / "policies.json").unlink()  # no last known policy either
@@ -39,3 +42,7 @@ def test_a_proxy_started_without_its_database_redacts_or_refuses(
     assert refused.status_code == 503, refused.text
     assert refused.json()["error"]["code"] == "redaction_policy_unknown"
     assert SECRET not in "".join(p.read_text(errors="replace") for p in spool.rglob("*.jsonl"))
+    # It refuses every recorded call, so it must not look ready to a load balancer.
+    ready = httpx.get(f"{third.url}/readyz", timeout=10)
+    assert ready.status_code == 503 and ready.json()["status"] == "not_ready"
+    assert ready.json()["policies"] == "none"

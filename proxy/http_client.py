@@ -46,8 +46,8 @@ class UpstreamDisconnected(ConnectionError):
 class _Connection(asyncio.Protocol):
     """One keep-alive connection, carrying one request at a time."""
 
-    def __init__(self, pool: HttpClient, key: tuple[str, str, int]) -> None:
-        self.pool, self.key = pool, key
+    def __init__(self, pool: HttpClient, key: tuple[str, str, int], loop: asyncio.AbstractEventLoop) -> None:
+        self.pool, self.key, self.loop = pool, key, loop
         self.transport: asyncio.Transport | None = None
         self.parser: httptools.HttpResponseParser | None = None
         self.waiter: asyncio.Future[None] | None = None
@@ -274,12 +274,17 @@ class HttpClient:
 
     def _pooled(self, key: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(key)
-        now = time.monotonic()
+        if not idle:
+            return None
+        now, loop = time.monotonic(), asyncio.get_running_loop()
         while idle:
             conn = idle.pop()
-            if not conn.lost and now - conn.idle_since < KEEPALIVE_S:
+            transport = conn.transport
+            if (not conn.lost and now - conn.idle_since < KEEPALIVE_S and conn.loop is loop
+                    and transport is not None and not transport.is_closing()):  # fmt: skip
                 return conn
-            conn.abort()
+            if conn.loop is loop:
+                conn.abort()  # (one from another event loop, closed since, is left to be collected)
         return None
 
     async def _connect(self, key: tuple[str, str, int]) -> _Connection:
@@ -290,7 +295,7 @@ class HttpClient:
             context = self._ssl = self._ssl or ssl.create_default_context()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, conn = await loop.create_connection(lambda: _Connection(self, key), host, port, ssl=context)
+                _, conn = await loop.create_connection(lambda: _Connection(self, key, loop), host, port, ssl=context)
         except TimeoutError as exc:
             raise UpstreamConnectError(f"connecting to {host}:{port} timed out after {self.connect_timeout}s") from exc
         except OSError as exc:
@@ -303,9 +308,11 @@ class HttpClient:
             idle.remove(conn)
 
     async def close(self) -> None:
+        loop = asyncio.get_running_loop()
         for idle in self._idle.values():
             for conn in idle:
-                conn.abort()
+                if conn.loop is loop:
+                    conn.abort()
         self._idle.clear()
 
 

@@ -190,3 +190,16 @@ def test_no_server_is_a_connect_error() -> None:
             await client.request("POST", f"http://127.0.0.1:{free_port()}", "/", b"{}")
 
     asyncio.run(main())
+
+
+def test_one_client_used_from_two_event_loops_in_turn(stub_upstream: str) -> None:
+    """A pooled connection belongs to the loop that made it: the next loop makes its own."""
+    client = HttpClient(connect_timeout=5, idle_timeout=5)
+
+    async def ask() -> int:
+        resp = await client.request("GET", stub_upstream, "/v1/models")
+        await resp.read()
+        return resp.status
+
+    assert asyncio.run(ask()) == 200
+    assert asyncio.run(ask()) == 200  # the first loop is closed; its connection is not reused

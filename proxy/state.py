@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from proxy.attest import Attestor
@@ -33,6 +33,8 @@ from storage.keys import ensure_key
 from storage.models import Project
 from storage.retention import apply_retention
 
+# What an unreachable database raises (SQLAlchemy wraps the driver's connection errors).
+UNREACHABLE = (OperationalError, InterfaceError, OSError, TimeoutError)
 log = logging.getLogger("onthejob.proxy")
 
 
@@ -112,17 +114,26 @@ class AppState:
         await asyncio.to_thread(absorb_orphans, self.spool)  # records a worker that is gone left behind
         await self.upstream.start()
         await self.router.discover()
-        try:
-            await self.ensure_admin_key()
-            await self.router.register_base_aliases()
-            await self.refresh()
-            if self.router.needed():  # the engines were probed before the alias table was read
-                await self.router.discover()
-        except Exception as exc:  # noqa: BLE001 - the database may be down at start; serve from the spool
-            log.warning("database not reachable at start (%s); aliases will load when it returns", exc)
+        await self._start_with_database()
         self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
         self.tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
         self.tasks.append(asyncio.create_task(self.router.watch(self.settings.probe_every_s), name="probes"))
+
+    async def _start_with_database(self) -> None:
+        """The start-up steps that need the database, each on its own: one that fails for its own reason
+        (a bad row, a bug) does not skip the others, the policies' first refresh above all (without it this
+        worker refuses every recorded call). An unreachable database stops the rest: they would wait out
+        the same connect timeout, and the housekeeping loop retries the refresh."""
+        for step in (self.ensure_admin_key, self.router.register_base_aliases, self.refresh):
+            try:
+                await step()
+            except UNREACHABLE as exc:
+                log.warning("database not reachable at start (%s); aliases and policies load when it returns", exc)
+                return
+            except Exception:  # noqa: BLE001 - logged with its traceback; the next step still runs
+                log.exception("start-up step %s failed; the next ones run", step.__name__)
+        if self.router.needed():  # the engines were probed before the alias table was read
+            await self.router.discover()
 
     async def ensure_admin_key(self) -> None:
         """``ONTHEJOB_ADMIN_KEY``, when set, is an admin key of the default project (idempotent)."""

@@ -118,3 +118,21 @@ async def test_trainer_step_metrics_are_exported_from_storage(in_process: AppFac
         assert metric_sample(text, "onthejob_trainer_adapter_version", **where) == 2
         assert metric_sample(text, "onthejob_trainer_excluded", **where, reason="ungraded") == 3
         assert metric_sample(text, "onthejob_trainer_excluded", **where, reason="ratio_out_of_band") == 1
+
+
+async def test_a_failed_start_up_step_does_not_skip_the_policies(
+    in_process: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start-up step that fails for its own reason (here registering the base aliases) leaves the
+    database steps after it to run: the first policy refresh above all, without which the worker
+    would refuse every recorded call until its next refresh (an hour in this fixture)."""
+    from proxy.routing import Router
+
+    async def broken(self: Router) -> None:
+        raise RuntimeError("a bad row")
+
+    monkeypatch.setattr(Router, "register_base_aliases", broken)
+    async with in_process() as (app, client, _):
+        assert app.state.onthejob.recording.policies.source == "database"
+        ready = await client.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["policies"] == "database", ready.text

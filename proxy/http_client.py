@@ -192,17 +192,20 @@ class UpstreamResponse:
     async def read(self) -> bytes:
         """The whole body (the connection goes back to the pool)."""
         conn = self._conn
+        parts: list[bytes] = []
         try:
             while not conn.complete:
                 if conn.error is not None:
                     raise conn.error
+                if conn.buffered > HIGH_WATER:
+                    parts.append(conn.take())  # reading paused at the high-water mark: take it, so it resumes
                 await conn.wait(self._idle)
         except BaseException:
             self.close()
             raise
-        data = conn.take()
+        parts.append(conn.take())
         self.release()
-        return data
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives: what each wait brought, in one piece."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proxy.http_client import HttpClient, UpstreamConnectError, UpstreamDisconnected, UpstreamIdleTimeout
+from proxy.http_client import HIGH_WATER, HttpClient, UpstreamConnectError, UpstreamDisconnected, UpstreamIdleTimeout
 from tests.conftest import free_port
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, dict[str, Any]], Awaitable[None]]
@@ -203,3 +203,23 @@ def test_one_client_used_from_two_event_loops_in_turn(stub_upstream: str) -> Non
 
     assert asyncio.run(ask()) == 200
     assert asyncio.run(ask()) == 200  # the first loop is closed; its connection is not reused
+
+
+def test_a_reply_larger_than_the_read_buffer_is_read_whole() -> None:
+    """Reading pauses at the high-water mark until the caller takes what came: a whole-body read must
+    take it as it waits, or a large reply (logprobs of a long answer) stalls into the idle timeout."""
+    big = b"[" + b",".join(b'{"token": "x", "logprob": -0.5}' for _ in range(150_000)) + b"]"
+
+    async def large(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: dict[str, Any]) -> None:
+        while await read_request(r) is not None:
+            w.write(reply(big))
+            await w.drain()
+
+    async def scenario(url: str, seen: dict[str, Any]) -> None:
+        client = HttpClient(connect_timeout=5, idle_timeout=2)
+        for _ in range(2):
+            assert await (await client.request("POST", url, "/", b"{}")).read() == big
+        await client.close()
+
+    assert len(big) > 3 * HIGH_WATER
+    assert run(large, scenario)["connections"] == 1

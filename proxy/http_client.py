@@ -65,6 +65,7 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.status, self.headers, self.body, self.buffered, self.received = 0, {}, [], 0, 0
         self.headers_done = self.complete = self.release_at_end = self.keep_alive = False
+        self.error = None
         assert self.transport is not None
         self.transport.write(data)
 
@@ -94,7 +95,7 @@ class _Connection(asyncio.Protocol):
             self._reuse()
         elif self.error is None and not self.lost and self.headers_done:
             self.release_at_end = True  # e.g. a stream's last chunk terminator still on its way
-            self.body, self.buffered = [], 0
+            self.take()  # dropped, and reading resumed if the buffer had paused it
         else:
             self.abort()
 

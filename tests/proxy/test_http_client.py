@@ -223,3 +223,25 @@ def test_a_reply_larger_than_the_read_buffer_is_read_whole() -> None:
 
     assert len(big) > 3 * HIGH_WATER
     assert run(large, scenario)["connections"] == 1
+
+
+def test_a_reply_let_go_with_its_buffer_full_still_ends_and_is_reused() -> None:
+    """Released before its end while reading was paused at the high-water mark: what came is dropped,
+    reading resumes, and the connection goes back to the pool when the reply ends."""
+    big = b"x" * (3 * HIGH_WATER)
+
+    async def large(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: dict[str, Any]) -> None:
+        while await read_request(r) is not None:
+            w.write(reply(big))
+            await w.drain()
+
+    async def scenario(url: str, seen: dict[str, Any]) -> None:
+        client = HttpClient(connect_timeout=5, idle_timeout=2)
+        resp = await client.request("POST", url, "/", b"{}")
+        await asyncio.sleep(0.3)  # the buffer fills past the mark and reading pauses
+        resp.release()
+        await asyncio.sleep(0.3)
+        assert await (await client.request("POST", url, "/", b"{}")).read() == big
+        await client.close()
+
+    assert run(large, scenario)["connections"] == 1

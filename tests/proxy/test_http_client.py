@@ -7,7 +7,10 @@ these pin down what only a hand-made server can show: which connection a request
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -245,3 +248,38 @@ def test_a_reply_let_go_with_its_buffer_full_still_ends_and_is_reused() -> None:
         await client.close()
 
     assert run(large, scenario)["connections"] == 1
+
+
+def test_an_engine_behind_tls_is_reached_with_the_system_trust_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``https://`` engine URLs: verified against the default trust store, which an operator extends
+    with OpenSSL's ``SSL_CERT_FILE`` (here a self-signed certificate for 127.0.0.1)."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=engine",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)  # fmt: skip
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+
+    async def main() -> None:
+        port = free_port()
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await echo(reader, writer, {"eof": 0})
+            writer.close()
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", port, ssl=served)
+        async with server:
+            client = HttpClient(connect_timeout=5, idle_timeout=5)
+            for n in range(2):
+                resp = await client.request("POST", f"https://127.0.0.1:{port}", "/v1/x", b"%d" % n)
+                assert await resp.read() == b'{"echo": %d}' % n
+            await client.close()
+            plain = HttpClient(connect_timeout=5, idle_timeout=5)  # the same server, not trusted without it
+            monkeypatch.delenv("SSL_CERT_FILE")
+            with pytest.raises(UpstreamConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await plain.request("POST", f"https://127.0.0.1:{port}", "/v1/x", b"0")
+
+    asyncio.run(main())

@@ -18,13 +18,14 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import orjson
 import uvloop
 
 from bench import peers
 from bench.dialects import BODIES
 from bench.dialects import payload as dialect_payload
 from bench.harness import PY, count_rows, pin_self, throwaway_database, wait_spool_empty
-from bench.loadgen import pct, run_load
+from bench.loadgen import build_request, pct, run_load
 
 FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>[^()]*?)(?::\d+)?\)$")
 
@@ -67,6 +68,17 @@ def summarise(raw: Path, top: int) -> str:
     return "\n".join(out)
 
 
+def long_chat(port: int, turns: int, chars: int, stream: bool, max_tokens: int) -> bytes:
+    """A chat call deep into an agent session: ``turns`` user and assistant messages of ``chars`` each."""
+    messages = [{"role": "system", "content": "You are a careful agent."}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"step {turn}: " + "observation text " * (chars // 17)})
+        messages.append({"role": "assistant", "content": f"step {turn}: " + "reasoning words " * (chars // 16)})
+    messages.append({"role": "user", "content": "And now?"})
+    body = {"model": peers.MODEL, "messages": messages, "max_tokens": max_tokens, "stream": stream}
+    return build_request("127.0.0.1", port, "/v1/chat/completions", orjson.dumps(body))
+
+
 async def drive(port: int, body: bytes, conc: int, seconds: float) -> tuple[float, float, list[str]]:
     res = await run_load("127.0.0.1", port, body, concurrency=conc, duration_s=seconds, warmup_s=0.5)
     return res.rps, pct(res.latencies_ms(), 50), res.all_ids
@@ -84,6 +96,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--gil", action="store_true", help="sample only the thread holding the GIL (CPU in Python)")
+    parser.add_argument("--turns", type=int, default=0, help="chat: a conversation of this many user/assistant turns")
+    parser.add_argument("--turn-chars", type=int, default=1500, help="characters in each message of --turns")
     args = parser.parse_args()
     load_cores, peer_cores = ({0}, {1}) if args.pin else (None, None)
     pin_self(load_cores)
@@ -99,6 +113,8 @@ def main() -> None:
                                     "--duration", str(int(args.seconds + 1)), *(["--gil"] if args.gil else [])],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
             body = dialect_payload(proxy.port, args.dialect, args.stream, args.max_tokens)
+            if args.turns:  # a long agent conversation instead of one short message
+                body = long_chat(proxy.port, args.turns, args.turn_chars, args.stream, args.max_tokens)
             rps, p50, ids = uvloop.run(drive(proxy.port, body, args.concurrency, args.seconds))
             spy.wait(60)
             if args.record:

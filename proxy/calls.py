@@ -109,7 +109,7 @@ class ProxiedCall:
             except UpstreamIdleTimeout as exc:  # connected, then silent: the engine may be working on it
                 await self.save(status=504, termination="timeout", error="engine did not answer in time")
                 raise UpstreamTimeout("the engine did not answer within the connect/idle timeout") from exc
-            except (*UPSTREAM_FAILURES, TimeoutError) as exc:  # no connection, or it broke before any header
+            except UPSTREAM_FAILURES as exc:  # no connection, or it broke before any header
                 self.release()
                 error = f"{type(exc).__name__}: {exc}"
                 connect = isinstance(exc, UpstreamConnectError)

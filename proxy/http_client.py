@@ -70,7 +70,10 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
 
     async def wait(self, timeout: float) -> None:
-        """Until something arrives (or the connection ends): raises UpstreamIdleTimeout after ``timeout`` idle."""
+        """Until something arrives or the connection ends. Raises the reply's error when it has one, and
+        UpstreamIdleTimeout after ``timeout`` idle."""
+        if self.error is not None:
+            raise self.error
         loop = asyncio.get_running_loop()
         waiter = self.waiter = loop.create_future()
         timer = loop.call_later(timeout, _expire, waiter)
@@ -196,8 +199,6 @@ class UpstreamResponse:
         parts: list[bytes] = []
         try:
             while not conn.complete:
-                if conn.error is not None:
-                    raise conn.error
                 if conn.buffered > HIGH_WATER:
                     parts.append(conn.take())  # reading paused at the high-water mark: take it, so it resumes
                 await conn.wait(self._idle)
@@ -216,8 +217,6 @@ class UpstreamResponse:
                 yield conn.take()
             elif conn.complete:
                 return
-            elif conn.error is not None:
-                raise conn.error
             else:
                 await conn.wait(self._idle)
 
@@ -254,27 +253,16 @@ class HttpClient:
         key, head = target
         data = head + (b"content-length: %d\r\n\r\n%s" % (len(body), body) if body is not None else b"\r\n")
         idle = self.idle_timeout if idle_timeout is None else idle_timeout
-        for attempt in (0, 1):
-            conn = self._pooled(key) if attempt == 0 else None  # a retry goes out on a new connection
-            reused = conn is not None
-            if conn is None:
-                conn = await self._connect(key)
-            conn.send(data)
+        pooled = self._pooled(key)
+        if pooled is not None:
             try:
-                while not conn.headers_done:
-                    if conn.error is not None:
-                        raise conn.error
-                    await conn.wait(idle)
+                return await _exchange(pooled, data, idle)
             except UpstreamDisconnected:
-                conn.abort()
-                if reused and conn.received == 0 and attempt == 0:
-                    continue  # the engine closed it while idle; it never read this request
-                raise
-            except BaseException:
-                conn.abort()
-                raise
-            return UpstreamResponse(conn, idle)
-        raise AssertionError("unreachable")
+                if pooled.received:
+                    raise
+                # Closed before one byte of the reply: the engine closed it while idle and never read
+                # this request. Once more, on a new connection.
+        return await _exchange(await self._connect(key), data, idle)
 
     def _pooled(self, key: tuple[str, str, int]) -> _Connection | None:
         idle = self._idle.get(key)
@@ -318,6 +306,18 @@ class HttpClient:
                 if conn.loop is loop:
                     conn.abort()
         self._idle.clear()
+
+
+async def _exchange(conn: _Connection, data: bytes, idle: float) -> UpstreamResponse:
+    """Send one request on ``conn``; the reply once its headers are in (the connection closed on failure)."""
+    conn.send(data)
+    try:
+        while not conn.headers_done:
+            await conn.wait(idle)
+    except BaseException:
+        conn.abort()
+        raise
+    return UpstreamResponse(conn, idle)
 
 
 def _head(method: str, base: str, path: str) -> tuple[tuple[str, str, int], bytes]:

@@ -219,7 +219,7 @@ class Router:
         async def one(replica: Replica) -> None:
             try:
                 await self.ensure_loaded(replica, project, alias, version)
-            except (*UPSTREAM_FAILURES, TimeoutError) as exc:
+            except UPSTREAM_FAILURES as exc:
                 if self.replicas.unreachable(replica, f"{type(exc).__name__}: {exc}"):
                     log.warning("engine %s out of rotation: unreachable while loading %s@v%d", replica.url, alias,
                                 version)  # fmt: skip

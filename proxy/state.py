@@ -112,7 +112,6 @@ class AppState:
 
     async def start(self) -> None:
         await asyncio.to_thread(absorb_orphans, self.spool)  # records a worker that is gone left behind
-        await self.upstream.start()
         await self.router.discover()
         await self._start_with_database()
         self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))

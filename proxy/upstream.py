@@ -12,19 +12,14 @@ from typing import Any
 
 import orjson
 
-from proxy.http_client import (
-    HttpClient,
-    UpstreamConnectError,
-    UpstreamDisconnected,
-    UpstreamIdleTimeout,
-    UpstreamResponse,
-)
+from proxy.http_client import HttpClient, UpstreamConnectError, UpstreamIdleTimeout, UpstreamResponse
 
 __all__ = ["UPSTREAM_FAILURES", "Upstream", "UpstreamConnectError", "UpstreamIdleTimeout", "UpstreamResponse",
            "sse_batches"]  # fmt: skip
 
-# What a broken, refused or reset engine connection raises (TimeoutError is an OSError too: catch it first).
-UPSTREAM_FAILURES = (UpstreamDisconnected, ConnectionError, OSError)
+# What a broken, refused or reset engine connection raises: every error of proxy/http_client.py is an
+# OSError, its idle timeout too (TimeoutError is one: catch that first where it means something else).
+UPSTREAM_FAILURES = (OSError,)
 
 
 class Upstream:
@@ -32,9 +27,6 @@ class Upstream:
         self.urls = urls
         self._client = HttpClient(connect_timeout, idle_timeout)
         self.fingerprints: dict[str, str] = {}  # per replica: vLLM's system_fingerprint, seen in replies
-
-    async def start(self) -> None:
-        pass  # connections are made on first use, per replica
 
     async def close(self) -> None:
         await self._client.close()

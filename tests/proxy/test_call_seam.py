@@ -86,7 +86,6 @@ SHOUT = Shout()
 @pytest.fixture
 async def parts(stub_upstream: str, tmp_path: Path) -> AsyncIterator[tuple[Upstream, Router, Recording, Spool]]:
     upstream = Upstream([stub_upstream], connect_timeout=5, idle_timeout=10)
-    await upstream.start()
     engine = async_engine(f"sqlite+aiosqlite:///{tmp_path / 'unused.db'}")
     maker = async_sessionmaker(engine, expire_on_commit=False)
     metrics = Metrics()

@@ -60,6 +60,17 @@ def run(handler: Handler, scenario: Callable[[str, dict[str, Any]], Awaitable[No
     return seen
 
 
+def answering(body: bytes) -> Handler:
+    """A server that answers every request on a connection with ``body``."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: dict[str, Any]) -> None:
+        while await read_request(r) is not None:
+            w.write(reply(body))
+            await w.drain()
+
+    return handler
+
+
 async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seen: dict[str, Any]) -> None:
     while (body := await read_request(reader)) is not None:
         writer.write(reply(b'{"echo": %s}' % body))
@@ -213,11 +224,6 @@ def test_a_reply_larger_than_the_read_buffer_is_read_whole() -> None:
     take it as it waits, or a large reply (logprobs of a long answer) stalls into the idle timeout."""
     big = b"[" + b",".join(b'{"token": "x", "logprob": -0.5}' for _ in range(150_000)) + b"]"
 
-    async def large(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: dict[str, Any]) -> None:
-        while await read_request(r) is not None:
-            w.write(reply(big))
-            await w.drain()
-
     async def scenario(url: str, seen: dict[str, Any]) -> None:
         client = HttpClient(connect_timeout=5, idle_timeout=2)
         for _ in range(2):
@@ -225,18 +231,13 @@ def test_a_reply_larger_than_the_read_buffer_is_read_whole() -> None:
         await client.close()
 
     assert len(big) > 3 * HIGH_WATER
-    assert run(large, scenario)["connections"] == 1
+    assert run(answering(big), scenario)["connections"] == 1
 
 
 def test_a_reply_let_go_with_its_buffer_full_still_ends_and_is_reused() -> None:
     """Released before its end while reading was paused at the high-water mark: what came is dropped,
     reading resumes, and the connection goes back to the pool when the reply ends."""
     big = b"x" * (3 * HIGH_WATER)
-
-    async def large(r: asyncio.StreamReader, w: asyncio.StreamWriter, seen: dict[str, Any]) -> None:
-        while await read_request(r) is not None:
-            w.write(reply(big))
-            await w.drain()
 
     async def scenario(url: str, seen: dict[str, Any]) -> None:
         client = HttpClient(connect_timeout=5, idle_timeout=2)
@@ -247,7 +248,7 @@ def test_a_reply_let_go_with_its_buffer_full_still_ends_and_is_reused() -> None:
         assert await (await client.request("POST", url, "/", b"{}")).read() == big
         await client.close()
 
-    assert run(large, scenario)["connections"] == 1
+    assert run(answering(big), scenario)["connections"] == 1
 
 
 def test_an_engine_behind_tls_is_reached_with_the_system_trust_store(

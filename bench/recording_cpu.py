@@ -16,6 +16,10 @@ checkout's: the only A/B of proxy code that held up on this machine, whose speed
 a third between runs. Give ``--rounds`` a multiple of the number of servers, so that each
 takes every slot equally often.
 
+``--turns N`` sends, instead of one short message, a conversation of N user and assistant turns
+that no recorded call produced (as a prompt of few-shot examples, or a history from elsewhere,
+arrives): each call then looks for a parent it cannot find.
+
 ``--pyspy PATH`` (a py-spy binary) also samples both proxies' Python (the thread holding
 the GIL) in an extra last round, prints where recording on's went (bench/profile_proxy.py's
 summary) and keeps recording off's samples beside it.
@@ -38,7 +42,7 @@ import uvloop
 from bench import peers
 from bench.harness import Server, count_rows, pin_self, rotated, stat_cpu, throwaway_database, wait_spool_empty
 from bench.loadgen import run_load
-from bench.profile_proxy import summarise
+from bench.profile_proxy import long_chat, summarise
 from bench.proxy_overhead import payload
 
 
@@ -110,12 +114,27 @@ def main() -> None:
         help="a --checkout whose records do not all land by design (an ablation: bench/recording_split.py); "
         "the lost-records check is skipped for it alone",
     )  # fmt: skip
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="a conversation of this many user/assistant turns no recorded call produced",
+    )
+    parser.add_argument("--turn-chars", type=int, default=1500, help="characters in each message of --turns")
     args = parser.parse_args()
-    measure(args.seconds, args.rounds, dict(spec.split("=", 1) for spec in args.checkout), args.lossy, args.pyspy)
+    measure(args.seconds, args.rounds, dict(spec.split("=", 1) for spec in args.checkout), args.lossy, args.pyspy,
+            turns=args.turns, turn_chars=args.turn_chars)  # fmt: skip
 
 
 def measure(
-    seconds: float, rounds: int, checkouts: dict[str, str], lossy: Sequence[str] = (), pyspy: Path | None = None
+    seconds: float,
+    rounds: int,
+    checkouts: dict[str, str],
+    lossy: Sequence[str] = (),
+    pyspy: Path | None = None,
+    *,
+    turns: int = 0,
+    turn_chars: int = 1500,
 ) -> dict[str, dict[str, float]]:
     """Run the rounds and print them and their medians; returns the medians by server name (``on@NAME``
     for a checkout; ``lossy``: checkouts whose lost records are not counted)."""
@@ -142,7 +161,10 @@ def measure(
                                                 "200", "--format", "raw", "--output", str(logdir / f"pyspy-{name}.txt"),
                                                 "--duration", str(int(seconds)), "--gil"],
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-                    body = payload(server.port, False, 16)
+                    if turns:
+                        body = long_chat(server.port, turns, turn_chars, False, 16)
+                    else:
+                        body = payload(server.port, False, 16)
                     dropped = name.removeprefix("on@") in lossy
                     run = uvloop.run(one(server, body, db_url, seconds, name != "off", dropped))
                     if spy is not None:
@@ -157,7 +179,7 @@ def measure(
             for server in (*servers.values(), stub):
                 server.stop()
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items() if rs}
-    print("\nmedians, CPU s per 1k calls (c=64, non-streaming):")
+    print(f"\nmedians, CPU s per 1k calls (c=64, non-streaming{f', {turns} turns' if turns else ''}):")
     for key in ("proxy", "loop_user", "loop_sys", "threads", "pg", "pg_bg"):
         on, off = med["on"][key], med["off"][key]
         print(f"  {key:9s} on {on:.3f}  off {off:.3f}  on-off {on - off:+.3f}")

@@ -9,7 +9,10 @@ sampled ids.
 
 Everything about finding a call's session is here: :class:`Linker` looks in this
 worker's memory, then in sibling workers' spools (records not yet drained), then
-in the database.
+in the database. A prefix the database had no parent for is not asked about again
+for a few seconds (:data:`MISS_TTL_S`): a prompt whose assistant turns no recorded
+call returned (few-shot examples, a history brought from elsewhere) would otherwise
+cost every call a query.
 
 Linking never crosses callers: the key chain starts from a *scope*, the API key
 and the end user the client names (``user``, ``metadata.user_id``,
@@ -26,6 +29,7 @@ import asyncio
 import hashlib
 import json
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
@@ -163,6 +167,12 @@ class Link:
 
 AMBIGUOUS = Link("", "", None)  # a key more than one session produced: which one goes on is unknowable
 
+# How long the database's "no parent" for a prefix is believed. Only a call resending that very prefix
+# reads it: a later turn's longest prefix is a new key (the reply it continues was recorded here, or is
+# looked up afresh). What it can miss is a parent recorded by another host in these seconds, for a
+# retry of the call that missed it; that retry then starts its own session, as the call it repeats did.
+MISS_TTL_S = 5.0
+
 
 class LinkCache:
     """Recent link keys in memory: (project, key) → the sessions that produced it (a few, newest last).
@@ -216,11 +226,20 @@ class SessionRef:
 class Linker:
     """Finds the session a call continues: this worker's memory, sibling spools, then the database."""
 
-    def __init__(self, spool: Spool, sessionmaker: async_sessionmaker[AsyncSession], size: int = 100_000) -> None:
+    def __init__(
+        self, spool: Spool, sessionmaker: async_sessionmaker[AsyncSession], size: int = 100_000,
+        miss_ttl_s: float = MISS_TTL_S,
+    ) -> None:  # fmt: skip
         self.spool = spool
         self.sessionmaker = sessionmaker
         self.cache = LinkCache(size)
         self.recent = RecentCalls()  # this worker's dialect calls by id, for continuations
+        self.miss_ttl_s = miss_ttl_s
+        # (project, session asked within, longest prefix key) → when the database's "none" expires. The
+        # longest key stands for all the call's candidates: each key chains the ones before it.
+        self._misses: OrderedDict[tuple[str, str | None, str], float] = OrderedDict()
+        self._misses_size = size // 10
+        self.db_lookups = 0  # queries sent (a test reads it)
 
     async def find_call(self, project: str, call_id: str) -> Stored | None:
         """A stored call by id (a dialect's ``previous_response_id``): memory, the spools, database."""
@@ -242,10 +261,12 @@ class Linker:
             candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
             if candidates:
                 link = self.cache.longest(project, candidates, naming.session_id)
-                if link is None:  # served by another worker, and maybe not yet in the database
+                miss = (project, naming.session_id, candidates[-1])
+                if link is None and not self._missed(miss):
+                    # Served by another worker, and maybe not yet in the database; else the database.
                     link = self._spool_link(project, candidates, naming.session_id)
-                if link is None:
-                    link = await self._db_link(project, candidates, naming.session_id)
+                    if link is None:
+                        link = await self._db_link(project, candidates, naming.session_id, miss)
         if link is AMBIGUOUS:
             return SessionRef(new_session_id(), "ambiguous_link", None, naming.task_id)
         task = naming.task_id or (link.task_id if link else None)
@@ -267,7 +288,20 @@ class Linker:
                 return Link(record.session_id, record.id, record.task_id)
         return None
 
-    async def _db_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
+    def _missed(self, miss: tuple[str, str | None, str]) -> bool:
+        """Whether the database found no parent for this prefix in the last :attr:`miss_ttl_s` seconds."""
+        until = self._misses.get(miss)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._misses[miss]
+        return False
+
+    async def _db_link(
+        self, project: str, keys: list[str], session: str | None, miss: tuple[str, str | None, str]
+    ) -> Link | None:
+        self.db_lookups += 1
         query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
             Completion.project_id == project, Completion.link_key.in_(keys)
         )
@@ -280,7 +314,10 @@ class Linker:
             return None
         rank = {k: i for i, k in enumerate(keys)}
         best = max(rows, key=lambda r: rank[r.link_key], default=None)
-        if best is None:
+        if best is None:  # believed a few seconds (a database that did not answer is asked again)
+            self._misses[miss] = time.monotonic() + self.miss_ttl_s
+            if len(self._misses) > self._misses_size:
+                self._misses.popitem(last=False)
             return None
         if len({r.session_id for r in rows if r.link_key == best.link_key}) > 1:
             return AMBIGUOUS

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
-from proxy.sessions import Link, LinkCache, link_key, naming, prefix_keys
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import insert
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlalchemy.orm import Session
+
+from proxy.sessions import Link, LinkCache, Linker, Naming, link_key, naming, prefix_keys
+from proxy.spool import Spool
+from storage.db import async_engine, sync_engine
+from storage.models import Completion, Project
+from tests.conftest import free_port
+from tests.proxy.records import record
 
 
 def test_a_follow_up_finds_the_previous_turn() -> None:
@@ -53,3 +67,68 @@ def test_tool_call_arguments_link_whatever_their_whitespace() -> None:
     assert prefix_keys([streamed]) == prefix_keys([returned]) == prefix_keys([resent])
     assert prefix_keys([turn('{"x": 1}')]) != prefix_keys([turn('{"x": 2}')])
     assert prefix_keys([turn("not json {")]) == prefix_keys([turn("not json {")])
+
+
+FEW_SHOT = [
+    {"role": "system", "content": "Answer in one word."},
+    {"role": "user", "content": "Capital of France?"},
+    {"role": "assistant", "content": "Paris"},  # an example no recorded call returned
+    {"role": "user", "content": "Capital of Peru?"},
+]
+
+
+@pytest.mark.anyio
+async def test_a_prefix_the_database_has_no_parent_for_is_asked_about_once_per_few_seconds(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """Few-shot examples (or a history from elsewhere) look like assistant turns to linking: without
+    the miss remembered, every such call queried the database for a parent nobody recorded."""
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    engine = async_engine(pg_url)
+    spool = Spool(tmp_path / "spool", 10**9)
+    linker = Linker(spool, async_sessionmaker(engine, expire_on_commit=False), miss_ttl_s=0.5)
+    unnamed, named = Naming(None, None, (), None, "new"), Naming("ses_named", None, (), None, "header")
+    keys = prefix_keys(FEW_SHOT)
+    try:
+        first, again = [await linker.resolve(project, unnamed, FEW_SHOT, keys) for _ in range(2)]
+        assert (first.source, again.source) == ("new", "new") and first.id != again.id
+        assert linker.db_lookups == 1  # the second call believed the first's answer
+        await linker.resolve(project, named, FEW_SHOT, keys)  # a named session asks for its own parent
+        assert linker.db_lookups == 2
+
+        # Another host records a call whose reply was that example: within the few seconds it is not
+        # seen (the documented cost), after them it is.
+        with Session(sync_engine(pg_url)) as db:
+            db.merge(Project(id=project, settings={}))
+            parent = record(1, session="ses_parent", project_id=project, link_key=keys[2], task_id="t9")
+            db.execute(insert(Completion).values(parent.row()))
+            db.commit()
+        assert (await linker.resolve(project, unnamed, FEW_SHOT, keys)).source == "new"
+        assert linker.db_lookups == 2
+        await asyncio.sleep(0.6)
+        linked = await linker.resolve(project, unnamed, FEW_SHOT, keys)
+        assert (linked.id, linked.source, linked.parent_id, linked.task_id) == ("ses_parent", "linked", parent.id, "t9")
+        assert linker.db_lookups == 3
+        # A found parent is not remembered as a miss: the next call asks again (and finds it again).
+        assert (await linker.resolve(project, unnamed, FEW_SHOT, keys)).id == "ses_parent"
+        assert linker.db_lookups == 4
+    finally:
+        spool.close()
+        await engine.dispose()
+
+
+@pytest.mark.anyio
+async def test_a_database_that_did_not_answer_is_asked_again(tmp_path: Path) -> None:
+    """Only the database's answer "no parent" is remembered, not its silence."""
+    port = free_port()  # nothing listens there
+    engine = async_engine(f"postgresql://postgres@127.0.0.1:{port}/nothing")
+    spool = Spool(tmp_path / "spool", 10**9)
+    linker = Linker(spool, async_sessionmaker(engine, expire_on_commit=False))
+    try:
+        for _ in range(2):
+            ref = await linker.resolve("p", Naming(None, None, (), None, "new"), FEW_SHOT, prefix_keys(FEW_SHOT))
+            assert ref.source == "new"
+        assert linker.db_lookups == 2
+    finally:
+        spool.close()
+        await engine.dispose()

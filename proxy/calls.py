@@ -42,7 +42,9 @@ class ProxiedCall:
     engine-facing chat/text completions body. Native calls answer with the engine's
     reply stripped back to what vLLM would have sent; a ``dialect`` call
     (``client_request``: what the harness sent) answers with the dialect's translation
-    of each reply or chunk, and records both sides.
+    of each reply or chunk, and records both sides. ``sent_json``: the bytes the client's
+    body was parsed from (the ``body`` of a native call, the ``client_request`` of a
+    dialect's), its column's text when redaction leaves that body as it was.
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class ProxiedCall:
         dialect: Dialect | None = None,
         client_request: dict[str, Any] | None = None,
         inflight: set[asyncio.Task[None]] | None = None,
+        sent_json: bytes | None = None,
     ) -> None:
         self.upstream = upstream
         self.router = router
@@ -76,6 +79,9 @@ class ProxiedCall:
         self.prompt_key = prompt_key  # the request messages' prefix key (chat only)
         self.dialect = dialect
         self.client_request = client_request
+        # Only JSON whose whitespace holds no tab, newline or return can be a spool line's part as it
+        # is (and a COPY field with its backslashes doubled); the client's parser (orjson) accepted it.
+        self.sent_json = sent_json if sent_json is not None and _compact(sent_json) else None
         self.inflight = inflight if inflight is not None else set()
         self.created = datetime.now(UTC)
         self.t0 = time.perf_counter()
@@ -289,6 +295,13 @@ class ProxiedCall:
             response_json = sent
         else:
             response_json = dump_json(text["response"])
+        # The client's body as it came (not parsed and serialised again) when redaction left it as it was.
+        request_json = client_request_json = None
+        if self.sent_json is not None:
+            if self.dialect is None and text["request"] is self.body:
+                request_json = self.sent_json
+            elif self.dialect is not None and text["client_request"] is self.client_request:
+                client_request_json = self.sent_json
         record = CallRecord(
             id=self.id,
             project_id=self.project,
@@ -298,14 +311,14 @@ class ProxiedCall:
             upstream_id=upstream_id,
             endpoint=self.endpoint,
             dialect=dialect,
-            client_request=dump_json(text["client_request"]),
+            client_request=client_request_json or dump_json(text["client_request"]),
             client_response=client_json,
             alias=self.route.alias,
             served_model=self.route.served_model,
             adapter_version=self.route.version,
             adapter_sha256=self.route.sha256,
             tags=dump_json(self.naming.tags),
-            request=dump_json(text["request"]),
+            request=request_json or dump_json(text["request"]),
             response=response_json,
             prompt_token_ids=dump_json(text["prompt_token_ids"]),
             choices=dump_json(text["choices"]),
@@ -324,3 +337,7 @@ class ProxiedCall:
             end_user=end_user_key(self.naming.end_user) if self.naming.end_user else None,
         )
         await recording.keep(record, keys)
+
+
+def _compact(data: bytes) -> bool:
+    return b"\n" not in data and b"\t" not in data and b"\r" not in data

@@ -9,6 +9,7 @@ engine is enough here: what is checked is the plumbing, not the engine.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -167,7 +168,7 @@ async def test_a_redacted_projects_dialect_record_is_walked_from_the_bytes_its_c
                            naming=Naming("ses_seam", None, (), None, "header"),
                            session=SessionRef("ses_seam", "header", None, None),
                            prompt_key=prefix_keys(body["messages"])[-1], dialect=responses,
-                           client_request=client)  # fmt: skip
+                           client_request=client, sent_json=json.dumps(client).encode())  # fmt: skip
         if stream:
             streamed = call.stream(await call.open())
             sent: list[dict[str, Any]] = []
@@ -188,3 +189,43 @@ async def test_a_redacted_projects_dialect_record_is_walked_from_the_bytes_its_c
         stored = next(r for r in read_segment(parts[3].folder / "active.jsonl") if r.id == call.id).row()
         assert stored["client_response"] == {**got, "instructions": "key [redacted]"}
         assert stored["client_request"]["instructions"] == "key [redacted]"
+
+
+async def test_the_clients_body_is_recorded_as_the_bytes_it_sent_unless_they_cannot_be_or_redaction_changed_it(
+    parts: Any,
+) -> None:
+    """Not parsed and serialised again: the bytes the client sent are the column, when they can sit inside a
+    spool line and a COPY row (no tab, newline or return between tokens) and no policy rewrote the body."""
+    body = {"model": "m", "messages": [{"role": "user", "content": 'héllo "sk-42"\n'}], "max_tokens": 2}
+
+    async def recorded(sent: bytes, dialect: Any = None) -> Any:
+        client = None
+        chat = body
+        if dialect is not None:
+            client, chat = orjson.loads(sent), dialect.to_chat(orjson.loads(sent), None)
+        call = ProxiedCall(*parts[:3], project="default", endpoint="chat", body=chat if client else orjson.loads(sent),
+                           route=Route("m", "stub-model", None, "stub-model"),
+                           naming=Naming("ses_seam", None, (), None, "header"),
+                           session=SessionRef("ses_seam", "header", None, None),
+                           prompt_key=prefix_keys(chat["messages"])[-1], dialect=dialect, client_request=client,
+                           sent_json=sent)  # fmt: skip
+        await call.complete(await call.open())
+        (line,) = [x for x in (parts[3].folder / "active.jsonl").read_bytes().splitlines() if call.id.encode() in x]
+        return line, orjson.loads(line)["completion"]
+
+    as_the_sdk_sends = json.dumps(body).encode()  # ", " and ": " between tokens
+    line, stored = await recorded(as_the_sdk_sends)
+    assert b'"request":' + as_the_sdk_sends + b"," in line and stored["request"] == body
+    pretty = json.dumps(body, indent=2).encode()
+    line, stored = await recorded(pretty)
+    assert b'"request":' + orjson.dumps(body) + b"," in line and stored["request"] == body
+    responses = ResponsesDialect()
+    client = json.dumps({"model": "m", "input": "hi", "max_output_tokens": 2}).encode()
+    line, stored = await recorded(client, responses)
+    assert b'"client_request":' + client + b"," in line
+    assert stored["request"]["messages"] == [{"role": "user", "content": "hi"}]
+    parts[2].policies.update({"default": {"redact": {"patterns": ["sk-[0-9]+"]}}})
+    line, stored = await recorded(as_the_sdk_sends)
+    assert stored["request"]["messages"][0]["content"] == 'héllo "[redacted]"\n' and b"sk-42" not in line
+    # What the recorder writes of these lines (a spool read back) is the same JSON.
+    assert [r.row()["request"]["max_tokens"] for r in read_segment(parts[3].folder / "active.jsonl")] == [2] * 4

@@ -172,6 +172,10 @@ AMBIGUOUS = Link("", "", None)  # a key more than one session produced: which on
 # looked up afresh). What it can miss is a parent recorded by another host in these seconds, for a
 # retry of the call that missed it; that retry then starts its own session, as the call it repeats did.
 MISS_TTL_S = 5.0
+# A lookup the database did not answer (within LOOKUP_S: down, or unreachable behind a partition, where a
+# connect hangs) leaves it alone this long: linking uses memory and spools, and calls do not each wait.
+LOOKUP_S = 1.0
+QUIET_S = 5.0
 
 
 class LinkCache:
@@ -228,7 +232,7 @@ class Linker:
 
     def __init__(
         self, spool: Spool, sessionmaker: async_sessionmaker[AsyncSession], size: int = 100_000,
-        miss_ttl_s: float = MISS_TTL_S,
+        miss_ttl_s: float = MISS_TTL_S, quiet_s: float = QUIET_S,
     ) -> None:  # fmt: skip
         self.spool = spool
         self.sessionmaker = sessionmaker
@@ -239,6 +243,8 @@ class Linker:
         # longest key stands for all the call's candidates: each key chains the ones before it.
         self._misses: OrderedDict[tuple[str, str | None, str], float] = OrderedDict()
         self._misses_size = size // 10
+        self.quiet_s = quiet_s
+        self._quiet_until = 0.0  # no lookups before this (the last one failed)
         self.db_lookups = 0  # queries sent (a test reads it)
 
     async def find_call(self, project: str, call_id: str) -> Stored | None:
@@ -302,6 +308,8 @@ class Linker:
     async def _db_link(
         self, project: str, keys: list[str], session: str | None, miss: tuple[str, str | None, str]
     ) -> Link | None:
+        if time.monotonic() < self._quiet_until:
+            return None
         self.db_lookups += 1
         query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
             Completion.project_id == project, Completion.link_key.in_(keys)
@@ -309,9 +317,10 @@ class Linker:
         if session:
             query = query.where(Completion.session_id == session)
         try:
-            async with asyncio.timeout(1.0), self.sessionmaker() as db:
+            async with asyncio.timeout(LOOKUP_S), self.sessionmaker() as db:
                 rows = (await db.execute(query.order_by(Completion.created_at.desc()).limit(50))).all()
         except Exception:  # noqa: BLE001 - database down: link from memory only; the call still goes through
+            self._quiet_until = time.monotonic() + self.quiet_s
             return None
         rank = {k: i for i, k in enumerate(keys)}
         best = max(rows, key=lambda r: rank[r.link_key], default=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import uuid
 from pathlib import Path
 
@@ -15,7 +16,6 @@ from proxy.sessions import Link, LinkCache, Linker, Naming, link_key, naming, pr
 from proxy.spool import Spool
 from storage.db import async_engine, sync_engine
 from storage.models import Completion, Project
-from tests.conftest import free_port
 from tests.proxy.records import record
 
 
@@ -118,17 +118,23 @@ async def test_a_prefix_the_database_has_no_parent_for_is_asked_about_once_per_f
 
 
 @pytest.mark.anyio
-async def test_a_database_that_did_not_answer_is_asked_again(tmp_path: Path) -> None:
-    """Only the database's answer "no parent" is remembered, not its silence."""
-    port = free_port()  # nothing listens there
+async def test_a_database_that_does_not_answer_is_left_alone_a_few_seconds(tmp_path: Path) -> None:
+    """Behind a partition a connect hangs: one call waits out the lookup's second, the next ones link from
+    memory and spools alone until the quiet seconds pass; then the database is asked again."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts connections (its backlog) and never answers
+    port = silent.getsockname()[1]
     engine = async_engine(f"postgresql://postgres@127.0.0.1:{port}/nothing")
     spool = Spool(tmp_path / "spool", 10**9)
-    linker = Linker(spool, async_sessionmaker(engine, expire_on_commit=False))
+    linker = Linker(spool, async_sessionmaker(engine, expire_on_commit=False), quiet_s=0.5)
+    unnamed = Naming(None, None, (), None, "new")
     try:
-        for _ in range(2):
-            ref = await linker.resolve("p", Naming(None, None, (), None, "new"), FEW_SHOT, prefix_keys(FEW_SHOT))
-            assert ref.source == "new"
+        for _ in range(3):
+            assert (await linker.resolve("p", unnamed, FEW_SHOT, prefix_keys(FEW_SHOT))).source == "new"
+        assert linker.db_lookups == 1
+        await asyncio.sleep(0.6)
+        await linker.resolve("p", unnamed, FEW_SHOT, prefix_keys(FEW_SHOT))
         assert linker.db_lookups == 2
     finally:
         spool.close()
+        silent.close()
         await engine.dispose()

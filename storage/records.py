@@ -84,6 +84,7 @@ class CallRecord:
         # checks that it writes every column).
         tags = Fragment(self.tags)
         completion = {
+            "link_key": self.link_key,  # first: a sibling worker reads it without a search (LINE_START)
             "id": self.id, "project_id": self.project_id, "session_id": self.session_id, "task_id": self.task_id,
             "client_request_id": self.client_request_id, "upstream_id": self.upstream_id, "endpoint": self.endpoint,
             "dialect": self.dialect, "client_request": Fragment(self.client_request),
@@ -92,7 +93,7 @@ class CallRecord:
             "tags": tags, "request": Fragment(self.request), "response": Fragment(self.response),
             "prompt_token_ids": Fragment(self.prompt_token_ids), "choices": Fragment(self.choices),
             "sampling": Fragment(self.sampling), "usage": Fragment(self.usage), "status_code": self.status_code,
-            "termination": self.termination, "error": self.error, "stream": self.stream, "link_key": self.link_key,
+            "termination": self.termination, "error": self.error, "stream": self.stream,
             "parent_id": self.parent_id, "created_at": self.created_at, "latency_ms": self.latency_ms,
             "ttft_ms": self.ttft_ms, "adapter_sha256": self.adapter_sha256, "end_user": self.end_user,
         }  # fmt: skip
@@ -188,6 +189,10 @@ def end_user_key(user: str) -> str:
     if len(user) <= 200 and "\x00" not in user:
         return user
     return "sha256:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+# How a spool line written since the link key went first begins; the key follows (or ``null``).
+LINE_START = b'{"completion":{"link_key":'
 
 
 def link_needle(key: str) -> bytes:

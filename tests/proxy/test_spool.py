@@ -6,6 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.spool import ACTIVE, Spool, SpoolFull, read_segment
@@ -169,14 +170,22 @@ def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Pa
     asyncio.run(write())
     theirs.seal()  # one sealed segment, then more in the active file
     asyncio.run(theirs.append(rec(3, link_key="k4")))
+    # A line from before the link key went first (its key further in), and one whose client sent a
+    # "link_key" of its own in the request: the first is found, the second is not a parent.
+    older = orjson.loads(rec(4, link_key="k1").encode())
+    older["completion"]["link_key"] = older["completion"].pop("link_key")
+    spoof = rec(5, link_key=None, request={"link_key": "k2"})
+    assert b'"link_key":"k2"' in spoof.encode()
     with (theirs_folder / ACTIVE).open("ab") as handle:
+        handle.write(orjson.dumps(older) + b"\n" + spoof.encode() + b"\n")
         handle.write(b'{"completion": {"id": "torn", "link_key": "k5"')  # mid-write: not a line yet
 
     def found(*keys: str) -> list[str]:
         return [r.id for r in mine.sibling_records(list(keys))]
 
-    assert found("k1") == ["c2", "c0"]  # newest first
+    assert found("k1") == ["c4", "c2", "c0"]  # newest first, the active file before the segment
     assert found("k2", "k1")[0] == "c1"  # needles in priority order
+    assert found("k2") == ["c1"]  # not c5
     assert found("k4") == ["c3"] and found("k5") == [] and found("k3") == []  # never our own spool
     assert list(mine.sibling_records(["k1"], budget=60)) == []  # the read is capped, newest first
     for spool in (mine, theirs):

@@ -46,6 +46,7 @@ class CallMeter(Collector):
         self.ttft: dict[tuple[str, str], Histogram] = {}
         self.tokens: dict[tuple[str, str, str], int] = {}
         self.spooled = 0  # records fsync'd to the spool: its own count (``Spool.appended``), set when scraped
+        self.link_lookups: dict[str, int] = {}  # where parents were found (``Linker.lookups``), set when scraped
 
     def call(
         self, route: str, dialect: str, status: int, termination: str, seconds: float, ttft_s: float | None,
@@ -90,7 +91,12 @@ class CallMeter(Collector):
         for kind, n in list(self.tokens.items()):
             tokens.add_metric(list(kind), n)
         spooled = CounterMetricFamily("onthejob_records_spooled", "Records fsync'd to the spool", value=self.spooled)
-        yield from (requests, terminations, tokens, spooled)
+        lookups = CounterMetricFamily("onthejob_link_lookups", "Calls with an earlier assistant turn, by where "
+                                      "their parent was found (memory, spool, database, none, believed_none, "
+                                      "database_down, database_quiet)", labels=["found_in"])  # fmt: skip
+        for found_in, n in list(self.link_lookups.items()):
+            lookups.add_metric([found_in], n)
+        yield from (requests, terminations, tokens, spooled, lookups)
         yield _histogram("onthejob_request_seconds", "Time to the last byte", self.latency)
         yield _histogram("onthejob_time_to_first_token_seconds",
                          "Time to the first chunk (streams) or to the whole reply", self.ttft)  # fmt: skip

@@ -246,6 +246,10 @@ class Linker:
         self.quiet_s = quiet_s
         self._quiet_until = 0.0  # no lookups before this (the last one failed)
         self.db_lookups = 0  # queries sent (a test reads it)
+        # Calls with an earlier assistant turn, by where their parent was found: memory, spool (a sibling
+        # worker's), database, none (asked, not found), believed_none (a recent "none"), database_down
+        # (no answer), database_quiet (not asked: a recent lookup went unanswered).
+        self.lookups: dict[str, int] = {}
 
     async def find_call(self, project: str, call_id: str) -> Stored | None:
         """A stored call by id (a dialect's ``previous_response_id``): memory, the spools, database."""
@@ -266,13 +270,16 @@ class Linker:
             # A parent's link key always ends with the assistant message it returned.
             candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
             if candidates:
-                link = self.cache.longest(project, candidates, naming.session_id)
+                link, found = self.cache.longest(project, candidates, naming.session_id), "memory"
                 miss = (project, naming.session_id, candidates[-1])
-                if link is None and not self._missed(miss):
+                if link is None and self._missed(miss):
+                    found = "believed_none"
+                elif link is None:
                     # Served by another worker, and maybe not yet in the database; else the database.
-                    link = self._spool_link(project, candidates, naming.session_id)
+                    link, found = self._spool_link(project, candidates, naming.session_id), "spool"
                     if link is None:
-                        link = await self._db_link(project, candidates, naming.session_id, miss)
+                        link, found = await self._db_link(project, candidates, naming.session_id, miss)
+                self.lookups[found] = self.lookups.get(found, 0) + 1
         if link is AMBIGUOUS:
             return SessionRef(new_session_id(), "ambiguous_link", None, naming.task_id)
         task = naming.task_id or (link.task_id if link else None)
@@ -307,9 +314,10 @@ class Linker:
 
     async def _db_link(
         self, project: str, keys: list[str], session: str | None, miss: tuple[str, str | None, str]
-    ) -> Link | None:
+    ) -> tuple[Link | None, str]:
+        """The parent the database knows, and where it was found (:attr:`lookups`' names)."""
         if time.monotonic() < self._quiet_until:
-            return None
+            return None, "database_quiet"
         self.db_lookups += 1
         query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
             Completion.project_id == project, Completion.link_key.in_(keys)
@@ -321,14 +329,14 @@ class Linker:
                 rows = (await db.execute(query.order_by(Completion.created_at.desc()).limit(50))).all()
         except Exception:  # noqa: BLE001 - database down: link from memory only; the call still goes through
             self._quiet_until = time.monotonic() + self.quiet_s
-            return None
+            return None, "database_down"
         rank = {k: i for i, k in enumerate(keys)}
         best = max(rows, key=lambda r: rank[r.link_key], default=None)
-        if best is None:  # believed a few seconds (a database that did not answer is asked again)
+        if best is None:  # believed a few seconds
             self._misses[miss] = time.monotonic() + self.miss_ttl_s
             if len(self._misses) > self._misses_size:
                 self._misses.popitem(last=False)
-            return None
+            return None, "none"
         if len({r.session_id for r in rows if r.link_key == best.link_key}) > 1:
-            return AMBIGUOUS
-        return Link(best.session_id, best.id, best.task_id)
+            return AMBIGUOUS, "database"
+        return Link(best.session_id, best.id, best.task_id), "database"

@@ -52,3 +52,21 @@ def test_every_call_is_counted_timed_and_its_tokens_added(
     assert metric_sample(metrics, "onthejob_tokens_total", route="completions", dialect="completions",
                          kind="completion") == 5  # fmt: skip
     assert metric_sample(metrics, "onthejob_records_spooled_total") == 3  # the three answered calls, fsync'd
+
+    # Where calls with an earlier assistant turn found their parent: a follow-up in this worker's memory;
+    # a few-shot prompt nowhere, asked of the database once and then believed for a few seconds.
+    opening = [{"role": "user", "content": "a fresh start"}]
+    few_shot = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+                {"role": "user", "content": "3+3?"}]  # fmt: skip
+    with httpx.Client(base_url=proxy.v1, timeout=10) as c:
+        first = c.post("/chat/completions", json={**chat, "messages": opening}, headers=key)
+        said = first.json()["choices"][0]["message"]
+        follow = [*opening, said, {"role": "user", "content": "and?"}]
+        second = c.post("/chat/completions", json={**chat, "messages": follow}, headers=key)
+        assert second.headers["x-session-id"] == first.headers["x-session-id"]
+        for _ in range(2):
+            assert c.post("/chat/completions", json={**chat, "messages": few_shot}, headers=key).status_code == 200
+        metrics = c.get(f"{proxy.url}/metrics", headers=operator).text
+    found = {where: metric_sample(metrics, "onthejob_link_lookups_total", found_in=where)
+             for where in ("memory", "none", "believed_none", "spool", "database")}  # fmt: skip
+    assert found == {"memory": 1, "none": 1, "believed_none": 1, "spool": None, "database": None}

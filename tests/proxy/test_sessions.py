@@ -112,6 +112,7 @@ async def test_a_prefix_the_database_has_no_parent_for_is_asked_about_once_per_f
         # A found parent is not remembered as a miss: the next call asks again (and finds it again).
         assert (await linker.resolve(project, unnamed, FEW_SHOT, keys)).id == "ses_parent"
         assert linker.db_lookups == 4
+        assert linker.lookups == {"none": 2, "believed_none": 2, "database": 2}
     finally:
         spool.close()
         await engine.dispose()
@@ -134,6 +135,7 @@ async def test_a_database_that_does_not_answer_is_left_alone_a_few_seconds(tmp_p
         await asyncio.sleep(0.6)
         await linker.resolve("p", unnamed, FEW_SHOT, prefix_keys(FEW_SHOT))
         assert linker.db_lookups == 2
+        assert linker.lookups == {"database_down": 2, "database_quiet": 2}
     finally:
         spool.close()
         silent.close()

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import orjson
 
-from storage.records import LINE_START, CallRecord, link_needle
+from proxy.spool_siblings import SIBLING_SCAN_BYTES, Siblings
+from storage.records import CallRecord
 
 log = logging.getLogger("onthejob.spool")
 ACTIVE = "active.jsonl"
 MEMORY_BYTES = 64 * 1024 * 1024
-SIBLING_SCAN_BYTES = 2 * 1024 * 1024
 
 
 # A queued append: the line to write, the record it encodes, and the caller's future.
@@ -67,8 +67,7 @@ class Spool:
         self._active_memory: list[CallRecord] | None = None if self._active_records else []
         self._active_memory_bytes = 0
         self._memory_bytes = 0
-        self._siblings: list[Path] = []
-        self._siblings_at = 0.0
+        self.siblings = Siblings(folder, _newest_first)
         self.appended = 0
         self.fsyncs = 0
         self._thread = threading.Thread(target=self._writer, name="spool-writer", daemon=True)
@@ -211,67 +210,14 @@ class Spool:
 
     # ---- other workers' records (linking a follow-up served here to a turn served there) ----
     def sibling_records(self, link_keys: list[str], budget: int = SIBLING_SCAN_BYTES) -> Iterator[CallRecord]:
-        """Records in other workers' spools (not yet in the database) with one of these link keys.
-
-        Keys in priority order; for each, the newest match first. Reads at most ``budget``
-        bytes, newest files first (a worker's spool holds ~50 ms of its traffic while the
-        database keeps up). Nothing to do with one worker. One pass over what was read,
-        whatever the number of keys: a line's link key is its first field (a long
-        conversation's twenty candidate keys, each searched for through 2 MiB of long
-        records, cost 2.2–2.7 ms a call: ``python -m bench.sibling_scan``).
-        """
-        rank = {key.encode(): i for i, key in enumerate(link_keys)}
-        needles = [(link_needle(key), i) for i, key in enumerate(link_keys)]  # for lines in the older order
-        found: list[tuple[int, int, int, bytes]] = []  # (key's rank, newest file first, newest line first, line)
-        top = False  # the newest line of the first key is the first answer whatever else is there: given at once
-        for file_no, (data, first) in enumerate(self._sibling_chunks(budget, own=False)):
-            for line_no, (hit, line) in enumerate(_keyed_lines(data, first, rank, needles)):
-                if hit == 0 and not top:
-                    top = True
-                    yield from _decoded([line])
-                else:
-                    found.append((hit, file_no, line_no, line))
-        yield from _decoded([line for *_, line in sorted(found, key=lambda hit: hit[:3])])
+        """:meth:`proxy.spool_siblings.Siblings.records`: sibling workers' records with these link keys."""
+        return self.siblings.records(link_keys, budget)
 
     def sibling_matching(
         self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
     ) -> Iterator[CallRecord]:
-        """Records in other workers' spools (and, with ``own``, then in this one's) whose line holds
-        one of ``needles`` (in that order, newest first). ``budget`` bounds the siblings' bytes
-        read, and this worker's separately: a deep backlog here never hides a sibling's record."""
-        chunks = self._sibling_chunks(budget, own=own)
-        for needle in needles:
-            for data, first in chunks:
-                for line in _lines_holding(data, needle, first):
-                    try:
-                        yield CallRecord.decode(line)
-                    except ValueError:  # orjson.JSONDecodeError included: a torn or foreign line
-                        pass
-
-    def _sibling_chunks(self, budget: int, *, own: bool) -> list[tuple[bytes, int]]:
-        """The newest ``budget`` bytes of each sibling's spool (newest file first; and this worker's with
-        ``own``), each with where its first whole line starts (a read that began mid-line skips that
-        line's tail; not copied off: a second buffer of 2 MiB a call cost more than the search)."""
-        now = time.monotonic()
-        if now > self._siblings_at:
-            self._siblings = [f for f in self.folder.parent.glob("w-*") if f != self.folder]
-            self._siblings_at = now + 5.0
-        chunks: list[tuple[bytes, int]] = []
-        for folders in (self._siblings, [self.folder] if own else []):
-            left = budget
-            for file in (file for folder in folders for file in _newest_first(folder)):
-                if left <= 0:
-                    break
-                try:
-                    with file.open("rb") as handle:
-                        size = handle.seek(0, os.SEEK_END)
-                        start = handle.seek(max(0, size - left))
-                        data = handle.read(left)
-                except OSError:
-                    continue  # sealed or drained meanwhile
-                left -= len(data)
-                chunks.append((data, data.find(b"\n") + 1 if start else 0))
-        return chunks
+        """:meth:`proxy.spool_siblings.Siblings.matching`: sibling workers' records holding these bytes."""
+        return self.siblings.matching(needles, budget, own=own)
 
     def writable(self) -> bool:
         return not self.full and os.access(self.folder, os.W_OK)
@@ -305,52 +251,6 @@ def read_segment(path: Path) -> list[CallRecord]:
         except ValueError as exc:  # valid JSON, not a record: nothing this proxy writes
             log.error("skipped a spool line in %s: %s", path, exc)
     return out
-
-
-def _keyed_lines(
-    data: bytes, first: int, rank: dict[bytes, int], needles: list[tuple[bytes, int]]
-) -> Iterator[tuple[int, bytes]]:
-    """(rank, line) for each complete line of ``data`` from ``first`` on whose link key is in ``rank``,
-    newest (last) first.
-
-    A line begins with its link key (:data:`storage.records.LINE_START`); a line written before
-    that order is searched for each of ``needles`` (:func:`storage.records.link_needle`) instead.
-    """
-    skip = len(LINE_START)
-    end = data.rfind(b"\n", first)  # what follows the last newline is mid-write
-    while end >= first:
-        start = data.rfind(b"\n", first, end) + 1 or first
-        if data.startswith(LINE_START, start):
-            if data[start + skip] == 34:  # '"': a key, not null
-                close = data.find(b'"', start + skip + 1, end)
-                hit = rank.get(data[start + skip + 1 : close]) if close > 0 else None
-                if hit is not None:
-                    yield hit, data[start:end]
-        else:
-            for needle, hit in needles:
-                if data.find(needle, start, end) >= 0:
-                    yield hit, data[start:end]
-                    break
-        end = start - 1
-
-
-def _decoded(lines: list[bytes]) -> Iterator[CallRecord]:
-    for line in lines:
-        try:
-            yield CallRecord.decode(line)
-        except ValueError:  # orjson.JSONDecodeError included: a foreign line
-            pass
-
-
-def _lines_holding(data: bytes, needle: bytes, first: int = 0) -> Iterator[bytes]:
-    """The complete lines of ``data`` from ``first`` on that contain ``needle``, last first (a tail may be
-    mid-write)."""
-    at = data.rfind(needle, first)
-    while at >= 0:
-        start, end = data.rfind(b"\n", first, at) + 1 or first, data.find(b"\n", at)
-        if end > 0:
-            yield data[start:end]
-        at = data.rfind(needle, first, start)
 
 
 def _newest_first(folder: Path) -> Iterator[Path]:

@@ -245,11 +245,15 @@ class Linker:
         self._misses_size = size // 10
         self.quiet_s = quiet_s
         self._quiet_until = 0.0  # no lookups before this (the last one failed)
-        self.db_lookups = 0  # queries sent (a test reads it)
         # Calls with an earlier assistant turn, by where their parent was found: memory, spool (a sibling
         # worker's), database, none (asked, not found), believed_none (a recent "none"), database_down
         # (no answer), database_quiet (not asked: a recent lookup went unanswered).
         self.lookups: dict[str, int] = {}
+
+    @property
+    def db_lookups(self) -> int:
+        """Queries sent to the database for a parent (answered or not)."""
+        return sum(self.lookups.get(found, 0) for found in ("database", "none", "database_down"))
 
     async def find_call(self, project: str, call_id: str) -> Stored | None:
         """A stored call by id (a dialect's ``previous_response_id``): memory, the spools, database."""
@@ -318,7 +322,6 @@ class Linker:
         """The parent the database knows, and where it was found (:attr:`lookups`' names)."""
         if time.monotonic() < self._quiet_until:
             return None, "database_quiet"
-        self.db_lookups += 1
         query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
             Completion.project_id == project, Completion.link_key.in_(keys)
         )

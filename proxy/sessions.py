@@ -300,9 +300,8 @@ class Linker:
                 self.cache.put(project, key, link)
 
     def _spool_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
-        wanted = set(keys)  # a line holding a key elsewhere (a client's own "link_key" field) is not a parent
         for record in self.spool.sibling_records(keys[::-1]):  # the longest prefix first
-            if record.link_key in wanted and record.project_id == project and session in (None, record.session_id):
+            if record.project_id == project and session in (None, record.session_id):
                 return Link(record.session_id, record.id, record.task_id)
         return None
 

@@ -43,14 +43,16 @@ class Siblings:
         needles = [(link_needle(key), i) for i, key in enumerate(link_keys)]  # for lines in the older order
         found: list[tuple[int, int, int, bytes]] = []  # (key's rank, newest file first, newest line first, line)
         top = False  # the newest line of the first key is the first answer whatever else is there: given at once
+        wanted = set(link_keys)  # an older line holds a needle anywhere (a client's own "link_key" field too)
         for file_no, (data, first) in enumerate(self._chunks(budget, own=False)):
             for line_no, (hit, line) in enumerate(_keyed_lines(data, first, rank, needles)):
                 if hit == 0 and not top:
                     top = True
-                    yield from _decoded([line])
+                    yield from (r for r in _decoded([line]) if r.link_key in wanted)
                 else:
                     found.append((hit, file_no, line_no, line))
-        yield from _decoded([line for *_, line in sorted(found, key=lambda hit: hit[:3])])
+        lines = [line for *_, line in sorted(found, key=lambda hit: hit[:3])]
+        yield from (r for r in _decoded(lines) if r.link_key in wanted)
 
     def matching(self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
                  ) -> Iterator[CallRecord]:  # fmt: skip

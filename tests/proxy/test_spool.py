@@ -176,8 +176,10 @@ def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Pa
     older["completion"]["link_key"] = older["completion"].pop("link_key")
     spoof = rec(5, link_key=None, request={"link_key": "k2"})
     assert b'"link_key":"k2"' in spoof.encode()
+    older_spoof = orjson.loads(rec(6, link_key=None, request={"link_key": "k2"}).encode())  # and in the older order
+    older_spoof["completion"]["link_key"] = older_spoof["completion"].pop("link_key")
     with (theirs_folder / ACTIVE).open("ab") as handle:
-        handle.write(orjson.dumps(older) + b"\n" + spoof.encode() + b"\n")
+        handle.write(orjson.dumps(older) + b"\n" + spoof.encode() + b"\n" + orjson.dumps(older_spoof) + b"\n")
         handle.write(b'{"completion": {"id": "torn", "link_key": "k5"')  # mid-write: not a line yet
 
     def found(*keys: str) -> list[str]:
@@ -185,7 +187,7 @@ def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Pa
 
     assert found("k1") == ["c4", "c2", "c0"]  # newest first, the active file before the segment
     assert found("k2", "k1")[0] == "c1"  # needles in priority order
-    assert found("k2") == ["c1"]  # not c5
+    assert found("k2") == ["c1"]  # not c5 nor c6
     assert found("k4") == ["c3"] and found("k5") == [] and found("k3") == []  # never our own spool
     assert list(mine.sibling_records(["k1"], budget=60)) == []  # the read is capped, newest first
     for spool in (mine, theirs):

@@ -112,9 +112,10 @@ def main() -> None:
                                     "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
                                     "--duration", str(int(args.seconds + 1)), *(["--gil"] if args.gil else [])],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-            body = dialect_payload(proxy.port, args.dialect, args.stream, args.max_tokens)
             if args.turns:  # a long agent conversation instead of one short message
                 body = long_chat(proxy.port, args.turns, args.turn_chars, args.stream, args.max_tokens)
+            else:
+                body = dialect_payload(proxy.port, args.dialect, args.stream, args.max_tokens)
             rps, p50, ids = uvloop.run(drive(proxy.port, body, args.concurrency, args.seconds))
             spy.wait(60)
             if args.record:

@@ -114,12 +114,8 @@ def main() -> None:
         help="a --checkout whose records do not all land by design (an ablation: bench/recording_split.py); "
         "the lost-records check is skipped for it alone",
     )  # fmt: skip
-    parser.add_argument(
-        "--turns",
-        type=int,
-        default=0,
-        help="a conversation of this many user/assistant turns no recorded call produced",
-    )
+    parser.add_argument("--turns", type=int, default=0,
+                        help="a conversation of this many user/assistant turns no recorded call produced")  # fmt: skip
     parser.add_argument("--turn-chars", type=int, default=1500, help="characters in each message of --turns")
     args = parser.parse_args()
     measure(args.seconds, args.rounds, dict(spec.split("=", 1) for spec in args.checkout), args.lossy, args.pyspy,

@@ -42,8 +42,8 @@ class ProxiedCall:
     engine-facing chat/text completions body. Native calls answer with the engine's
     reply stripped back to what vLLM would have sent; a ``dialect`` call
     (``client_request``: what the harness sent) answers with the dialect's translation
-    of each reply or chunk, and records both sides. ``sent_json``: the bytes the client's
-    body was parsed from (the ``body`` of a native call, the ``client_request`` of a
+    of each reply or chunk, and records both sides. ``raw_body``: the bytes the client's
+    request body was parsed from (the ``body`` of a native call, the ``client_request`` of a
     dialect's), its column's text when redaction leaves that body as it was.
     """
 
@@ -63,7 +63,7 @@ class ProxiedCall:
         dialect: Dialect | None = None,
         client_request: dict[str, Any] | None = None,
         inflight: set[asyncio.Task[None]] | None = None,
-        sent_json: bytes | None = None,
+        raw_body: bytes | None = None,
     ) -> None:
         self.upstream = upstream
         self.router = router
@@ -81,7 +81,7 @@ class ProxiedCall:
         self.client_request = client_request
         # Only JSON whose whitespace holds no tab, newline or return can be a spool line's part as it
         # is (and a COPY field with its backslashes doubled); the client's parser (orjson) accepted it.
-        self.sent_json = sent_json if sent_json is not None and _compact(sent_json) else None
+        self.raw_body = raw_body if raw_body is not None and _compact(raw_body) else None
         self.inflight = inflight if inflight is not None else set()
         self.created = datetime.now(UTC)
         self.t0 = time.perf_counter()
@@ -297,11 +297,11 @@ class ProxiedCall:
             response_json = dump_json(text["response"])
         # The client's body as it came (not parsed and serialised again) when redaction left it as it was.
         request_json = client_request_json = None
-        if self.sent_json is not None:
+        if self.raw_body is not None:
             if self.dialect is None and text["request"] is self.body:
-                request_json = self.sent_json
+                request_json = self.raw_body
             elif self.dialect is not None and text["client_request"] is self.client_request:
-                client_request_json = self.sent_json
+                client_request_json = self.raw_body
         record = CallRecord(
             id=self.id,
             project_id=self.project,

@@ -85,7 +85,7 @@ async def handle(
         dialect=dialect,
         client_request=client_request,
         inflight=st.inflight,
-        sent_json=raw,
+        raw_body=raw,
     )
     request.scope["onthejob.call"] = call.id  # from here on the call counts itself (proxy/routes_openai.py)
     # Serve inline; one watcher task cancels us if the client leaves before its reply (or first chunk).

@@ -168,7 +168,7 @@ async def test_a_redacted_projects_dialect_record_is_walked_from_the_bytes_its_c
                            naming=Naming("ses_seam", None, (), None, "header"),
                            session=SessionRef("ses_seam", "header", None, None),
                            prompt_key=prefix_keys(body["messages"])[-1], dialect=responses,
-                           client_request=client, sent_json=json.dumps(client).encode())  # fmt: skip
+                           client_request=client, raw_body=json.dumps(client).encode())  # fmt: skip
         if stream:
             streamed = call.stream(await call.open())
             sent: list[dict[str, Any]] = []
@@ -208,7 +208,7 @@ async def test_the_clients_body_is_recorded_as_the_bytes_it_sent_unless_they_can
                            naming=Naming("ses_seam", None, (), None, "header"),
                            session=SessionRef("ses_seam", "header", None, None),
                            prompt_key=prefix_keys(chat["messages"])[-1], dialect=dialect, client_request=client,
-                           sent_json=sent)  # fmt: skip
+                           raw_body=sent)  # fmt: skip
         await call.complete(await call.open())
         (line,) = [x for x in (parts[3].folder / "active.jsonl").read_bytes().splitlines() if call.id.encode() in x]
         return line, orjson.loads(line)["completion"]

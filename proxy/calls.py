@@ -79,9 +79,7 @@ class ProxiedCall:
         self.prompt_key = prompt_key  # the request messages' prefix key (chat only)
         self.dialect = dialect
         self.client_request = client_request
-        # Only JSON whose whitespace holds no tab, newline or return can be a spool line's part as it
-        # is (and a COPY field with its backslashes doubled); the client's parser (orjson) accepted it.
-        self.raw_body = raw_body if raw_body is not None and _compact(raw_body) else None
+        self.raw_body = raw_body
         self.inflight = inflight if inflight is not None else set()
         self.created = datetime.now(UTC)
         self.t0 = time.perf_counter()
@@ -297,7 +295,9 @@ class ProxiedCall:
             response_json = dump_json(text["response"])
         # The client's body as it came (not parsed and serialised again) when redaction left it as it was.
         request_json = client_request_json = None
-        if self.raw_body is not None:
+        # Only JSON whose whitespace holds no tab, newline or return can be a spool line's part as it
+        # is (and a COPY field with its backslashes doubled); the client's parser (orjson) accepted it.
+        if self.raw_body is not None and _compact(self.raw_body):
             if self.dialect is None and text["request"] is self.body:
                 request_json = self.raw_body
             elif self.dialect is not None and text["client_request"] is self.client_request:

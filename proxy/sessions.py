@@ -275,14 +275,14 @@ class Linker:
             candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
             if candidates:
                 link, found = self.cache.longest(project, candidates, naming.session_id), "memory"
-                miss = (project, naming.session_id, candidates[-1])
-                if link is None and self._missed(miss):
-                    found = "believed_none"
-                elif link is None:
-                    # Served by another worker, and maybe not yet in the database; else the database.
-                    link, found = self._spool_link(project, candidates, naming.session_id), "spool"
-                    if link is None:
-                        link, found = await self._db_link(project, candidates, naming.session_id, miss)
+                if link is None:
+                    miss = (project, naming.session_id, candidates[-1])
+                    if self._missed(miss):
+                        found = "believed_none"
+                    else:  # served by another worker, and maybe not yet in the database; else the database
+                        link, found = self._spool_link(project, candidates, naming.session_id), "spool"
+                        if link is None:
+                            link, found = await self._db_link(project, candidates, naming.session_id, miss)
                 self.lookups[found] = self.lookups.get(found, 0) + 1
         if link is AMBIGUOUS:
             return SessionRef(new_session_id(), "ambiguous_link", None, naming.task_id)

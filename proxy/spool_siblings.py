@@ -57,8 +57,8 @@ class Siblings:
     def matching(self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
                  ) -> Iterator[CallRecord]:  # fmt: skip
         """Records in other workers' spools (and, with ``own``, then in this one's) whose line holds
-        one of ``needles`` (in that order, newest first). ``budget`` bounds the siblings' bytes
-        read, and this worker's separately: a deep backlog here never hides a sibling's record."""
+        one of ``needles`` (in that order, newest first). ``budget`` bounds the bytes read of each
+        sibling, and this worker's: a deep backlog in one spool never hides another's record."""
         chunks = self._chunks(budget, own=own)
         for needle in needles:
             for data, first in chunks:
@@ -73,9 +73,9 @@ class Siblings:
             self._folders = [f for f in self.folder.parent.glob("w-*") if f != self.folder]
             self._listed_until = now + 5.0
         chunks: list[tuple[bytes, int]] = []
-        for folders in (self._folders, [self.folder] if own else []):
-            left = budget
-            for file in (file for folder in folders for file in self.newest_first(folder)):
+        for folder in [*self._folders, *([self.folder] if own else [])]:
+            left = budget  # each folder its own: one sibling's backlog never hides another's newest records
+            for file in self.newest_first(folder):
                 if left <= 0:
                     break
                 try:

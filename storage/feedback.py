@@ -7,8 +7,16 @@ target is resolved only inside the caller's project: a target that exists in
 another project looks exactly like an unknown one (stored pending). Pending
 items attach when the call lands (:func:`attach_pending`, called by the
 recorder in the transaction that inserts completions) or on a sweep
-(:func:`attach_orphans`, which also closes the race of feedback and its call
+(:func:`sweep_pending`, which also closes the race of feedback and its call
 committing at the same moment); those still pending after a TTL are orphans.
+
+The sweep walks the pending items of the last TTL by cursor, ``(created_at, id)``,
+a page at a time, and resolves a page's targets in three queries. An item older than
+the TTL is aged out: no sweep looks at it again (it still attaches if its call lands
+through the recorder, which asks by target), and :func:`count_orphans` counts it
+(the proxy's ``onthejob_feedback_orphans``). So items that can never attach neither
+starve newer ones (a sweep that took the oldest 500 each time did) nor cost a pass
+for longer than the TTL.
 Revisions are new rows: the newest from the same (source, name) wins, every
 row stays readable.
 """
@@ -18,12 +26,14 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session as DbSession
 
 from storage.feedback_input import FeedbackConflict, FeedbackIn
 from storage.grading import LandedCall, Targets, newest
@@ -174,10 +184,82 @@ def pending_stmt(project_id: str | None = None, older_than: datetime | None = No
     return stmt
 
 
+Cursor = tuple[datetime, str]  # (created_at, id) of the last pending item a sweep looked at
+
+
+@dataclass(frozen=True)
+class Swept:
+    """What one sweep did, and where the next one starts (None: at the oldest item of the window)."""
+
+    attached: int
+    looked: int
+    after: Cursor | None
+
+
+def sweep_pending(
+    db: DbSession, *, after: Cursor | None = None, ttl: timedelta = ORPHAN_TTL, now: datetime | None = None,
+    project_id: str | None = None, page: int = 500, pages: int | None = None,
+) -> Swept:  # fmt: skip
+    """Attach pending items of the last ``ttl`` whose target has landed, walking from ``after`` by
+    ``(created_at, id)``, ``page`` items a query, at most ``pages`` pages (None: to the end).
+
+    Reaching the end, the next sweep starts again at the oldest item of the window. Does not commit.
+    """
+    cutoff = (now or utcnow()) - ttl
+    attached = looked = 0
+    done = 0
+    while pages is None or done < pages:
+        stmt = pending_stmt(project_id).where(Feedback.created_at >= cutoff)
+        if after is not None:
+            at, last = after
+            stmt = stmt.where(or_(Feedback.created_at > at, and_(Feedback.created_at == at, Feedback.id > last)))
+        rows = list(db.scalars(stmt.order_by(Feedback.created_at, Feedback.id).limit(page)))
+        done += 1
+        looked += len(rows)
+        attached += _attach_page(db, rows)
+        if len(rows) < page:
+            return Swept(attached, looked, None)
+        after = (rows[-1].created_at, rows[-1].id)
+    return Swept(attached, looked, after)
+
+
+def _attach_page(db: DbSession, rows: Sequence[Feedback]) -> int:
+    """Attach those of ``rows`` whose target is recorded in their project; how many. Three queries a project."""
+    by_project: dict[str, list[Feedback]] = {}
+    for row in rows:
+        by_project.setdefault(row.project_id, []).append(row)
+    count, now = 0, utcnow()
+    for project, items in by_project.items():
+        wanted: dict[str, set[str]] = {"completion_id": set(), "client_request_id": set(), "session_id": set()}
+        for row in items:
+            wanted.setdefault(row.target_kind, set()).add(row.target_id)
+        cols = (Completion.id, Completion.session_id, Completion.client_request_id, Completion.created_at)
+        mine = select(*cols).where(Completion.project_id == project)
+        calls = [*db.execute(mine.where(Completion.id.in_(wanted["completion_id"]))).all(),
+                 *db.execute(mine.where(Completion.client_request_id.in_(wanted["client_request_id"]))).all()
+                 ] if wanted["completion_id"] or wanted["client_request_id"] else []  # fmt: skip
+        sessions: set[str] = set()
+        if wanted["session_id"]:
+            sessions.update(db.scalars(select(Session.id).where(Session.project_id == project,
+                                                                Session.id.in_(wanted["session_id"]))))  # fmt: skip
+            sessions.update(db.scalars(select(Completion.session_id).distinct().where(
+                Completion.project_id == project, Completion.session_id.in_(wanted["session_id"]))))  # fmt: skip
+        targets = Targets(calls, sessions)
+        for row in items:
+            completion_id, session_id = targets.resolve(row.target_kind, row.target_id)
+            if session_id is not None:
+                row.completion_id, row.session_id, row.attached_at = completion_id, session_id, now
+                count += 1
+    if count:
+        db.flush()
+    return count
+
+
 async def attach_orphans(db: AsyncSession, project_id: str | None = None, limit: int = 500) -> int:
-    """Sweep: attach pending items whose target has landed since (run it now and then)."""
-    rows = (await db.scalars(pending_stmt(project_id).order_by(Feedback.created_at).limit(limit))).all()
-    return sum([await _try_attach(db, row) for row in rows])
+    """One whole sweep (:func:`sweep_pending`, ``limit`` items a query): attach pending items of the last TTL
+    whose target has landed since. The housekeeper (storage/housekeep.py) sweeps a bounded part at a time."""
+    swept = await db.run_sync(lambda s: sweep_pending(s, project_id=project_id, page=limit))
+    return swept.attached
 
 
 async def count_orphans(

@@ -13,8 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from storage.db import async_engine
 from storage import feedback
+from storage.db import async_engine
 from storage.feedback import ORPHAN_TTL, attach_orphans, count_orphans, new_feedback_id
 from storage.models import Completion, Feedback, utcnow
 from tests.storage.rows import insert, new_project, row

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool", default=None, help="spool folder (default: ./spool)")
     p.add_argument("--no-auth", action="store_true", help="accept calls without an API key (development only)")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--no-housekeep", action="store_true",
+                   help="leave the feedback sweep, retention and pruning to `onthejob housekeep`")  # fmt: skip
     p.set_defaults(handler=commands.serve)
 
     p = sub.add_parser("train", help="train LoRA adapters from graded traffic")
@@ -229,6 +231,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-changes", type=int, default=None, metavar="N",
                    help="change-log entries kept per project whatever the readers passed (default 100000)")  # fmt: skip
     p.set_defaults(handler=commands.retention)
+
+    p = sub.add_parser("housekeep", help="the database's periodic maintenance on one schedule: feedback sweep, "
+                       "retention, change-log pruning (safe to run as several copies)")  # fmt: skip
+    p.add_argument("--db", default=None)
+    p.add_argument("--once", action="store_true", help="run every job once now, then exit")
+    p.add_argument("--sweep-every", type=float, default=5.0, metavar="S",
+                   help="seconds between sweeps of pending feedback (0: never)")  # fmt: skip
+    p.add_argument("--retention-every", type=float, default=None, metavar="S",
+                   help="seconds between retention passes (default $ONTHEJOB_RETENTION_EVERY or 3600)")  # fmt: skip
+    p.add_argument("--prune-every", type=float, default=None, metavar="S",
+                   help="seconds between prunings of the change log (default: the retention period)")  # fmt: skip
+    p.add_argument("--keep-changes", type=int, default=None, metavar="N",
+                   help="change-log entries kept per project whatever the readers passed (default 100000)")  # fmt: skip
+    p.set_defaults(handler=commands.housekeep)
     return parser
 
 

@@ -58,6 +58,8 @@ def proxy_settings(args: argparse.Namespace) -> ProxySettings:
     from proxy.settings import Settings
 
     kwargs: dict[str, Any] = {"database_url": args.db, "auth": not args.no_auth}
+    if getattr(args, "no_housekeep", False):
+        kwargs["housekeep"] = False
     if args.upstream:
         kwargs["upstreams"] = [u for item in args.upstream for u in item.split(",")]
     if args.spool:
@@ -73,6 +75,8 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UserError(f"--workers {args.workers}: must be at least 1")
+    if args.no_housekeep:  # the processes of --workers N build their settings from the environment
+        os.environ["ONTHEJOB_HOUSEKEEP"] = "0"
     return run(proxy_settings(args), host=args.host, port=args.port, workers=args.workers)
 
 
@@ -315,6 +319,40 @@ def retention(args: argparse.Namespace) -> int:
         if entries:
             print(f"project {project}: pruned {entries} change-log entries every reader has passed", file=sys.stderr)
     return 0
+
+
+def housekeep(args: argparse.Namespace) -> int:
+    """``onthejob housekeep``: the feedback sweep, retention and change-log pruning on one schedule
+    (storage/housekeep.py) until stopped, or each once with ``--once``; several copies take turns."""
+    import logging
+    import threading
+
+    from storage.changes import KEEP_LAST
+    from storage.db import sync_engine
+    from storage.housekeep import Housekeeper, Schedule
+
+    retention = args.retention_every
+    if retention is None:
+        retention = float(os.environ.get("ONTHEJOB_RETENTION_EVERY", "3600"))
+    prune = retention if args.prune_every is None else args.prune_every
+    if min(args.sweep_every, retention, prune) < 0 or (args.keep_changes is not None and args.keep_changes < 0):
+        raise UserError("--sweep-every, --retention-every, --prune-every and --keep-changes: 0 or more")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    schedule = Schedule(sweep_every_s=args.sweep_every, retention_every_s=retention, prune_every_s=prune,
+                        keep_changes=KEEP_LAST if args.keep_changes is None else args.keep_changes)  # fmt: skip
+    eng = sync_engine(args.db)
+    keeper = Housekeeper(eng, schedule)
+    try:
+        if not args.once:
+            keeper.run_forever(threading.Event())  # until SIGTERM or Ctrl-C
+            return 0
+        done = keeper.run_all()
+    finally:
+        eng.dispose()
+    for name, result in done.items():
+        what = "skipped: another copy holds its lock" if (name, "skipped") in keeper.runs else "failed (logged)"
+        print(f"{name}: {result if result is not None else what}", file=sys.stderr)
+    return 0 if all(result is not None or (name, "skipped") in keeper.runs for name, result in done.items()) else 1
 
 
 def judge(args: argparse.Namespace) -> int:

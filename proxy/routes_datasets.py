@@ -1,14 +1,23 @@
-"""Admin routes for datasets (storage/datasets.py): create, list, show, diff — the ``onthejob dataset`` commands."""
+"""Admin routes for datasets (storage/datasets.py): create, list, show, diff — the ``onthejob dataset`` commands.
+
+Each runs in a worker thread on a sync session of its own (:func:`_off_loop`): making a dataset assembles
+every candidate session (10,000 of them take seconds of CPU), and a show or a diff builds every item; on
+the event loop that would stall every call in flight (``python -m bench.serving_under_load``).
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session as DbSession
 
-from proxy.deps import AdminDep, DbDep, PathId
+from proxy.deps import AdminDep, PathId, app_state
 from proxy.errors import ApiError, Conflict, InvalidRequest, NotFound
 from storage import datasets
 from storage.mining import MODES
@@ -55,37 +64,57 @@ def _api_error(exc: datasets.DatasetError) -> ApiError:
     return InvalidRequest(str(exc), param="filter")
 
 
+T = TypeVar("T")
+
+
+def sync_engine(request: Request) -> Engine:
+    """The app's sync engine (proxy/state.py), for work done in threads."""
+    return app_state(request).sync_engine
+
+
+SyncDep = Annotated[Engine, Depends(sync_engine)]
+
+
+async def _off_loop(engine: Engine, work: Callable[[DbSession], T], *, commit: bool = False) -> T:
+    """``work`` on a sync session of its own in a worker thread; a storage error as the envelope's."""
+
+    def run() -> T:
+        with DbSession(engine) as db:
+            out = work(db)
+            if commit:
+                db.commit()
+            return out
+
+    try:
+        return await asyncio.to_thread(run)
+    except datasets.DatasetError as exc:
+        raise _api_error(exc) from exc
+
+
 @router.post("/datasets", status_code=201)
-async def create_dataset(item: DatasetIn, admin: AdminDep, db: DbDep) -> dict[str, Any]:
+async def create_dataset(item: DatasetIn, admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
     """Select trajectories and pin them (calls, feedback, rewards) under a name never reused."""
     try:
         given = datasets.DatasetFilter.from_dict(item.filter.model_dump(exclude_defaults=True))
         spec = datasets.Spec(given, from_mine=item.from_mine, curated=item.curated, per_task=item.per_task)
-        out = await db.run_sync(lambda s: datasets.create(s, admin.project_id, item.name, spec, item.description))
     except datasets.DatasetError as exc:
         raise _api_error(exc) from exc
-    await db.commit()
-    return out
+    work = lambda s: datasets.create(s, admin.project_id, item.name, spec, item.description)  # noqa: E731
+    return await _off_loop(engine, work, commit=True)
 
 
 @router.get("/datasets")
-async def list_datasets(admin: AdminDep, db: DbDep) -> dict[str, Any]:
-    return {"object": "list", "data": await db.run_sync(lambda s: datasets.list_datasets(s, admin.project_id))}
+async def list_datasets(admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
+    return {"object": "list", "data": await _off_loop(engine, lambda s: datasets.list_datasets(s, admin.project_id))}
 
 
 @router.get("/datasets/{name}")
-async def show_dataset(name: PathId, admin: AdminDep, db: DbDep) -> dict[str, Any]:
+async def show_dataset(name: PathId, admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
     """The dataset and its items (a deleted session's are gone)."""
-    try:
-        return await db.run_sync(lambda s: datasets.show(s, admin.project_id, name))
-    except datasets.DatasetError as exc:
-        raise _api_error(exc) from exc
+    return await _off_loop(engine, lambda s: datasets.show(s, admin.project_id, name))
 
 
 @router.get("/datasets/{name}/diff/{other}")
-async def diff_datasets(name: PathId, other: PathId, admin: AdminDep, db: DbDep) -> dict[str, Any]:
+async def diff_datasets(name: PathId, other: PathId, admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
     """Items only in ``name``, only in ``other``, and in both with another path, reward or feedback."""
-    try:
-        return await db.run_sync(lambda s: datasets.diff(s, admin.project_id, name, other))
-    except datasets.DatasetError as exc:
-        raise _api_error(exc) from exc
+    return await _off_loop(engine, lambda s: datasets.diff(s, admin.project_id, name, other))

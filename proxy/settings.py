@@ -44,6 +44,10 @@ class Settings:
     promotion_every_s: float = field(default_factory=lambda: float(_env("PROMOTION_EVERY", "10")))
     # How often each project's retention_days is applied (storage/retention.py); 0: never (run it by hand).
     retention_every_s: float = field(default_factory=lambda: float(_env("RETENTION_EVERY", "3600")))
+    # Whether this process runs the housekeeping jobs (storage/housekeep.py: the feedback sweep every
+    # reconcile_every_s, retention and change-log pruning every retention_every_s) in a thread of its own;
+    # 0 (``serve --no-housekeep``) when ``onthejob housekeep`` runs them elsewhere.
+    housekeep: bool = field(default_factory=lambda: _env("HOUSEKEEP", "1") not in ("0", "false", "no"))
     key_cache_ttl_s: float = 60.0
     # Per API key: sustained requests/s and burst; 0 turns rate limiting off (it never applies under --no-auth).
     rate_limit_rps: float = field(default_factory=lambda: float(_env("RATE_LIMIT_RPS", "50")))

@@ -1,4 +1,4 @@
-"""What the app owns for its lifetime: settings, database, upstream client, spool, recorder, caches."""
+"""What the app owns for its lifetime: settings, database, upstream client, spool, recorder, caches, housekeeper."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -26,12 +28,11 @@ from proxy.settings import Settings
 from proxy.spool import Spool
 from proxy.spool_folders import absorb_orphans, claim
 from proxy.upstream import Upstream
-from storage.changes import prune_all
-from storage.db import async_engine
-from storage.feedback import attach_orphans, count_orphans
+from storage.db import async_engine, sync_engine
+from storage.feedback import count_orphans
+from storage.housekeep import Housekeeper, Schedule, log_result
 from storage.keys import ensure_key
 from storage.models import Project
-from storage.retention import apply_retention
 
 # What an unreachable database raises (SQLAlchemy wraps the driver's connection errors).
 UNREACHABLE = (OperationalError, InterfaceError, OSError, TimeoutError)
@@ -53,9 +54,12 @@ class AppState:
     recording: Recording
     promotion: Promotion
     spool_lock: int = -1
+    housekeeper: Housekeeper | None = None  # storage/housekeep.py, in a thread (settings.housekeep)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False
+    _sync_engine: Engine | None = None
+    _housekeeping: tuple[threading.Thread, threading.Event] | None = None
 
     @classmethod
     def build(cls, settings: Settings) -> AppState:
@@ -110,13 +114,41 @@ class AppState:
     def attestor(self) -> Attestor:
         return self.promotion.attestor
 
+    @property
+    def sync_engine(self) -> Engine:
+        """A sync engine for database work done in threads, off the event loop (housekeeping, datasets);
+        built at first use."""
+        if self._sync_engine is None:
+            pool = {} if _sqlite(self.settings) else {"pool_size": 3, "max_overflow": 3}
+            self._sync_engine = sync_engine(self.settings.database_url, **pool)
+        return self._sync_engine
+
     async def start(self) -> None:
         await asyncio.to_thread(absorb_orphans, self.spool)  # records a worker that is gone left behind
         await self.router.discover()
         await self._start_with_database()
         self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
-        self.tasks.append(asyncio.create_task(self._housekeeping(), name="housekeeping"))
+        self.tasks.append(asyncio.create_task(self._follow(), name="follow"))
         self.tasks.append(asyncio.create_task(self.router.watch(self.settings.probe_every_s), name="probes"))
+        if self.settings.housekeep:
+            self.start_housekeeper()
+
+    def start_housekeeper(self) -> None:
+        """The housekeeping jobs (storage/housekeep.py) on the proxy's schedule, in a thread: the sweep every
+        ``reconcile_every_s``, retention and pruning every ``retention_every_s``. Copies in sibling workers
+        and other hosts take turns by advisory lock."""
+        every = self.settings.retention_every_s
+        schedule = Schedule(sweep_every_s=self.settings.reconcile_every_s, retention_every_s=every, prune_every_s=every)
+        self.housekeeper = Housekeeper(self.sync_engine, schedule, report=self._housekept)
+        stop = threading.Event()
+        thread = threading.Thread(target=self.housekeeper.run_forever, args=(stop,), name="housekeeper", daemon=True)
+        thread.start()
+        self._housekeeping = (thread, stop)
+
+    def _housekept(self, job: str, result: dict[str, Any]) -> None:
+        log_result(job, result)
+        if job == "sweep":
+            self.metrics.feedback_orphans.set(result["orphans"])
 
     async def _start_with_database(self) -> None:
         """The start-up steps that need the database, each on its own: one that fails for its own reason
@@ -150,13 +182,16 @@ class AppState:
                 await db.rollback()
                 log.error("ONTHEJOB_ADMIN_KEY not registered: %s", exc)
 
-    async def _housekeeping(self) -> None:
-        """Follow deployments (alias table) quickly; sweep pending feedback and orphaned spools; retention, pruning."""
+    async def _follow(self) -> None:
+        """Follow deployments (alias table) quickly; adopt orphaned spools; decide candidates; re-attest.
+
+        The database's maintenance (feedback sweep, retention, pruning) is the housekeeper's, in a thread
+        (:meth:`start_housekeeper`) or in ``onthejob housekeep``; without it here, this loop still counts
+        orphaned feedback for ``/metrics``.
+        """
         ticks_per_reconcile = max(1, int(self.settings.reconcile_every_s / self.settings.alias_refresh_s))
         ticks_per_attest = max(1, int(self.settings.attest_every_s / self.settings.alias_refresh_s))
         ticks_per_decision = max(1, int(self.settings.promotion_every_s / self.settings.alias_refresh_s))
-        every = self.settings.retention_every_s
-        ticks_per_retention = max(1, int(every / self.settings.alias_refresh_s)) if every > 0 else 0
         tick = 0
         while True:
             await asyncio.sleep(self.settings.alias_refresh_s)
@@ -164,34 +199,17 @@ class AppState:
                 await self.refresh()
             tick += 1
             if tick % ticks_per_reconcile == 0:
-                with contextlib.suppress(Exception):
-                    await self.sweep_feedback()
                 with contextlib.suppress(OSError):
                     await asyncio.to_thread(absorb_orphans, self.spool)
+                if self.housekeeper is None:
+                    with contextlib.suppress(Exception):
+                        await self.count_orphans()
             if tick % ticks_per_decision == 0:
                 with contextlib.suppress(Exception):
                     await self.promotion.tick()
             if tick % ticks_per_attest == 0:
                 with contextlib.suppress(Exception):
                     await self.attestor.check_all()
-            if ticks_per_retention and (tick - 1) % ticks_per_retention == 0:  # soon after start, then each period
-                await self.expire()
-
-    async def expire(self) -> None:
-        """Apply each project's retention (storage/retention.py) and prune the change log of what every reader
-        has passed (storage/changes.py); a failure waits for the next period."""
-        try:
-            async with self.sessionmaker() as db:
-                done, pruned = await db.run_sync(lambda s: (apply_retention(s), prune_all(s)))
-        except Exception as exc:  # noqa: BLE001 - the database may be down; the next pass catches up
-            log.warning("retention pass failed (%s); retrying next period", exc.__class__.__name__)
-            return
-        for project, counts in done.items():
-            if any(counts.values()):
-                log.info("retention: project %r: deleted %s", project, counts)
-        for project, entries in pruned.items():
-            if entries:
-                log.info("change log: project %r: pruned %d entries every reader has passed", project, entries)
 
     async def refresh(self) -> None:
         """Reload what other replicas or the trainer may have changed: aliases and project policies."""
@@ -201,11 +219,9 @@ class AppState:
             rows = (await db.execute(select(Project.id, Project.settings))).all()
         self.recording.policies.update(dict(rows))  # and kept beside the spool for a start without the database
 
-    async def sweep_feedback(self) -> None:
-        """Attach pending feedback whose call has landed since; export how many stay orphaned."""
+    async def count_orphans(self) -> None:
+        """Export how many pending feedback items are older than their TTL (the housekeeper does it when here)."""
         async with self.sessionmaker() as db:
-            if await attach_orphans(db):
-                await db.commit()
             self.metrics.feedback_orphans.set(await count_orphans(db))
 
     async def stop(self, grace_s: float = 30.0) -> None:
@@ -218,6 +234,7 @@ class AppState:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._stop_housekeeper()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.recorder.drain_once(), timeout=10)
         await self.recorder.close()
@@ -225,6 +242,18 @@ class AppState:
         os.close(self.spool_lock)  # releases our spool folder (after the final drain)
         await self.upstream.close()
         await self.engine.dispose()
+
+    async def _stop_housekeeper(self) -> None:
+        """Stop the housekeeping thread (a job under way finishes first, up to 10 s), then the sync engine."""
+        if self._housekeeping is not None:
+            thread, stop = self._housekeeping
+            stop.set()
+            await asyncio.to_thread(thread.join, 10.0)
+            if thread.is_alive():
+                log.warning("housekeeping still running after 10 s; leaving it to end with the process")
+                return
+        if self._sync_engine is not None:
+            await asyncio.to_thread(self._sync_engine.dispose)
 
 
 def _sqlite(settings: Settings) -> bool:

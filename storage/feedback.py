@@ -262,13 +262,18 @@ async def attach_orphans(db: AsyncSession, project_id: str | None = None, limit:
     return swept.attached
 
 
+def orphans_stmt(ttl: timedelta = ORPHAN_TTL, project_id: str | None = None, now: datetime | None = None
+                 ) -> Select[int]:  # fmt: skip
+    """How many pending items are older than ``ttl`` (aged out of the sweep: their target never landed)."""
+    sub = pending_stmt(project_id, (now or datetime.now(UTC)) - ttl).subquery()
+    return select(func.count()).select_from(sub)
+
+
 async def count_orphans(
     db: AsyncSession, *, ttl: timedelta = ORPHAN_TTL, project_id: str | None = None, now: datetime | None = None
 ) -> int:
     """Pending feedback older than ``ttl``: its target never landed (or never existed here)."""
-    cutoff = (now or datetime.now(UTC)) - ttl
-    sub = pending_stmt(project_id, cutoff).subquery()
-    return int(await db.scalar(select(func.count()).select_from(sub)) or 0)
+    return int(await db.scalar(orphans_stmt(ttl, project_id, now)) or 0)
 
 
 # --------------------------------------------------------------------------- reading

@@ -9,8 +9,9 @@ training steps hold ids, no content): an adapter still says what trained it.
 No tombstones: a call older than the cutoff still in a spool when the pass ran lands
 later and goes at the next pass (retention is a period, not a promise to the second).
 A session whose older calls went and newer ones stayed keeps them; its trajectories
-start at the oldest call left. The proxy runs a pass every ``ONTHEJOB_RETENTION_EVERY``
-seconds (proxy/state.py); ``onthejob retention`` runs one by hand.
+start at the oldest call left. The housekeeper (storage/housekeep.py: ``onthejob housekeep``, or a
+thread of each proxy worker) runs a pass every ``ONTHEJOB_RETENTION_EVERY`` seconds; ``onthejob
+retention`` runs one by hand.
 """
 
 from __future__ import annotations

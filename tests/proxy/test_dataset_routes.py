@@ -8,8 +8,10 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session
 
+from proxy import routes_datasets
 from proxy.app import create_app
 from proxy.settings import Settings
+from storage.db import sync_engine
 from storage.keys import ensure_project
 from tests.proxy.header_auth import as_, header_client
 from tests.storage.test_datasets import _world
@@ -21,8 +23,11 @@ pytestmark = pytest.mark.anyio
 async def client(pg_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """The real app (routes, envelope); the key check and the database session are the test's."""
     app = create_app(Settings(upstreams=["http://127.0.0.1:1"], database_url=pg_url))
+    engine = sync_engine(pg_url)  # the dataset routes work in a thread, on a sync session (no lifespan here)
+    app.dependency_overrides[routes_datasets.sync_engine] = lambda: engine
     async with header_client(app, pg_url, "http://t/v1/admin") as c:
         yield c
+    engine.dispose()
 
 
 async def test_dataset_routes_mirror_the_commands(client: httpx.AsyncClient, db: Session) -> None:

@@ -79,8 +79,18 @@ def onthejob_commands(service: dict[str, Any]) -> list[list[str]]:
     return [a for a in argv_list if a and a[0] == "onthejob"]
 
 
-def test_services_are_the_six_plus_model_preparation(services: dict[str, Any]) -> None:
-    assert set(services) == {"postgres", "model", "vllm", "proxy", "trainer", "judge", "monitor"}
+def test_services_are_the_seven_plus_model_preparation(services: dict[str, Any]) -> None:
+    assert set(services) == {"postgres", "model", "vllm", "proxy", "housekeep", "trainer", "judge", "monitor"}
+
+
+def test_housekeeping_is_its_own_service_and_not_the_proxys(services: dict[str, Any]) -> None:
+    (argv,) = onthejob_commands(services["housekeep"])
+    args = build_parser().parse_args(argv[1:])
+    assert args.command == "housekeep" and not args.once
+    serve = build_parser().parse_args(onthejob_commands(services["proxy"])[-1][1:])
+    assert serve.no_housekeep
+    assert services["housekeep"]["depends_on"]["proxy"]["condition"] == "service_healthy"  # migrated by then
+    assert "deploy" not in services["housekeep"]
 
 
 def test_the_monitor_watches_the_database_and_probes_the_engine(services: dict[str, Any]) -> None:
@@ -108,7 +118,7 @@ def test_postgres_has_a_volume_and_a_healthcheck(services: dict[str, Any]) -> No
 def test_database_url_points_every_onthejob_service_at_postgres(services: dict[str, Any]) -> None:
     pg = env_of(services["postgres"])
     want = f"postgresql://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}"
-    for name in ("proxy", "trainer", "judge", "monitor"):
+    for name in ("proxy", "housekeep", "trainer", "judge", "monitor"):
         assert env_of(services[name])["DATABASE_URL"] == want, name
     assert services["proxy"]["depends_on"]["postgres"]["condition"] == "service_healthy"
 

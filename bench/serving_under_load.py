@@ -1,0 +1,177 @@
+"""The proxy's event loop while background work runs: its lag during dataset creation and a retention pass.
+
+A probe task sleeps 5 ms again and again on the loop and records how late it wakes (the lag every
+call in flight would see at that moment). Measured while, on the same loop:
+
+- a dataset of ``--dataset-sessions`` sessions (four turns each, graded) is created, and
+- a retention pass deletes ``--retention-calls`` calls (with their sessions, feedback and change-log entries),
+
+each done the way the code did before (``before``: the route's ``db.run_sync`` on the loop's async session,
+the proxy's housekeeping coroutine's ``run_sync(apply_retention)``) and the way it does now (``after``: the
+real ``POST /v1/admin/datasets`` route, which works in a thread on a sync session, and the housekeeper's
+retention job run in a thread, as ``serve``'s housekeeping thread runs it). The history is written by COPY
+(bench/loader_scale.py's fill, the recorder's bulk path) into a database made afresh for each mode.
+
+Run: ``python -m bench.serving_under_load [--dataset-sessions 10000] [--retention-calls 100000]
+[--modes before,after]``. Prints one JSON object per line (lag p50/p99/max in ms, seconds taken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import httpx
+import orjson
+from sqlalchemy import create_engine, func, select, text, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from bench.loader_scale import PROJECT, T0, TURNS, fill
+from proxy.app import create_app
+from proxy.settings import Settings
+from storage import datasets
+from storage.db import async_engine, sync_engine
+from storage.housekeep import Housekeeper, Schedule
+from storage.migrate import upgrade
+from storage.models import Completion, Project
+from storage.retention import apply_retention
+
+PROBE_S = 0.005
+
+
+async def lag_during(work: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
+    """Run ``work`` on this loop with the lag probe beside it; the probe's percentiles in ms."""
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            at = time.perf_counter()
+            await asyncio.sleep(PROBE_S)
+            lags.append((time.perf_counter() - at - PROBE_S) * 1000)
+
+    task = asyncio.create_task(probe())
+    await asyncio.sleep(0.05)  # the probe is running
+    started = time.perf_counter()
+    await work()
+    seconds = time.perf_counter() - started
+    done.set()
+    await task
+    lags.sort()
+
+    def pct(q: float) -> float:  # nearest rank: a lag that was seen, never one extrapolated past the max
+        return round(lags[min(len(lags) - 1, max(0, math.ceil(q * len(lags)) - 1))], 2)
+
+    return {"seconds": round(seconds, 2), "lag_ms_p50": pct(0.5), "lag_ms_p99": pct(0.99),
+            "lag_ms_max": round(lags[-1], 2), "probes": len(lags)}  # fmt: skip
+
+
+def fresh(admin_url: str, name: str) -> str:
+    admin = create_engine(make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    upgrade(url)
+    return url
+
+
+def keep_one_day(url: str) -> None:
+    eng = sync_engine(url)
+    with Session(eng) as db:
+        db.execute(update(Project).where(Project.id == PROJECT).values(settings={"retention_days": 1}))
+        db.commit()
+    eng.dispose()
+
+
+async def before(url: str, since: str) -> dict[str, Any]:
+    """The old paths, on the loop: the dataset route's ``run_sync`` and the housekeeping coroutine's pass."""
+    eng = async_engine(url)
+    out: dict[str, Any] = {}
+
+    async def create() -> None:
+        async with AsyncSession(eng, expire_on_commit=False) as db:
+            spec = datasets.Spec(datasets.DatasetFilter.from_dict({"since": since}))
+            made = await db.run_sync(lambda s: datasets.create(s, PROJECT, "ds", spec))
+            await db.commit()
+            out["dataset_trajectories"] = made["counts"]["trajectories"]
+
+    async def retention() -> None:
+        async with AsyncSession(eng, expire_on_commit=False) as db:
+            done = await db.run_sync(lambda s: apply_retention(s))
+            out["deleted_calls"] = done[PROJECT]["calls"]
+
+    out["dataset"] = await lag_during(create)
+    keep_one_day(url)
+    out["retention"] = await lag_during(retention)
+    await eng.dispose()
+    return out
+
+
+async def after(url: str, since: str) -> dict[str, Any]:
+    """The new paths: the real route (a thread, a sync session) and the housekeeper's job in a thread."""
+    out: dict[str, Any] = {}
+    with TemporaryDirectory() as spool:
+        settings = Settings(upstreams=["http://127.0.0.1:1"], database_url=url, auth=False, housekeep=False,
+                            default_project=PROJECT, spool_dir=Path(spool))  # fmt: skip
+        app = create_app(settings)
+        async with app.router.lifespan_context(app):
+            state = app.state.onthejob
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=600) as client:
+
+                async def create() -> None:
+                    made = await client.post("/v1/admin/datasets", json={"name": "ds", "filter": {"since": since}})
+                    assert made.status_code == 201, made.text
+                    out["dataset_trajectories"] = made.json()["counts"]["trajectories"]
+
+                out["dataset"] = await lag_during(create)
+            keep_one_day(url)
+            keeper = Housekeeper(state.sync_engine, Schedule())
+            job = next(j for j in keeper.jobs if j.name == "retention")
+
+            async def retention() -> None:
+                done = await asyncio.to_thread(keeper.run, job)
+                assert done is not None
+                out["deleted_calls"] = done["projects"][PROJECT]["calls"]
+
+            out["retention"] = await lag_during(retention)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--database", default="onthejob_bench_serving")
+    parser.add_argument("--dataset-sessions", type=int, default=10_000)
+    parser.add_argument("--retention-calls", type=int, default=100_000)
+    parser.add_argument("--modes", default="before,after")
+    args = parser.parse_args()
+    sessions = max(args.dataset_sessions, args.retention_calls // TURNS)
+    # Session s's calls are at s * 10 ms: the dataset takes the newest --dataset-sessions of them.
+    since = (T0 + timedelta(milliseconds=(sessions - args.dataset_sessions) * 10)).isoformat()
+    for mode in args.modes.split(","):
+        url = fresh(args.admin, args.database)
+        fill_s = asyncio.run(fill(url, 0, sessions))
+        eng = sync_engine(url)
+        with Session(eng) as db:
+            calls = db.scalar(select(func.count()).select_from(Completion))
+        eng.dispose()
+        idle = asyncio.run(lag_during(lambda: asyncio.sleep(2)))
+        result = asyncio.run((before if mode == "before" else after)(url, since))
+        print(orjson.dumps({"mode": mode, "calls": calls, "fill_s": round(fill_s, 1), "idle": idle, **result}).decode(),
+              flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -11,6 +14,7 @@ from sqlalchemy.orm import Session
 from proxy import routes_datasets
 from proxy.app import create_app
 from proxy.settings import Settings
+from storage import datasets
 from storage.db import sync_engine
 from storage.keys import ensure_project
 from tests.proxy.header_auth import as_, header_client
@@ -62,3 +66,29 @@ async def test_dataset_routes_mirror_the_commands(client: httpx.AsyncClient, db:
     assert (await client.get("/datasets/cut", headers=as_(other))).status_code == 404
     assert (await client.get("/datasets/good/diff/cut", headers=as_(other))).status_code == 404
     assert (await client.get("/datasets", headers=as_(other))).json()["data"] == []
+
+
+async def test_a_dataset_is_made_off_the_event_loop_which_serves_meanwhile(
+    client: httpx.AsyncClient, db: Session, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The creation (every candidate session assembled) runs in a worker thread: while it is held there,
+    the loop answers another request. On the loop (the old ``run_sync``) the held creation blocked it."""
+    p, _ = _world(db)
+    real, started, release = datasets.create, threading.Event(), threading.Event()
+    where: list[threading.Thread] = []
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        where.append(threading.current_thread())
+        started.set()
+        assert release.wait(20), "the loop never answered the other request"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(datasets, "create", held)
+    making = asyncio.create_task(client.post("/datasets", headers=as_(p), json={"name": "big"}))
+    assert await asyncio.to_thread(started.wait, 20)
+    listed = await client.get("/datasets", headers=as_(p))  # served while the creation is held in its thread
+    assert listed.status_code == 200 and listed.json()["data"] == []
+    release.set()
+    made = await making
+    assert made.status_code == 201 and made.json()["counts"]["trajectories"] == 9  # every trajectory of the world
+    assert where and where[0] is not threading.main_thread()

@@ -24,7 +24,16 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
-from examples.demo_report import HEADER, RoundResult, table_row, trivial_baseline, write_plot, write_summary
+from examples.demo_report import (
+    HEADER,
+    RoundResult,
+    failure_lines,
+    final_failures,
+    table_row,
+    trivial_baseline,
+    write_plot,
+    write_summary,
+)
 from examples.demo_stack import DemoConfig, DemoError, Stack, say
 from examples.harness import EpisodeResult, run_episodes, summarise
 from examples.task import make_problems
@@ -105,11 +114,16 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                 episodes.write(json.dumps({"round": round_no, **ep.to_dict()}) + "\n")
             rounds.append(result)
             say(table_row(result))
+            for line in failure_lines(result):
+                say(line)
         summary = write_summary(cfg, stack, rounds, baseline, out / "summary.json", time.monotonic() - started)
     write_plot(rounds, baseline["mean_reward"], out / "heldout_reward.png")
     say(f"\nheld-out reward {100 * summary['base_heldout_mean_reward']:.1f} (base) → "
         f"{100 * summary['final_heldout_mean_reward']:.1f} (final), {summary['improvement_points']:+.1f} points; "
         f"{summary['seconds'] / 60:.1f} min")  # fmt: skip
+    if failed := final_failures(summary):
+        say(f"{failed} call(s) of the final held-out evaluation failed: the final score is not the adapter's "
+            "(see the reasons above and the proxy's log)")  # fmt: skip
     say(f"wrote {out / 'summary.json'}, {out / 'heldout_reward.png'}, {out / 'episodes.jsonl'}")
     return summary
 
@@ -117,8 +131,18 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``onthejob demo``."""
     try:
-        run_demo(DemoConfig.from_args(args))
+        summary = run_demo(DemoConfig.from_args(args))
     except DemoError as exc:
         print(f"onthejob demo: {exc}", file=sys.stderr)
+        return 1
+    return exit_status(summary)
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """Non-zero when any call of the final held-out evaluation failed: the run's headline figure is then wrong."""
+    failed = final_failures(summary)
+    if failed:
+        print(f"onthejob demo: {failed} episode(s) of the final held-out evaluation failed: "
+              f"{summary.get('final_heldout_failures')}", file=sys.stderr)  # fmt: skip
         return 1
     return 0

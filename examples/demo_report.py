@@ -72,6 +72,25 @@ def table_row(r: RoundResult) -> str:
     )
 
 
+def failure_lines(r: RoundResult) -> list[str]:
+    """For each part of a round that had failed calls: how many, and why (the reasons counted)."""
+    lines = []
+    for part, summary in (("held-out", r.heldout), ("training traffic", r.train)):
+        if summary is None or not summary.errors:
+            continue
+        total = summary.n + summary.errors
+        why = "; ".join(f"{count}× {reason}" for reason, count in sorted(summary.failures.items(),
+                                                                          key=lambda kv: (-kv[1], kv[0])))  # fmt: skip
+        lines.append(f"  round {r.round} {part}: {summary.errors} of {total} episodes failed"
+                     f"{' (' + why + ')' if why else ''}; the reward above counts only the others")  # fmt: skip
+    return lines
+
+
+def final_failures(summary: dict[str, Any]) -> int:
+    """How many episodes of the final held-out evaluation failed (the demo then exits non-zero)."""
+    return int(summary.get("final_heldout_failed", 0))
+
+
 def write_plot(rounds: Sequence[RoundResult], baseline: float, path: Path) -> None:
     import matplotlib
 
@@ -124,6 +143,10 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
                 "heldout_n": r.heldout.n if r.heldout else 0,
                 "heldout_accuracy": r.heldout.accuracy if r.heldout else None,
                 "heldout_completion_tokens": r.heldout.mean_completion_tokens if r.heldout else None,
+                "heldout_failed": r.heldout.errors if r.heldout else 0,
+                "heldout_failures": r.heldout.failures if r.heldout else {},
+                "train_failed": r.train.errors if r.train else 0,
+                "train_failures": r.train.failures if r.train else {},
                 "train_mean_reward": r.train.mean_reward if r.train else None,
                 "train_n": r.train.n if r.train else 0,
                 "traffic_tokens": r.traffic_tokens,
@@ -140,6 +163,11 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
         "base_heldout_mean_reward": base.mean_reward,
         "final_heldout_mean_reward": last.mean_reward,
         "improvement_points": 100 * (last.mean_reward - base.mean_reward),
+        "final_heldout_failed": last.errors,
+        "final_heldout_failures": last.failures,
+        "failed_episodes": sum(
+            (r.heldout.errors if r.heldout else 0) + (r.train.errors if r.train else 0) for r in rounds
+        ),  # fmt: skip
         "seconds": round(seconds, 1),
     }
     path.write_text(json.dumps(summary, indent=2) + "\n")

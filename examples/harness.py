@@ -20,9 +20,11 @@ It reads the completion id from the ``x-request-id`` response header when there 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -329,6 +331,22 @@ class Summary:
     mean_completion_tokens: float
     timeouts: int
     errors: int
+    failures: dict[str, int] = field(default_factory=dict)  # why the errors failed (failure_reason) → how many
+
+
+_STATUS = re.compile(r"Error code: (\d{3})")
+_MESSAGE = re.compile(r"""['"]message['"]: ['"]((?:[^'"\\]|\\.)*)""")
+
+
+def failure_reason(error: str | None) -> str:
+    """A failed episode's error in a few words for counting: ``HTTP 502: no engine replica may serve …``."""
+    if not error:
+        return "unknown"
+    status, message = _STATUS.search(error), _MESSAGE.search(error)
+    kind = error.split(":", 1)[0]
+    text = message.group(1) if message else error.split(":", 1)[-1].strip()
+    text = re.sub(r"\b[0-9a-f]{12,}\b", "…", text)[:100]  # ids differ per call: left out so reasons group
+    return f"HTTP {status.group(1)}: {text}" if status else f"{kind}: {text}"
 
 
 def summarise(results: Sequence[EpisodeResult]) -> Summary:
@@ -346,4 +364,5 @@ def summarise(results: Sequence[EpisodeResult]) -> Summary:
         mean_completion_tokens=sum(r.completion_tokens for r in graded) / n if n else 0.0,
         timeouts=sum(r.outcome == "timeout" for r in results),
         errors=len(results) - n,
+        failures=dict(Counter(failure_reason(r.error) for r in results if r.outcome == "error")),
     )

@@ -4,17 +4,25 @@ An adapter version's folder is never overwritten (trainer/publish.py), but a dis
 someone else, and an engine may have loaded another folder under the same name. The name alone
 proves nothing; what the engine computes does. When a version is first loaded (deploy or candidate),
 its fingerprint is measured in the background (the deployment does not wait for it) and stored once
-(``attestations``): the greedy tokens and their logprobs for a fixed probe prompt, beside the
-version's content hash. After every load or reconcile, and every ``ONTHEJOB_ATTEST_EVERY`` seconds,
-each replica is probed again under the version's engine-side name. A replica that answers
-differently is taken out of rotation for that model (``ReplicaSet.exclude``: calls for it go to the
-other replicas) and an alert of kind ``attestation`` is raised (storage/alerts.py: logged, listed by
-``GET /v1/admin/alerts``, holding and rolling back promotion); a replica that matches again is put
-back.
+(``attestations``), beside the version's content hash. After every load or reconcile, and every
+``ONTHEJOB_ATTEST_EVERY`` seconds, each replica is probed again under the version's engine-side name.
 
-Logprobs are compared over the prefix where both answers chose the same tokens (a near-tie may flip
-a later greedy choice under batching noise; the first token is always compared), within
-``TOLERANCE`` nats.
+The fingerprint (``kind: "scored"``) is the engine's log-probability of every token of a fixed text
+(:data:`SCORED_TEXT`, teacher-forced: ``echo`` on ``/v1/completions``), so no greedy choice can flip
+and every one of its ~150 positions carries the adapter's signal; :func:`distance` is the mean absolute
+difference. Its noise is measured when it is recorded: the probe repeated serially and
+:data:`CONCURRENT` at once, the largest distance from the first stored as ``noise``, and the
+tolerance set from it (``max(NOISE_FACTOR × noise, TOLERANCE_FLOOR)``). The same probe under the base
+model and the previous version (where loaded) says whether the fingerprint can tell them apart
+(``separation``); if not, its ``verdict`` is ``unverifiable`` (logged and stored; the version keeps
+serving). Fingerprints stored before this (greedy tokens, no ``kind``) are still compared the old way.
+
+A replica that answers beyond the tolerance raises an alert of kind ``attestation``
+(storage/alerts.py: logged, listed by ``GET /v1/admin/alerts``, holding and rolling back promotion),
+and is taken out of rotation for that model (``ReplicaSet.exclude``) when another replica serves it.
+A check never black-holes a model: when no other replica may serve it, the alias is routed to its
+previous attested version while one is loaded (``Router.fallbacks``, as a canary's rollback would),
+and failing that the replica keeps serving, marked suspect. A replica that matches again is put back.
 """
 
 from __future__ import annotations
@@ -34,23 +42,99 @@ from storage.models import Adapter, Alias, Attestation
 
 log = logging.getLogger("onthejob.attest")
 
+# The probe of fingerprints stored before the scored one (kept to check those).
 PROBE = "Attestation probe. Continue the list: one, two, three,"
 PROBE_TOKENS = 8
-TOLERANCE = 0.05  # nats: far above batching noise on one engine, far below what other weights change
+TOLERANCE = 0.05  # nats, for those old greedy fingerprints
+
+# Scored fingerprints: a fixed text in the demo task's register (questions, tool use, answers) and plain prose.
+SCORED_TEXT = (
+    "User: What is 17 times 23? Use the calculator if you need it.\n"
+    "Assistant: calculate(17 * 23)\nTool: 391\nAssistant: The answer is 391.\n"
+    "User: A shop sells pencils at 4 for 30 cents. How much do 18 pencils cost?\n"
+    "Assistant: calculate(18 / 4 * 30)\nTool: 135\nAssistant: 18 pencils cost 135 cents.\n"
+    "User: What is 1000 minus 357, then divided by 3?\n"
+    "Assistant: calculate((1000 - 357) / 3)\nTool: 214.33333333333334\nAssistant: About 214.33.\n"
+    "The river ran quietly past the old mill, where the miller counted sacks of grain each evening, "
+    "one, two, three, and wrote the total in a book that nobody else ever read."
+)
+SAMPLES = 3  # serial probes at record time
+CONCURRENT = 4  # probes sent at once at record time (batched with each other and with live traffic)
+NOISE_FACTOR = 3.0
+TOLERANCE_FLOOR = 0.002  # nats (mean absolute): below the smallest version-to-version distance measured
 
 
-def same(expected: dict[str, Any], got: dict[str, Any], tolerance: float = TOLERANCE) -> bool:
-    """Whether two fingerprints agree: logprobs within ``tolerance`` while the chosen tokens agree."""
+def distance(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """Mean absolute difference of two scored fingerprints' logprobs; infinite if their tokens differ."""
+    a_tok, b_tok = a.get("tokens") or [], b.get("tokens") or []
+    a_lp, b_lp = a.get("logprobs") or [], b.get("logprobs") or []
+    if not a_tok or a_tok != b_tok or len(a_lp) != len(a_tok) or len(b_lp) != len(b_tok):
+        return float("inf")
+    return sum(abs(float(x) - float(y)) for x, y in zip(a_lp, b_lp, strict=True)) / len(a_lp)
+
+
+def tolerance_of(fingerprint: dict[str, Any]) -> float:
+    """The tolerance a stored fingerprint is checked with: from its recorded noise, or the old fixed one."""
+    if fingerprint.get("kind") != "scored":
+        return TOLERANCE
+    if "tolerance" in fingerprint:
+        return float(fingerprint["tolerance"])
+    return max(NOISE_FACTOR * float(fingerprint.get("noise") or 0.0), TOLERANCE_FLOOR)
+
+
+def calibrate(samples: list[dict[str, Any]], others: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The fingerprint to store from repeated probes of one version (``samples``, the first is the
+    reference) and the same probe of other models (``others``: e.g. ``base``, ``v5``): noise, tolerance,
+    separation and verdict (``unverifiable`` when another model is no farther than the tolerance)."""
+    reference = samples[0]
+    noise = max((distance(reference, s) for s in samples[1:]), default=0.0)
+    tolerance = max(NOISE_FACTOR * noise, TOLERANCE_FLOOR)
+    separation = {name: distance(reference, fp) for name, fp in others.items()}
+    close = sorted(name for name, d in separation.items() if d <= tolerance)
+    return {
+        **reference,
+        "noise": noise,
+        "tolerance": tolerance,
+        "samples": len(samples),
+        "separation": {k: (v if v != float("inf") else None) for k, v in separation.items()},
+        "verdict": "unverifiable" if close or noise == float("inf") else "ok",
+        **({"indistinct_from": close} if close else {}),
+    }
+
+
+def same(expected: dict[str, Any], got: dict[str, Any], tolerance: float | None = None) -> bool:
+    """Whether a probe agrees with a stored fingerprint, within its tolerance (:func:`tolerance_of`)."""
+    tol = tolerance_of(expected) if tolerance is None else tolerance
+    if expected.get("kind") == "scored":
+        return distance(expected, got) <= tol
     a_tok, b_tok = expected.get("tokens") or [], got.get("tokens") or []
     a_lp, b_lp = expected.get("logprobs") or [], got.get("logprobs") or []
     if not a_tok or not b_tok or len(a_tok) != len(a_lp) or len(b_tok) != len(b_lp):
         return False
     for i, (ta, tb) in enumerate(zip(a_tok, b_tok, strict=False)):
-        if abs(float(a_lp[i]) - float(b_lp[i])) > tolerance:
+        if abs(float(a_lp[i]) - float(b_lp[i])) > tol:
             return False
         if ta != tb:
             return i > 0  # the same logprob for a different token: a near-tie flipped, not other weights
     return True
+
+
+def probe_body(served_model: str, kind: str = "scored") -> dict[str, Any]:
+    """The ``/v1/completions`` body of a fingerprint probe of this kind."""
+    if kind == "scored":  # teacher-forced: the prompt's own logprobs (echo), one generated token dropped
+        return {"model": served_model, "prompt": SCORED_TEXT, "max_tokens": 1, "temperature": 0, "logprobs": 0,
+                "echo": True}  # fmt: skip
+    return {"model": served_model, "prompt": PROBE, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}
+
+
+def parse_probe(reply: dict[str, Any], kind: str = "scored") -> dict[str, Any]:
+    """A fingerprint from a probe's reply."""
+    lp = reply["choices"][0]["logprobs"]
+    tokens, logprobs = list(lp["tokens"]), list(lp["token_logprobs"])
+    if kind != "scored":
+        return {"tokens": tokens, "logprobs": [float(x) for x in logprobs]}
+    # The first prompt token has no logprob; the last entry is the generated token (not teacher-forced).
+    return {"kind": "scored", "tokens": tokens[1:-1], "logprobs": [float(x) for x in logprobs[1:-1]]}
 
 
 class Attestor:
@@ -83,33 +167,65 @@ class Attestor:
         except Exception as exc:  # noqa: BLE001 - the periodic check tries again
             log.warning("attestation after reloading %s failed: %s", replica.url, exc)
 
-    async def measure(self, base: str, served_model: str) -> dict[str, Any] | None:
-        """The probe's greedy tokens and logprobs on one replica; None if it could not answer."""
-        body = {"model": served_model, "prompt": PROBE, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}
+    async def measure(self, base: str, served_model: str, kind: str = "scored") -> dict[str, Any] | None:
+        """One probe's fingerprint on one replica; None if it could not answer."""
         try:
+            body = probe_body(served_model, kind)
             status, reply = await self.router.upstream.post_json(base, "/v1/completions", body, timeout=60.0)
             if status != 200:
                 return None
-            lp = reply["choices"][0]["logprobs"]
-            return {"tokens": list(lp["tokens"]), "logprobs": [float(x) for x in lp["token_logprobs"]]}
+            return parse_probe(reply, kind)
         except Exception as exc:  # noqa: BLE001 - an unreachable or busy replica is not a mismatch
             log.warning("attestation probe of %s on %s failed: %s", served_model, base, exc)
             return None
 
+    async def calibrated(self, base: str, project: str, alias: str, version: int,
+                         base_model: str | None) -> dict[str, Any] | None:  # fmt: skip
+        """The version's fingerprint with its noise (:func:`calibrate`): probed :data:`SAMPLES` times in a
+        row and :data:`CONCURRENT` times at once on ``base``, beside the base model and the previous
+        version where the replica lists them. None if the replica did not answer."""
+        name = lora_name(project, alias, version)
+        serial = []
+        for _ in range(SAMPLES):
+            fp = await self.measure(base, name)
+            if fp is None:
+                return None
+            serial.append(fp)
+        together = await asyncio.gather(*(self.measure(base, name) for _ in range(CONCURRENT)))
+        samples = serial + [fp for fp in together if fp is not None]
+        listed = self.router.replicas.by_url[base].models
+        others: dict[str, dict[str, Any]] = {}
+        candidates = {"base": base_model} if base_model else {}
+        if version > 1:
+            candidates[f"v{version - 1}"] = lora_name(project, alias, version - 1)
+        for label, model in candidates.items():
+            if model in listed or label == "base":
+                fp = await self.measure(base, model)
+                if fp is not None:
+                    others[label] = fp
+        fingerprint = calibrate(samples, others)
+        if fingerprint["verdict"] == "unverifiable":
+            log.warning("attestation of %s is unverifiable: noise %.4g nats, tolerance %.4g, separation %s",
+                        name, fingerprint["noise"], fingerprint["tolerance"], fingerprint["separation"])  # fmt: skip
+        else:
+            log.info("attested %s: noise %.4g nats, tolerance %.4g, separation %s", name, fingerprint["noise"],
+                     fingerprint["tolerance"], fingerprint["separation"])  # fmt: skip
+        return fingerprint
+
     async def record(self, project: str, alias: str, version: int) -> dict[str, Any] | None:
         """Store the version's fingerprint if it has none (measured on the first replica that answers),
         then check every replica against it. Returns the stored fingerprint."""
-        name = lora_name(project, alias, version)
         async with self.sessionmaker() as db:
             row = await db.get(Attestation, (project, alias, version))
             if row is None:
-                sha = await db.scalar(
-                    select(Adapter.sha256).where(
+                adapter = (await db.execute(
+                    select(Adapter.sha256, Adapter.base_model).where(
                         Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
                     )
-                )
+                )).first()  # fmt: skip
+                sha, base_model = (adapter[0], adapter[1]) if adapter is not None else ("", None)
                 for base in self.router.upstream.urls:
-                    fingerprint = await self.measure(base, name)
+                    fingerprint = await self.calibrated(base, project, alias, version, base_model)
                     if fingerprint is not None:
                         row = Attestation(project_id=project, alias=alias, version=version, sha256=sha or "",
                                           fingerprint=fingerprint, replica=base)  # fmt: skip
@@ -122,34 +238,66 @@ class Attestor:
         await self.check(project, alias, version, expected)
         return expected
 
+    async def _previous_attested(self, project: str, alias: str, version: int) -> int | None:
+        """The newest earlier attested version of the alias that a replica may serve now."""
+        async with self.sessionmaker() as db:
+            versions = (await db.scalars(
+                select(Attestation.version).where(Attestation.project_id == project, Attestation.alias == alias,
+                                                  Attestation.version < version).order_by(Attestation.version.desc())
+            )).all()  # fmt: skip
+        for v in versions:
+            if self.router.replicas.servable(lora_name(project, alias, v)):
+                return int(v)
+        return None
+
     async def check(
         self, project: str, alias: str, version: int, expected: dict[str, Any], bases: list[str] | None = None
     ) -> dict[str, bool | None]:
-        """Probe replicas (all by default) for one version; exclude and alert on a mismatch. Per replica:
-        True (matches), False (mismatch), None (did not answer)."""
+        """Probe replicas (all by default) for one version; on a mismatch alert, and exclude the replica
+        (or, when it is the last one, fall back to the previous attested version, or keep it serving).
+        Per replica: True (matches), False (mismatch), None (did not answer)."""
         name = lora_name(project, alias, version)
+        kind = "scored" if expected.get("kind") == "scored" else "greedy"
         bases = bases or list(self.router.upstream.urls)
-        got = await asyncio.gather(*(self.measure(b, name) for b in bases))
+        got = await asyncio.gather(*(self.measure(b, name, kind) for b in bases))
         result: dict[str, bool | None] = {}
+        replicas, router = self.router.replicas, self.router
         for base, fingerprint in zip(bases, got, strict=True):
             if fingerprint is None:
                 result[base] = None
                 continue
             ok = result[base] = same(expected, fingerprint)
-            replicas = self.router.replicas
             if ok:
-                if name in replicas.by_url[base].excluded:
+                if name in replicas.by_url[base].excluded | replicas.by_url[base].suspect:
                     log.warning("attestation: %s on %s matches again; back in rotation", name, base)
                 replicas.include(base, name)
+                if router.fallbacks.get((project, alias), (None, None))[0] == version:
+                    del router.fallbacks[(project, alias)]
+                    log.warning("attestation: %s matches again; %s is routed to it again", name, alias)
                 continue
-            replicas.exclude(base, name)
             self.metrics.attestation_failures.labels(alias).inc()
+            if replicas.exclude(base, name):
+                action = "it is out of rotation for this version"
+            elif (
+                router.deployed(project, alias) == version
+                and (previous := await self._previous_attested(project, alias, version)) is not None
+            ):
+                router.fallbacks[(project, alias)] = (version, previous)
+                action = (
+                    f"no other replica serves it: calls for {alias!r} are served by v{previous} (attested) meanwhile"
+                )
+            else:
+                action = "no other replica or attested earlier version serves it: it keeps serving (suspect)"
+            dist = distance(expected, fingerprint) if kind == "scored" else None
+            dist = dist if dist != float("inf") else None  # other tokens: another tokenizer, or a broken reply
+            log.warning("attestation: %s on %s differs (distance %s, tolerance %.4g): %s", name, base, dist,
+                        tolerance_of(expected), action)  # fmt: skip
             async with self.sessionmaker() as db:
                 await raise_alert(
                     db, project, alias, version, "attestation", "fingerprint",
-                    message=f"replica {base} serves {name} with other weights than were attested at deploy; "
-                    "it is out of rotation for this version",
-                    detail={"replica": base, "expected": expected, "got": fingerprint},
+                    message=f"replica {base} serves {name} with other weights than were attested at deploy; {action}",
+                    value=dist, threshold=tolerance_of(expected),
+                    detail={"replica": base, "expected": expected, "got": fingerprint, "action": action},
                 )  # fmt: skip
                 await db.commit()
         return result
@@ -174,6 +322,6 @@ class Attestor:
         return len(rows)
 
     def status(self, project: str, alias: str, version: int) -> list[str]:
-        """Replicas out of rotation for this version."""
+        """Replicas out of rotation for this version (a suspect one kept serving is not among them)."""
         name = lora_name(project, alias, version)
         return sorted(r.url for r in self.router.replicas.replicas if name in r.excluded)

@@ -14,7 +14,10 @@ answers ``GET /v1/models`` again and holds every adapter version the routing nee
 A call for ``served`` (an engine-side model name:
 the base model or ``alias@vN``) goes only to a replica in rotation that lists that
 name and is not excluded from it (:meth:`ReplicaSet.exclude`, e.g. a replica that
-failed attestation for one version).
+failed attestation for one version). A check never black-holes a model: an exclusion
+that would leave ``served`` no other replica to go to is refused (the replica is only
+marked ``suspect`` and keeps serving; the caller alerts), and should the replicas
+that still may serve it all be tried or gone, the excluded ones are tried last.
 
 Choosing among them: a session's calls go to the replica that served its previous
 call while that replica qualifies (the engine's prefix cache then reuses the
@@ -50,6 +53,7 @@ class Replica:
     models: set[str] = field(default_factory=set)  # what GET /v1/models listed last, plus what we loaded since
     bases: set[str] = field(default_factory=set)  # the listed models without a parent (base models)
     excluded: set[str] = field(default_factory=set)  # served names this replica must not serve
+    suspect: set[str] = field(default_factory=set)  # failed a check, kept serving: no other replica had it
     inflight: int = 0
     fails: int = 0  # consecutive failed calls
     last_error: str | None = None
@@ -69,6 +73,7 @@ class Replica:
             "adapters": sorted(self.adapters),
             "missing": sorted(needed - self.models),
             "excluded": sorted(self.excluded),
+            "suspect": sorted(self.suspect),
             "last_error": self.last_error,
         }
 
@@ -84,8 +89,10 @@ class ReplicaSet:
 
     # ---- choosing -------------------------------------------------------------------
     def pick(self, served: str, session: str | None = None, tried: frozenset[str] = frozenset()) -> Replica | None:
-        """The replica for one call to ``served`` (None: every candidate was tried or is excluded)."""
-        candidates = [r for r in self.replicas if r.url not in tried and served not in r.excluded]
+        """The replica for one call to ``served`` (None: every replica was tried)."""
+        untried = [r for r in self.replicas if r.url not in tried]
+        # Excluded replicas come last, never not at all: a health verdict must not answer a call 502.
+        candidates = [r for r in untried if served not in r.excluded] or untried
         ready = [r for r in candidates if r.up and served in r.models]
         if not ready:
             ready = [r for r in candidates if r.up] or candidates
@@ -152,12 +159,30 @@ class ReplicaSet:
             return True
         return False
 
-    def exclude(self, url: str, served: str) -> None:
-        """Never send calls for ``served`` to this replica (until :meth:`include`), e.g. it failed attestation."""
-        self.by_url[url].excluded.add(served)
+    def exclude(self, url: str, served: str) -> bool:
+        """Send calls for ``served`` to other replicas (until :meth:`include`), e.g. this one failed attestation.
+
+        Refused (False) when no other replica in rotation lists ``served`` and may serve it: the replica
+        is then only marked ``suspect`` and keeps serving, so a check never leaves a model without one.
+        """
+        replica = self.by_url[url]
+        others = [r for r in self.replicas if r is not replica and r.up and served in r.models
+                  and served not in r.excluded]  # fmt: skip
+        if not others:
+            replica.suspect.add(served)
+            return False
+        replica.excluded.add(served)
+        replica.suspect.discard(served)
+        return True
 
     def include(self, url: str, served: str) -> None:
+        """``served`` passed its check again on this replica: back in rotation for it, no longer suspect."""
         self.by_url[url].excluded.discard(served)
+        self.by_url[url].suspect.discard(served)
+
+    def servable(self, served: str) -> bool:
+        """Whether a replica in rotation lists ``served`` and is neither excluded from it nor suspect."""
+        return any(r.up and served in r.models and served not in r.excluded | r.suspect for r in self.replicas)
 
     def _set_up(self, replica: Replica, up: bool) -> None:
         replica.up = up

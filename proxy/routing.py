@@ -17,11 +17,22 @@ engine with ``--max-loras`` does not fill up.
 Deploying loads the version into the replicas in rotation (those out of rotation
 get it when they return), verifies each lists it, then switches routing; its
 answer says which replicas have it.
+
+Each replica has its own lock and every engine-side step its own time limit
+(:data:`PROBE_TIMEOUT_S`, :attr:`Router.load_timeout_s`): a probe or a load changes
+one engine at a time, and one engine hung in ``load_lora_adapter`` holds up only its
+own probe and its own share of a deployment (reported ``pending``, loaded when its
+probe next succeeds), never the health checks of the others.
+
+When a check (proxy/attest.py) finds the deployed version bad on every replica that
+has it, :attr:`Router.fallbacks` routes the alias to its previous attested version
+while one is loaded, as a canary's rollback would; the version stays loaded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -41,6 +52,8 @@ from storage.models import Adapter, Alias, Deployment, Project, utcnow
 
 log = logging.getLogger("onthejob.routing")
 
+PROBE_TIMEOUT_S = 10.0  # GET /v1/models on one engine, and waiting for that engine's lock before it
+LOAD_TIMEOUT_S = 120.0  # one engine's whole load of one adapter version (lock wait, load, verify)
 UNLOAD_GRACE_S = 5.0  # a version unneeded this long is unloaded (sibling workers follow the alias table in 0.5 s)
 VersionKey = tuple[str, str, int]  # (project, alias, version)
 _LORA_NAME = re.compile(r"(?:(?P<project>[^~]+)~)?(?P<alias>.+)@v(?P<version>\d+)")
@@ -93,7 +106,12 @@ class Router:
         self._refreshed = False  # nothing is unloaded before the alias table was read once
         self._paths: dict[tuple[str, str, int], str] = {}
         self._unneeded: dict[str, float] = {}  # engine-side name → when a probe first found it unneeded
-        self._lock = asyncio.Lock()  # one deployment or probe changes engines at a time
+        self.load_timeout_s = LOAD_TIMEOUT_S
+        # One probe, load or unload changes an engine at a time; each engine has its own lock.
+        self._locks = {url: asyncio.Lock() for url in upstream.urls}
+        self._deploying = asyncio.Lock()  # deployments switch routing one at a time (each step time-bound)
+        # (project, alias) → (the deployed version that failed its check on every replica, the one served instead)
+        self.fallbacks: dict[tuple[str, str], tuple[int, int]] = {}
         # Called (as a task) after a probe loaded adapter versions into a replica: attestation checks them.
         self.on_reload: Callable[[Replica], Coroutine[Any, Any, None]] | None = None
         self._followups: set[asyncio.Task[Any]] = set()
@@ -143,6 +161,9 @@ class Router:
         hit = self._aliases.get((project, name))
         if hit is not None:
             base, version = hit
+            fallback = self.fallbacks.get((project, name))
+            if version is not None and fallback is not None and fallback[0] == version:
+                version = fallback[1]  # the deployed version failed attestation everywhere: its predecessor
             served = lora_name(project, name, version) if version is not None else base
             return Route(name, served, version, base)
         if name in self.base_models:  # every project may call the engines' base models directly
@@ -157,9 +178,18 @@ class Router:
         names = {n for (p, n) in self._aliases if p == project} | self.base_models
         return sorted(names)
 
+    def deployed(self, project: str, alias: str) -> int | None:
+        """The version the alias table routes ``alias`` to (None: its base model, or no such alias)."""
+        hit = self._aliases.get((project, alias))
+        return hit[1] if hit is not None else None
+
+    def _needed_keys(self) -> set[VersionKey]:
+        held = {(p, a, v) for (p, a), (_, v) in self.fallbacks.items()}
+        return needed_versions(self._aliases, self.pinned | held)
+
     def needed(self) -> set[str]:
         """The engine-side names of every needed adapter version."""
-        return {lora_name(*key) for key in needed_versions(self._aliases, self.pinned)}
+        return {lora_name(*key) for key in self._needed_keys()}
 
     # ---- adapters in engines ----------------------------------------------------------
     async def _adapter_path(self, project: str, alias: str, version: int) -> str:
@@ -188,14 +218,20 @@ class Router:
         self.base_models |= replica.bases
 
     async def ensure_loaded(self, replica: Replica, project: str, alias: str, version: int) -> None:
-        """Load ``alias@vN`` into one engine unless it lists it already, then verify it is listed."""
+        """Load ``alias@vN`` into one engine unless it lists it already, then verify it is listed; the whole
+        step (waiting for the engine's lock included) within ``load_timeout_s`` (TimeoutError after)."""
+        async with asyncio.timeout(self.load_timeout_s), self._locks[replica.url]:
+            await self._load(replica, project, alias, version)
+
+    async def _load(self, replica: Replica, project: str, alias: str, version: int) -> None:
+        """:meth:`ensure_loaded`, the engine's lock held."""
         name = lora_name(project, alias, version)
         await self._list(replica)
         if name in replica.models:
             return
         path = await self._adapter_path(project, alias, version)
         status, body = await self.upstream.post_json(
-            replica.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}
+            replica.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, timeout=self.load_timeout_s
         )
         if status != 200 and "already" not in str(body):
             self.metrics.adapter_loads.labels("failed").inc()
@@ -219,6 +255,10 @@ class Router:
         async def one(replica: Replica) -> None:
             try:
                 await self.ensure_loaded(replica, project, alias, version)
+            except TimeoutError:  # hung in the load: it is loaded by its probe later, if still needed
+                replica.last_error = f"loading {alias}@v{version}: no answer within {self.load_timeout_s:.0f} s"
+                log.warning("engine %s: %s (pending)", replica.url, replica.last_error)
+                return
             except UPSTREAM_FAILURES as exc:
                 if self.replicas.unreachable(replica, f"{type(exc).__name__}: {exc}"):
                     log.warning("engine %s out of rotation: unreachable while loading %s@v%d", replica.url, alias,
@@ -234,7 +274,7 @@ class Router:
 
     async def deploy(self, project: str, alias: str, version: int | None) -> dict[str, Any]:
         """Load into the replicas in rotation, verify, then switch routing (and record the deployment)."""
-        async with self._lock:
+        async with self._deploying:
             row = await self._alias_row(project, alias, version)
             previous = row.deployed_version
             try:
@@ -291,11 +331,14 @@ class Router:
             return int(dep.id)
 
     async def reconcile(self, replica: Replica) -> int:
-        """Load every needed version this engine does not list (after a restart or an outage). Returns how many."""
+        """Load every needed version this engine does not list (after a restart or an outage). Returns how many.
+
+        Called with the engine's lock held (by :meth:`probe`); each load within ``load_timeout_s``."""
         loaded = 0
-        for project, alias, version in sorted(needed_versions(self._aliases, self.pinned)):
+        for project, alias, version in sorted(self._needed_keys()):
             if lora_name(project, alias, version) not in replica.models:
-                await self.ensure_loaded(replica, project, alias, version)
+                async with asyncio.timeout(self.load_timeout_s):
+                    await self._load(replica, project, alias, version)
                 loaded += 1
         return loaded
 
@@ -326,44 +369,73 @@ class Router:
 
     # ---- health -----------------------------------------------------------------------
     async def probe(self, replica: Replica) -> None:
-        """Ask one engine what it serves; load what it lacks before it (re)enters rotation; unload the unneeded."""
-        async with self._lock:
-            try:
-                await self._list(replica)
-            except Exception as exc:  # noqa: BLE001 - any failure means not answering
-                if self.replicas.unreachable(replica, f"{type(exc).__name__}: {exc}"):
-                    log.warning("engine %s out of rotation: the probe got no answer (%s)", replica.url, exc)
-                return
-            try:
-                loaded = await self.reconcile(replica)
-            except Exception as exc:  # noqa: BLE001 - it still serves what it lists; routing avoids the rest
-                replica.last_error = f"reconcile: {exc}"
-                log.warning("engine %s answers but could not load every needed adapter: %s", replica.url, exc)
-                loaded = 0
-            if self.replicas.admit(replica):
-                log.info("engine %s in rotation (%d adapter version(s) loaded first)", replica.url, loaded)
-            elif loaded:
-                log.info("engine %s had lost %d adapter version(s): reloaded", replica.url, loaded)
-            if loaded and self.on_reload is not None:
-                task: asyncio.Task[None] = asyncio.create_task(self.on_reload(replica))
-                self._followups.add(task)
-                task.add_done_callback(self._followups.discard)
-            try:
-                await self.unload_unneeded(replica)
-            except Exception as exc:  # noqa: BLE001 - retried at the next probe
-                log.warning("engine %s: unloading failed: %s", replica.url, exc)
+        """Ask one engine what it serves; load what it lacks before it (re)enters rotation; unload the unneeded.
+
+        Under this engine's lock only, each step time-bound: another engine's hung load never delays it."""
+        try:
+            async with asyncio.timeout(PROBE_TIMEOUT_S):
+                await self._locks[replica.url].acquire()
+        except TimeoutError:  # a load into this engine holds it (it times out by itself): probe next time
+            log.warning("engine %s: still busy loading an adapter; probed next time", replica.url)
+            return
+        try:
+            await self._probe(replica)
+        finally:
+            self._locks[replica.url].release()
+
+    async def _probe(self, replica: Replica) -> None:
+        """:meth:`probe`, the engine's lock held."""
+        try:
+            await self._list(replica)
+        except Exception as exc:  # noqa: BLE001 - any failure means not answering
+            if self.replicas.unreachable(replica, f"{type(exc).__name__}: {exc}"):
+                log.warning("engine %s out of rotation: the probe got no answer (%s)", replica.url, exc)
+            return
+        try:
+            loaded = await self.reconcile(replica)
+        except Exception as exc:  # noqa: BLE001 - it still serves what it lists; routing avoids the rest
+            replica.last_error = f"reconcile: {exc}"
+            log.warning("engine %s answers but could not load every needed adapter: %s", replica.url, exc)
+            loaded = 0
+        if self.replicas.admit(replica):
+            log.info("engine %s in rotation (%d adapter version(s) loaded first)", replica.url, loaded)
+        elif loaded:
+            log.info("engine %s had lost %d adapter version(s): reloaded", replica.url, loaded)
+        if loaded and self.on_reload is not None:
+            task: asyncio.Task[None] = asyncio.create_task(self.on_reload(replica))
+            self._followups.add(task)
+            task.add_done_callback(self._followups.discard)
+        try:
+            await self.unload_unneeded(replica)
+        except Exception as exc:  # noqa: BLE001 - retried at the next probe
+            log.warning("engine %s: unloading failed: %s", replica.url, exc)
 
     async def watch(self, every_s: float) -> None:
-        """Probe replicas forever: in rotation every ``every_s`` seconds, out of rotation every second."""
+        """Probe replicas forever: in rotation every ``every_s`` seconds, out of rotation every second.
+
+        Each probe runs as its own task: a slow one (an engine loading, or hung in a load) delays only
+        its own replica's next probe, never the others'."""
         last = {r.url: time.monotonic() for r in self.replicas.replicas}  # discover() probed them at start
-        while True:
-            now = time.monotonic()
-            due = [r for r in self.replicas.replicas
-                   if now - last.get(r.url, -1e9) >= (every_s if r.up else min(1.0, every_s))]  # fmt: skip
-            for replica in due:
-                last[replica.url] = now
-            for replica, outcome in zip(due, await asyncio.gather(*(self.probe(r) for r in due),
-                                                                  return_exceptions=True), strict=True):  # fmt: skip
-                if isinstance(outcome, Exception):  # a bug, not an engine failure: keep probing the others
-                    log.error("probing %s failed: %r", replica.url, outcome)
-            await asyncio.sleep(0.2)
+        running: dict[str, asyncio.Task[None]] = {}
+        try:
+            while True:
+                now = time.monotonic()
+                for replica in self.replicas.replicas:
+                    if replica.url in running or now - last[replica.url] < (
+                        every_s if replica.up else min(1.0, every_s)
+                    ):
+                        continue
+                    last[replica.url] = now
+                    task = asyncio.create_task(self.probe(replica))
+                    running[replica.url] = task
+                    task.add_done_callback(functools.partial(self._probed, running, replica.url))
+                await asyncio.sleep(0.2)
+        finally:
+            for task in running.values():
+                task.cancel()
+
+    @staticmethod
+    def _probed(running: dict[str, asyncio.Task[None]], url: str, task: asyncio.Task[None]) -> None:
+        running.pop(url, None)
+        if not task.cancelled() and task.exception() is not None:  # a bug, not an engine failure: keep probing
+            log.error("probing %s failed: %r", url, task.exception())

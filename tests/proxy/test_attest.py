@@ -16,7 +16,7 @@ import pytest
 
 from engine.launcher import Engine
 from engine.weights import ModelInfo
-from proxy.attest import PROBE, PROBE_TOKENS, same
+from proxy.attest import parse_probe, probe_body, same
 from storage.alerts import open_alerts
 from storage.db import async_engine
 from tests.adapters import random_adapter
@@ -46,9 +46,7 @@ def test_fingerprints_agree_within_tolerance_only() -> None:
 
 
 def _probe(url: str, model: str) -> dict[str, Any]:
-    body = {"model": model, "prompt": PROBE, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}
-    lp = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["choices"][0]["logprobs"]
-    return {"tokens": lp["tokens"], "logprobs": lp["token_logprobs"]}
+    return parse_probe(httpx.post(f"{url}/v1/completions", json=probe_body(model), timeout=120).json())
 
 
 def test_overwritten_weights_reloaded_into_one_engine_are_caught(
@@ -92,10 +90,9 @@ def test_overwritten_weights_reloaded_into_one_engine_are_caught(
     assert [(a["kind"], a["version"], a["replica"]) for a in alerts] == [("attestation", 1, other_engine.url)]
     # Every call for the alias now goes to the engine that serves the attested weights.
     for i in range(6):
-        body = {"model": ALIAS, "prompt": PROBE, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}
-        reply = httpx.post(f"{proxy.v1}/completions", json=body, headers={"x-session-id": f"s{i}"}, timeout=120)
-        lp = reply.json()["choices"][0]["logprobs"]
-        assert same(expected, {"tokens": lp["tokens"], "logprobs": lp["token_logprobs"]}), f"call {i}"
+        reply = httpx.post(f"{proxy.v1}/completions", json=probe_body(ALIAS), headers={"x-session-id": f"s{i}"},
+                           timeout=120)  # fmt: skip
+        assert same(expected, parse_probe(reply.json())), f"call {i}"
 
 
 async def _alerts(db_url: str) -> list[dict[str, Any]]:

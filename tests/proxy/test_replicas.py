@@ -70,9 +70,21 @@ def test_fallbacks_never_refuse_a_call_that_could_succeed() -> None:
     replicas.unreachable(b, "timeout")
     assert replicas.pick("m", "s") in (a, b)  # all out of rotation: one may be back before the probe saw it
     assert replicas.pick("m", "s", tried=frozenset({A, B})) is None
-    replicas.exclude(A, "m")
-    replicas.exclude(B, "m")
-    assert replicas.pick("m", "s") is None
+
+
+def test_a_check_never_leaves_a_model_without_a_replica() -> None:
+    replicas = _set(["x@v2"], ["x@v2"])
+    a, b = replicas.replicas
+    assert replicas.exclude(A, "x@v2") and "x@v2" in a.excluded  # b still serves it
+    assert not replicas.exclude(B, "x@v2")  # the last one: refused, marked suspect, keeps serving
+    assert "x@v2" not in b.excluded and "x@v2" in b.suspect and not replicas.servable("x@v2")
+    assert all(replicas.pick("x@v2", f"s{i}") is b for i in range(4))
+    replicas.unreachable(b, "timeout")  # the one allowed replica is gone: the excluded one is tried, not none
+    assert replicas.pick("x@v2", "s", tried=frozenset({B})) is a
+    replicas.include(B, "x@v2")
+    assert b.state(set())["suspect"] == []
+    solo = _set(["y@v1"])
+    assert not solo.exclude(A, "y@v1") and solo.pick("y@v1", "s") is solo.replicas[0]
 
 
 def test_needed_versions_are_the_routed_ones_plus_the_pinned() -> None:

@@ -9,6 +9,8 @@ the proxy passes through untouched::
     "stub_gap_ms": 20        # gap between streamed chunks
 
 or through the same words in the last message's text (``stub_fault=reset_midstream``).
+With ``--hang-loads`` (``make_app(hang_loads=True)``) every ``/v1/load_lora_adapter`` hangs
+without answering, as an engine stuck in a load does (counted in ``/stub/stats`` as ``hung_loads``).
 
 Run: ``python -m bench.stub_upstream --port 9000``.
 """
@@ -25,7 +27,7 @@ from aiohttp import web
 
 MODEL = "stub-model"
 PROMPT_IDS = list(range(1, 17))
-STATS = {"streams": 0, "cancelled": 0}
+STATS = {"streams": 0, "cancelled": 0, "hung_loads": 0}
 ADAPTERS: set[str] = set()  # names "loaded" by /v1/load_lora_adapter: the proxy can deploy versions to the stub
 
 
@@ -164,23 +166,30 @@ async def _load_adapter(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def _hang_load(_: web.Request) -> web.Response:
+    STATS["hung_loads"] += 1
+    await asyncio.Event().wait()  # never set: the connection stays open, unanswered
+    raise AssertionError("unreachable")
+
+
 async def _stats(_: web.Request) -> web.Response:
     return web.json_response(STATS)
 
 
-def make_app() -> web.Application:
+def make_app(hang_loads: bool = False) -> web.Application:
     app = web.Application()
     app.router.add_get("/stub/stats", _stats)
     app.router.add_post("/v1/chat/completions", _call)
     app.router.add_post("/v1/completions", _call)
     app.router.add_get("/v1/models", _models)
-    app.router.add_post("/v1/load_lora_adapter", _load_adapter)
+    app.router.add_post("/v1/load_lora_adapter", _hang_load if hang_loads else _load_adapter)
     return app
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--hang-loads", action="store_true", help="never answer /v1/load_lora_adapter")
     args = parser.parse_args()
     try:
         import uvloop
@@ -188,7 +197,8 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(make_app(), host="127.0.0.1", port=args.port, print=None, access_log=None, shutdown_timeout=1)
+    app = make_app(args.hang_loads)
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None, shutdown_timeout=1)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
@@ -27,12 +28,15 @@ from proxy import (
 )
 from proxy.alert_metrics import AlertMetrics
 from proxy.deps import operator_gate
-from proxy.errors import ApiError, envelope
+from proxy.errors import DATABASE_DOWN, ApiError, DatabaseUnavailable, InvalidRequest
 from proxy.memory import tune_for_serving
-from proxy.responses import ERROR_RESPONSES, ORJSONResponse, error_response
+from proxy.responses import ERROR_RESPONSES, ORJSONResponse
+from proxy.routes_openai import error_answer
 from proxy.settings import Settings
 from proxy.state import AppState
 from proxy.trainer_metrics import TrainerMetrics
+
+log = logging.getLogger("onthejob.proxy")
 
 
 class ProxyApp(FastAPI):
@@ -99,24 +103,47 @@ def create_app(settings: Settings) -> FastAPI:
     if settings.docs_access == "admin":
         app.include_router(_gated_docs(app))
 
+    _error_envelope(app)
+    return app
+
+
+def _error_envelope(app: FastAPI) -> None:
+    """Every route answers errors in its API's shape (OpenAI's envelope, or a dialect's), whatever they are.
+
+    Our own errors as they are; validation and routing errors as 400/404/405 and so on; the
+    database not answering as 503 with Retry-After; anything else as a 500 in the envelope, never
+    Starlette's plain-text page (Starlette still re-raises it after answering, so it is logged).
+    """
+
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> ORJSONResponse:
-        return error_response(exc)
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return error_answer(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {}
         field = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path"))
         message = f"{field or 'request'}: {first.get('msg', 'invalid')}"
-        return ORJSONResponse(envelope(message, "invalid_request_error", field or None, "invalid_value"), 400)
+        return error_answer(InvalidRequest(message, param=field or None, code="invalid_value"), request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        body = envelope(str(exc.detail), kind, None, exc.status_code)
-        return ORJSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        error = ApiError(str(exc.detail), code=exc.status_code, headers=getattr(exc, "headers", None))
+        error.status = exc.status_code
+        error.type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_answer(error, request.url.path)
 
-    return app
+    async def database_down(request: Request, exc: Exception) -> Response:
+        log.warning("database unreachable serving %s %s: %s", request.method, request.url.path, type(exc).__name__)
+        return error_answer(DatabaseUnavailable(), request.url.path)
+
+    for kind in DATABASE_DOWN:
+        app.add_exception_handler(kind, database_down)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        error = ApiError(f"internal error in the proxy ({type(exc).__name__}); it is logged", code="internal_error")
+        return error_answer(error, request.url.path)
 
 
 def _gated_docs(app: FastAPI) -> APIRouter:

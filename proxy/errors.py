@@ -10,12 +10,19 @@ ApiError                       {"error": {"message", "type", "param", "code"}}
 ├── RateLimited         429    token bucket empty
 ├── UpstreamError       502    engine answered 5xx, refused, reset, or sent garbage
 ├── Unavailable         503    spool full (policy: refuse rather than serve unrecorded)
+│   └── DatabaseUnavailable 503  a read needs the database and it does not answer (Retry-After)
 └── UpstreamTimeout     504    connect or idle-between-chunks timeout
+
+Anything else a route raises is answered 500 in the same envelope (proxy/app.py), never as
+plain text; :data:`DATABASE_DOWN` is what counts as the database not answering.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import psycopg
+from sqlalchemy import exc as sa_exc
 
 
 class ApiError(Exception):
@@ -23,7 +30,12 @@ class ApiError(Exception):
     type = "server_error"
 
     def __init__(
-        self, message: str, *, param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -88,3 +100,28 @@ class Unavailable(ApiError):
 class UpstreamTimeout(ApiError):
     status = 504
     type = "timeout_error"
+
+
+# Retry-After on a 503 for the database: the pool reconnects (pre-ping) on the next request.
+DATABASE_RETRY_AFTER_S = 5
+
+
+class DatabaseUnavailable(Unavailable):
+    """A request that needs the database while it does not answer: 503, retry shortly."""
+
+    def __init__(self, message: str = "the database is unreachable now; retry shortly") -> None:
+        super().__init__(message, code="database_unavailable",
+                         headers={"retry-after": str(DATABASE_RETRY_AFTER_S)})  # fmt: skip
+
+
+# The database not answering, as the driver or the pool says it (connection refused or reset,
+# server gone, pool exhausted, a statement cancelled or deadlocked: all worth a retry).
+DATABASE_DOWN: tuple[type[Exception], ...] = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+    ConnectionError,
+)

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from proxy import sessions
+from proxy import admission, sessions
 from proxy.calls import ProxiedCall
 from proxy.dialects.base import Dialect, Stored
 from proxy.errors import InvalidRequest, Unavailable
@@ -49,6 +49,7 @@ async def handle(
     principal = await st.auth.admit(authorization, headers.get("x-api-key"), client[0] if client else None)
     raw = await read_body(request.receive, headers.get("content-length"), st.settings.max_body_bytes)
     client_body = parse_json(raw)
+    admission.check_call(headers, client_body, path_session)  # what the record stores from the client (400)
     body, client_request, previous = client_body, None, None
     if dialect is not None:
         dialect.stream_requested(client_body)

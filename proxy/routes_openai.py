@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 from proxy.deps import MAX_ID, DbDep, PathId, PrincipalDep, QueryId, StateDep
 from proxy.dialects import ROUTES as DIALECT_ROUTES
 from proxy.dialects.base import Dialect
-from proxy.errors import ApiError, NotFound, UpstreamError
+from proxy.errors import DATABASE_DOWN, ApiError, DatabaseUnavailable, NotFound, UpstreamError
 from proxy.handle import handle
 from proxy.request_body import read_json
 from proxy.responses import ORJSONResponse, error_response
@@ -82,10 +82,29 @@ async def serve_call(
         response = _error(exc, dialect)
     except ClientDisconnect:
         return  # gone while sending its body: nobody to answer, nothing was forwarded
+    except DATABASE_DOWN as exc:
+        log.warning("database unreachable serving %s: %s", scope["path"], type(exc).__name__)
+        response = _error(DatabaseUnavailable(), dialect)
     except Exception:
         log.exception("unexpected error serving %s", scope["path"])
-        response = _error(ApiError("internal error in the proxy; the call may not be recorded"), dialect)
+        response = _error(ApiError("internal error in the proxy; the call may not be recorded",
+                                   code="internal_error"), dialect)  # fmt: skip
     await response(scope, receive, send)
+
+
+def dialect_of(path: str) -> Dialect | None:
+    """The dialect whose API a path belongs to (its routes and their sub-routes, under /s/{id}/ too), or None."""
+    if path.startswith("/s/"):
+        path = "/" + path[3:].partition("/")[2]
+    for prefix, dialect in DIALECT_ROUTES.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return dialect
+    return None
+
+
+def error_answer(exc: ApiError, path: str) -> Response:
+    """One of our errors in the error shape of the API ``path`` belongs to (OpenAI's unless a dialect's)."""
+    return _error(exc, dialect_of(path))
 
 
 def _error(exc: ApiError, dialect: Dialect | None) -> Response:

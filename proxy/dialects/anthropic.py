@@ -14,6 +14,8 @@ all of it): ``cache_control`` and unknown fields on blocks, ``thinking``,
 ``service_tier``, ``output_config.effort``, ``speed``, ``container``, ``mcp_servers``,
 ``context_management``, ``thinking`` and ``redacted_thinking`` blocks in the history, server tools (a ``type`` other
 than ``custom``), the ``anthropic-version``/``anthropic-beta`` headers and ``?beta=true``.
+``system`` messages inside ``messages`` (Claude Code's per-turn reminders) become system chat messages
+where they stand, as vLLM's route renders them for a template that takes them anywhere.
 What would silently change the meaning is refused, naming the field: images and
 documents (the model takes text only), a ``tool_result`` whose ``tool_use`` is not in
 the previous assistant message, malformed tools.
@@ -44,7 +46,7 @@ TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "additionalPropert
 TEXT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK}]}
 CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
 MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": True,
-           "properties": {"role": {"enum": list(ROLES)}, "content": CONTENT}}  # fmt: skip
+           "properties": {"role": {"enum": [*ROLES, "system"]}, "content": CONTENT}}  # fmt: skip
 # The OpenAPI documentation of a request: the text-only core (tool blocks and tools are accepted too,
 # checked here with the field named, beyond what a schema can say: a tool_result needs its tool_use).
 COUNT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True, "required": ["model", "messages"],
@@ -156,13 +158,40 @@ def _system(system: Any) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}] if text else []
 
 
+def _inline_system(content: Any, where: str, out: list[dict[str, Any]]) -> None:
+    """A ``system`` message inside ``messages`` (Claude Code's reminders): a system chat message where it stands.
+
+    As vLLM's own route does for a chat template that takes system messages anywhere (ours: it
+    renders [system, user, system, user]): its text blocks joined, billing headers dropped, no
+    message when nothing is left. Blocks other than text (tool_addition, say) add no text there either.
+    """
+    if isinstance(content, str):
+        text = "" if content.startswith(BILLING_HEADER) else content
+    elif isinstance(content, list):
+        parts = []
+        for j, block in enumerate(content):
+            if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                raise _fail(f"{where}.content.{j}", "must be a content block {type, ...}")
+            part = block.get("text")
+            if block["type"] == "text" and isinstance(part, str) and part and not part.startswith(BILLING_HEADER):
+                parts.append(part)
+        text = "".join(parts)
+    else:
+        raise _fail(f"{where}.content", "must be a string or a list of text blocks")
+    if text:
+        out.append({"role": "system", "content": text})
+
+
 def _message(message: Any, where: str, tool_ids: set[str], out: list[dict[str, Any]]) -> set[str]:
     """Append one Messages turn as chat messages; return the tool_use ids it declared."""
     if not isinstance(message, dict):
         raise _fail(where, "must be an object {role, content}")
     role = message.get("role")
+    if role == "system":
+        _inline_system(message.get("content"), where, out)
+        return tool_ids  # a reminder between a tool_use and its tool_result does not part them
     if role not in ROLES:
-        raise _fail(f"{where}.role", "must be 'user' or 'assistant'")
+        raise _fail(f"{where}.role", "must be 'user', 'assistant' or 'system'")
     content = message.get("content")
     if isinstance(content, str):
         out.append({"role": role, "content": content})

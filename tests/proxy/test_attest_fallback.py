@@ -69,7 +69,7 @@ def test_a_mismatch_on_the_only_replica_keeps_the_alias_served(
                    timeout=120).raise_for_status()  # fmt: skip
         attested = _attested(proxy.v1, version)
     fingerprint = attested["fingerprint"]
-    assert fingerprint["kind"] == "scored" and fingerprint["samples"] >= 3 and "noise" in fingerprint
+    assert fingerprint["kind"] == "calibrated" and fingerprint["samples"] >= 3 and "noise" in fingerprint
     assert set(fingerprint["separation"]) >= {"base"}
 
     asyncio.run(_tamper(db_url, 2))

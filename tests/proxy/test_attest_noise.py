@@ -1,4 +1,4 @@
-"""Scored fingerprints (proxy/attest.py): distance, noise recorded at deploy, tolerance from it, the
+"""Calibrated fingerprints (proxy/attest.py): distance, noise recorded at deploy, tolerance from it, the
 ``unverifiable`` verdict; old greedy fingerprints still compared the old way. Hand-made fingerprints."""
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ TOKENS = ["a", "b", "c", "d"]
 
 
 def fp(*logprobs: float, tokens: list[str] = TOKENS) -> dict[str, Any]:
-    return {"kind": "scored", "tokens": tokens, "logprobs": list(logprobs)}
+    return {"kind": "calibrated", "tokens": tokens, "logprobs": list(logprobs)}
 
 
-def test_distance_is_the_mean_absolute_difference_and_infinite_for_other_tokens() -> None:
+def test_distance_is_the_mean_absolute_difference_over_the_tokens_chosen_alike() -> None:
     assert distance(fp(-1, -2, -3, -4), fp(-1.1, -2, -2.9, -4.2)) == pytest.approx(0.1)
-    assert distance(fp(-1, -2, -3, -4), fp(-1, -2, -3, -4, tokens=["a", "b", "c", "x"])) == float("inf")
+    # A near-tie flipped at the second token: it and the first are compared, the rest (another text) not.
+    assert distance(fp(-1, -2, -3, -4), fp(-1.2, -2.1, -9, -9, tokens=["a", "x", "y", "z"])) == pytest.approx(0.15)
+    assert distance(fp(-1, -2, -3, -4), fp(-1, -2, -3, -4, tokens=["x", "b", "c", "d"])) == float("inf")
     assert distance(fp(-1, -2, -3, -4), {"tokens": TOKENS, "logprobs": [-1.0]}) == float("inf")
 
 
@@ -55,10 +57,11 @@ def test_old_greedy_fingerprints_keep_their_fixed_tolerance() -> None:
     assert same(old, {"tokens": ["x", "q", "r"], "logprobs": [-0.1, -0.2, -5.0]})  # a near-tie flipped later
     assert not same(old, {"tokens": ["w", "y", "z"], "logprobs": [-0.1, -0.2, -0.3]})
     # Stored with noise but without the tolerance field (or without noise at all): derived the same way.
-    assert tolerance_of({"kind": "scored", "noise": 0.01}) == pytest.approx(0.03)
-    assert tolerance_of({"kind": "scored"}) == TOLERANCE_FLOOR
+    assert tolerance_of({"kind": "calibrated", "noise": 0.01}) == pytest.approx(0.03)
+    assert tolerance_of({"kind": "calibrated"}) == TOLERANCE_FLOOR
 
 
-def test_a_scored_reply_drops_the_unscored_first_token_and_the_generated_last() -> None:
-    reply = {"choices": [{"logprobs": {"tokens": ["<s>", "a", "b", "gen"], "token_logprobs": [None, -1, -2, -0.5]}}]}
-    assert parse_probe(reply) == {"kind": "scored", "tokens": ["a", "b"], "logprobs": [-1.0, -2.0]}
+def test_a_probe_reply_becomes_a_fingerprint_of_its_kind() -> None:
+    reply = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1, -2]}}]}
+    assert parse_probe(reply) == {"kind": "calibrated", "tokens": ["a", "b"], "logprobs": [-1.0, -2.0]}
+    assert parse_probe(reply, "greedy") == {"tokens": ["a", "b"], "logprobs": [-1.0, -2.0]}

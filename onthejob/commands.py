@@ -200,11 +200,11 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def db_upgrade(args: argparse.Namespace) -> int:
-    from storage.db import database_url
+    from storage.db import database_url, masked
     from storage.migrate import upgrade
 
     upgrade(args.db, args.revision)
-    print(f"database at {database_url(args.db)} is at {args.revision}")
+    print(f"database at {masked(database_url(args.db))} is at {args.revision}")  # never its password
     return 0
 
 

@@ -6,6 +6,10 @@ routes to it (``replicas``: in rotation or not, calls in flight, adapter version
 listed and still missing). It never reloads adapters or changes what the proxy
 believes (the probes do that, proxy/routing.py); a probe that acts would run repairs
 at the rate a load balancer polls.
+
+Anyone may ask (a load balancer has no key), so without the operator's admin key (or with
+auth off) it shows states and counts only: adapter names (``project~alias@vN``) name other
+tenants, engine addresses and raw error strings describe the deployment.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 
 from proxy.deps import StateDep, operator_gate
+from proxy.errors import ApiError
 from proxy.responses import ORJSONResponse
 
 router = APIRouter(tags=["ops"])
@@ -31,9 +36,11 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(st: StateDep) -> Response:
+async def readyz(request: Request, st: StateDep) -> Response:
     """Ready when an engine answers and calls can be recorded (database, or the spool while it is down,
-    with the redaction policies known: from the database, or the last copy beside the spool)."""
+    with the redaction policies known: from the database, or the last copy beside the spool).
+
+    Engines, adapter names and errors are shown to the operator's admin key; anyone else sees counts."""
     answers = await asyncio.gather(*(_engine_answers(st, base) for base in st.upstream.urls))
     upstream = dict(zip(st.upstream.urls, answers, strict=True))
     db_ok = True
@@ -64,7 +71,39 @@ async def readyz(st: StateDep) -> Response:
     policies_ok = not st.recording.enabled or body["policies"] != "none"
     ready = upstream_ok and spool_ok and policies_ok and not st.draining
     body["status"] = "ready" if ready and db_ok else ("degraded" if ready else "not_ready")
+    if not await _operator(request, st):
+        body["upstream"] = {"up": sum(answers), "down": len(answers) - sum(answers)}
+        body["replicas"] = [_counts(r) for r in body["replicas"].values()]
     return ORJSONResponse(body, status_code=200 if ready else 503)
+
+
+async def _operator(request: Request, st: Any) -> bool:
+    """Whether the caller holds an admin key of the operator's project (everyone does with auth off)."""
+    headers = request.headers
+    authorization, api_key = headers.get("authorization"), headers.get("x-api-key")
+    if st.settings.auth and not (authorization or api_key):
+        return False
+    client = request.client.host if request.client else None
+    try:
+        principal = await st.auth.authenticate(authorization, api_key, client=client)
+    except ApiError:  # an unknown key, or none verifiable now: readiness is still answered, as counts
+        return False
+    return bool(principal.role == "admin" and principal.project_id == st.settings.default_project)
+
+
+def _counts(replica: dict[str, Any]) -> dict[str, Any]:
+    """A replica as /readyz shows it without the operator's key: states, numbers, and how many of each list.
+
+    Any text but the state (adapter names, the raw last error) is left out, a field added later included."""
+    out: dict[str, Any] = {}
+    for key, value in replica.items():
+        if key == "last_error":
+            out["errored"] = value is not None
+        elif isinstance(value, list | set | tuple | dict):
+            out[key] = len(value)
+        elif key == "state" or isinstance(value, bool | int | float):
+            out[key] = value
+    return out
 
 
 async def _engine_answers(st: Any, base: str) -> bool:

@@ -30,19 +30,32 @@ def database_url(url: str | None = None) -> str:
     return url or os.environ.get("DATABASE_URL") or DEFAULT_DB
 
 
+def masked(url: str) -> str:
+    """``url`` as it may be printed or logged: its password replaced by ``***`` (unparseable: only its scheme)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - sqlalchemy raises several kinds; show nothing that could be a secret
+        scheme, sep, _ = url.partition("://")
+        return f"{scheme}{sep}…" if sep else "…"
+
+
 def normalise(url: str, *, asynchronous: bool) -> str:
     """Rewrite a user URL to carry the driver we ship for sync or async use."""
     try:
         parsed = make_url(url)
     except Exception as exc:  # noqa: BLE001 - sqlalchemy raises several kinds
-        raise DatabaseUrlError(f"cannot parse database URL {url!r}: use postgresql://… or sqlite:///path") from exc
+        raise DatabaseUrlError(
+            f"cannot parse database URL {masked(url)!r}: use postgresql://… or sqlite:///path"
+        ) from exc
     backend = parsed.get_backend_name()
     if backend in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     elif backend == "sqlite":
         parsed = parsed.set(drivername="sqlite+aiosqlite" if asynchronous else "sqlite")
     else:
-        raise DatabaseUrlError(f"unsupported database {backend!r} in {url!r}: use postgresql://… or sqlite:///path")
+        raise DatabaseUrlError(
+            f"unsupported database {backend!r} in {masked(url)!r}: use postgresql://… or sqlite:///path"
+        )
     return parsed.render_as_string(hide_password=False)
 
 

@@ -10,7 +10,9 @@ carry over, as in OpenAI's API and vLLM's) and its output items, converted exact
 the client had resent them, so both ways of continuing give the same chat messages, the
 same link keys and one trajectory.
 
-What would change the answer and cannot be honoured (hosted tools, images, files,
+``namespace`` tools are flattened as vLLM's route flattens them (``<namespace>__<name>``) and
+the model's call to one comes back namespaced; hosted tools (``web_search``, ...) are left out
+of what the engine sees, as there. What would change the answer and cannot be honoured (custom tools, images, files,
 ``background``, ``conversation``, stored prompts, item references) is a 400 naming the
 field; the rest of what SDKs send (``store``, ``include``, ``reasoning``, ``truncation``,
 ``prompt_cache_key``, ``service_tier``, ``user``, ...) is accepted and ignored.
@@ -21,7 +23,15 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored
-from proxy.dialects.responses_out import envelope, finish, logprobs_out, output_items
+from proxy.dialects.responses_out import (
+    NAMESPACE_SEPARATOR,
+    envelope,
+    finish,
+    flat_name,
+    logprobs_out,
+    namespaced_names,
+    output_items,
+)
 from proxy.dialects.responses_stream import ResponsesStream
 from proxy.errors import ApiError, InvalidRequest
 
@@ -84,6 +94,11 @@ REQUEST_SCHEMA: dict[str, Any] = {
 }  # fmt: skip
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+# Tools the openai SDK knows that only OpenAI's servers run: left out of what the engine sees, as its route does.
+HOSTED_TOOLS = frozenset({"file_search", "computer", "computer_use_preview", "web_search", "web_search_2025_08_26",
+                          "mcp", "code_interpreter", "programmatic_tool_calling", "image_generation", "local_shell",
+                          "shell", "tool_search", "web_search_preview", "web_search_preview_2025_03_11",
+                          "apply_patch"})  # fmt: skip
 
 
 class ResponsesDialect(Dialect):
@@ -131,8 +146,9 @@ class ResponsesDialect(Dialect):
         tools = chat_tools(body.get("tools"))
         if tools:
             chat["tools"] = tools
-        if body.get("tool_choice") is not None:
-            chat["tool_choice"] = tool_choice(body["tool_choice"], tools)
+        choice = body.get("tool_choice")
+        if choice is not None and (tools or choice not in ("auto", "none")):  # hosted tools only: nothing to choose
+            chat["tool_choice"] = tool_choice(choice, tools)
         response_format = text_format(body.get("text"))
         if response_format is not None:
             chat["response_format"] = response_format
@@ -148,7 +164,8 @@ class ResponsesDialect(Dialect):
         logprobs = None
         if wants_logprobs(ex.request):
             logprobs = logprobs_out(choice.get("logprobs"), int(ex.request.get("top_logprobs") or 0))
-        response = envelope(ex, "completed", output_items(choice.get("message") or {}, finish_reason, logprobs))
+        names = namespaced_names(ex.request.get("tools"))
+        response = envelope(ex, "completed", output_items(choice.get("message") or {}, finish_reason, logprobs, names))
         finish(response, "length" if finish_reason == "length" else "stop", chat.get("usage"), None)
         return response
 
@@ -276,15 +293,22 @@ def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
     for key in ("call_id", "name", "arguments"):
         if not isinstance(item.get(key), str):
             raise InvalidRequest(f"'{where}.{key}' must be a string", param=f"{where}.{key}")
-    return {
-        "id": item["call_id"],
-        "type": "function",
-        "function": {"name": item["name"], "arguments": item["arguments"]},
-    }
+    name = item["name"]
+    if item.get("namespace"):  # a call the harness got back namespaced, resent as the model made it
+        if not isinstance(item["namespace"], str):
+            raise InvalidRequest(f"'{where}.namespace' must be a string", param=f"{where}.namespace")
+        name = flat_name(item["namespace"], name)
+    return {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["arguments"]}}
 
 
 def chat_tools(tools: Any) -> list[dict[str, Any]]:
-    """Responses function tools (flat) → chat tools (nested under ``function``); others refused."""
+    """Responses tools → chat tools, as vLLM's own route shows them to the model.
+
+    Function tools nest under ``function``; a ``namespace`` tool's functions are flattened to
+    ``<namespace>__<name>`` (its description and its custom tools are not shown, as there); hosted
+    tools the engine cannot run (``web_search``, ``file_search``, ``code_interpreter``, ...) are left
+    out; ``custom`` tools and types no SDK knows are refused with the field named.
+    """
     if tools is None:
         return []
     if not isinstance(tools, list):
@@ -294,28 +318,57 @@ def chat_tools(tools: Any) -> list[dict[str, Any]]:
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise InvalidRequest(f"'{where}' must be an object", param=where)
-        if tool.get("type") != "function":
+        kind = tool.get("type")
+        if kind == "namespace":
+            out.extend(_namespace_tools(tool, where))
+            continue
+        if kind in HOSTED_TOOLS:
+            continue  # the engine's own route never shows these to the model either
+        if kind != "function":
             raise InvalidRequest(
-                f"'{where}.type': only function tools are supported here, not {tool.get('type')!r}",
+                f"'{where}.type': {kind!r} tools are not supported here (function and namespace tools are; "
+                "hosted tools are left out)",
                 param=f"{where}.type",
             )
-        name = tool.get("name")
-        if not isinstance(name, str) or not name or len(name) > 64:
-            raise InvalidRequest(
-                f"'{where}.name' must be a non-empty string (at most 64 characters)", param=f"{where}.name"
-            )
-        params = tool.get("parameters")
-        if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
-            raise InvalidRequest(
-                f"'{where}.parameters' must be a JSON schema of type object", param=f"{where}.parameters"
-            )
-        function: dict[str, Any] = {"name": name, "parameters": params or {"type": "object", "properties": {}}}
-        if tool.get("description") is not None:
-            function["description"] = tool["description"]
-        if tool.get("strict") is not None:
-            function["strict"] = bool(tool["strict"])
-        out.append({"type": "function", "function": function})
+        out.append(_function_tool(tool, where))
     return out
+
+
+def _namespace_tools(tool: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    namespace, inner = tool.get("name"), tool.get("tools")
+    if not isinstance(namespace, str) or not namespace:
+        raise InvalidRequest(f"'{where}.name' must be a non-empty string (the namespace)", param=f"{where}.name")
+    if not isinstance(inner, list):
+        raise InvalidRequest(f"'{where}.tools' must be a list of function tools", param=f"{where}.tools")
+    out = []
+    for j, function in enumerate(inner):
+        at = f"{where}.tools[{j}]"
+        if not isinstance(function, dict):
+            raise InvalidRequest(f"'{at}' must be an object", param=at)
+        if function.get("type") != "function":
+            continue  # a custom tool in a namespace: vLLM shows only the functions
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"'{at}.name' must be a non-empty string", param=f"{at}.name")
+        out.append(_function_tool({**function, "name": flat_name(namespace, name)}, at, limit=None))
+    return out
+
+
+def _function_tool(tool: dict[str, Any], where: str, limit: int | None = 64) -> dict[str, Any]:
+    name = tool.get("name")
+    if not isinstance(name, str) or not name or (limit is not None and len(name) > limit):
+        raise InvalidRequest(
+            f"'{where}.name' must be a non-empty string (at most 64 characters)", param=f"{where}.name"
+        )
+    params = tool.get("parameters")
+    if params is not None and (not isinstance(params, dict) or params.get("type", "object") != "object"):
+        raise InvalidRequest(f"'{where}.parameters' must be a JSON schema of type object", param=f"{where}.parameters")
+    function: dict[str, Any] = {"name": name, "parameters": params or {"type": "object", "properties": {}}}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    if tool.get("strict") is not None:
+        function["strict"] = bool(tool["strict"])
+    return {"type": "function", "function": function}
 
 
 def tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
@@ -326,7 +379,16 @@ def tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
         return choice
     if isinstance(choice, dict) and choice.get("type") == "function":
         name = choice.get("name")
-        if name not in {t["function"]["name"] for t in tools}:
+        names = {t["function"]["name"] for t in tools}
+        if name not in names and isinstance(name, str):  # a namespaced function by its own name, as vLLM takes it
+            flat = [n for n in names if n.endswith(NAMESPACE_SEPARATOR + name)]
+            if len(flat) > 1:
+                raise InvalidRequest(
+                    f"'tool_choice.name' {name!r} is ambiguous: it is in more than one namespace ({', '.join(flat)})",
+                    param="tool_choice.name",
+                )
+            name = flat[0] if flat else name
+        if name not in names:
             raise InvalidRequest(f"'tool_choice.name' {name!r} is not one of the tools given", param="tool_choice.name")
         return {"type": "function", "function": {"name": name}}
     raise InvalidRequest(

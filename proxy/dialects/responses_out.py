@@ -52,10 +52,32 @@ def item_id(prefix: str) -> str:
     return f"{prefix}{_IDS.base}{next(_IDS.count):08x}"
 
 
+NAMESPACE_SEPARATOR = "__"  # vLLM's: a namespaced function is shown to the model as <namespace>__<name>
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The name the model calls a namespaced function by (vLLM's ``flat_namespace_tool_name``)."""
+    return namespace + NAMESPACE_SEPARATOR + name
+
+
+def namespaced_names(tools: Any) -> dict[str, tuple[str, str]]:
+    """Flat name → (namespace, name) for the request's namespace tools: how a call is given back."""
+    names: dict[str, tuple[str, str]] = {}
+    for tool in tools if isinstance(tools, list) else ():
+        if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("name"), str):
+            for function in tool.get("tools") or ():
+                if isinstance(function, dict) and function.get("type") == "function":
+                    names[flat_name(tool["name"], str(function.get("name")))] = (tool["name"], function["name"])
+    return names
+
+
 def tools_echo(tools: Any) -> list[dict[str, Any]]:
     """The request's function tools as the ``Response`` type lists them (every field present)."""
     out = []
     for tool in tools or ():
+        if tool.get("type", "function") != "function":
+            out.append(tool)  # a namespace or hosted tool: the SDK's Response lists it as given
+            continue
         echo = {"type": "function", "name": tool.get("name"), "description": tool.get("description"),
                 "parameters": tool.get("parameters"), "strict": tool.get("strict")}  # fmt: skip
         out.append(echo)
@@ -137,9 +159,11 @@ def message_item(id_: str, status: str, parts: list[dict[str, Any]]) -> dict[str
     return {"id": id_, "type": "message", "role": "assistant", "status": status, "content": parts, "phase": None}
 
 
-def function_call_item(id_: str, status: str, call_id: str, name: str, arguments: str) -> dict[str, Any]:
+def function_call_item(
+    id_: str, status: str, call_id: str, name: str, arguments: str, namespace: str | None = None
+) -> dict[str, Any]:
     return {"id": id_, "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments, "namespace": None, "caller": None, "async": None}  # fmt: skip
+            "arguments": arguments, "namespace": namespace, "caller": None, "async": None}  # fmt: skip
 
 
 def reasoning_item(id_: str, status: str, text: str) -> dict[str, Any]:
@@ -161,7 +185,10 @@ def logprobs_out(chat_logprobs: Any, top: int) -> list[dict[str, Any]]:
 
 
 def output_items(
-    message: dict[str, Any], finish_reason: str | None, logprobs: list[dict[str, Any]] | None
+    message: dict[str, Any],
+    finish_reason: str | None,
+    logprobs: list[dict[str, Any]] | None,
+    names: dict[str, tuple[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """A chat reply's assistant message as Responses output items: reasoning, text, then function calls."""
     status = "incomplete" if finish_reason == "length" else "completed"
@@ -174,6 +201,8 @@ def output_items(
         items.append(message_item(item_id("msg_"), status, [text_part(text, logprobs)]))
     for call in calls:
         fn = call.get("function") or {}
+        name = fn.get("name") or ""
+        namespace, name = names.get(name, (None, name)) if names else (None, name)
         items.append(function_call_item(item_id("fc_"), "completed", call.get("id") or item_id("call_"),
-                                        fn.get("name") or "", fn.get("arguments") or ""))  # fmt: skip
+                                        name, fn.get("arguments") or "", namespace))  # fmt: skip
     return items

@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from proxy.dialects.base import DialectStream, Exchange, StreamEnd, sse
-from proxy.dialects.responses_out import envelope, finish, item_id, logprobs_out
+from proxy.dialects.responses_out import envelope, finish, item_id, logprobs_out, namespaced_names
 from proxy.dialects.responses_wire import function_call_item, js, message_item, reasoning_item, text_part
 from proxy.errors import ApiError
 from storage.records import dump_json
@@ -45,6 +45,7 @@ class _Item:
     tool_index: int | None = None
     call_id: str = ""
     name: str = ""
+    namespace: str | None = None
     text: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     heads: dict[str, bytes] = field(default_factory=dict)  # per delta kind: its event as a % template
@@ -66,6 +67,8 @@ class ResponsesStream(DialectStream):
         self.current: _Item | None = None
         self.finish_reason: str | None = None
         self._result: dict[str, Any] | None = None
+        tools = ex.request.get("tools")
+        self.names = namespaced_names(tools) if tools else {}  # flat name -> (namespace, name)
 
     @property
     def result(self) -> dict[str, Any] | None:
@@ -175,7 +178,9 @@ class ResponsesStream(DialectStream):
             assert cur is not None
             cur.call_id = call.get("id") or item_id("call_")
             cur.name = fn.get("name") or ""
-            item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, EMPTY)
+            if cur.name in self.names:
+                cur.namespace, cur.name = self.names[cur.name]
+            item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, EMPTY, cur.namespace)
             out.append(self._event(b"response.output_item.added",
                                    b'"output_index":' + str(cur.index).encode() + b',"item":' + item))  # fmt: skip
         if fn.get("arguments"):
@@ -219,7 +224,7 @@ class ResponsesStream(DialectStream):
         else:
             out.append(self._event(b"response.function_call_arguments.done",
                                    where + b',"name":' + js(cur.name) + b',"arguments":' + text))  # fmt: skip
-            item = function_call_item(cur.id, status, cur.call_id, cur.name, text)
+            item = function_call_item(cur.id, status, cur.call_id, cur.name, text, cur.namespace)
         self.items.append(item)
         out.append(self._event(b"response.output_item.done", b'"output_index":' + str(cur.index).encode()
                                + b',"item":' + item))  # fmt: skip

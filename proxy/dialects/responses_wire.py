@@ -33,11 +33,13 @@ def message_item(id_: str, status: str, parts: bytes) -> bytes:
         id_.encode(), status.encode(), parts)  # fmt: skip
 
 
-def function_call_item(id_: str, status: str, call_id: Any, name: Any, arguments: bytes) -> bytes:
+def function_call_item(
+    id_: str, status: str, call_id: Any, name: Any, arguments: bytes, namespace: Any = None
+) -> bytes:
     """:func:`responses_out.function_call_item` serialised (``arguments`` already is)."""
     return (b'{"id":"%b","type":"function_call","status":"%b","call_id":%b,"name":%b,"arguments":%b,'
-            b'"namespace":null,"caller":null,"async":null}') % (id_.encode(), status.encode(), js(call_id), js(name),
-                                                                 arguments)  # fmt: skip
+            b'"namespace":%b,"caller":null,"async":null}') % (id_.encode(), status.encode(), js(call_id), js(name),
+                                                               arguments, js(namespace))  # fmt: skip
 
 
 def reasoning_item(id_: str, status: str, text: bytes) -> bytes:

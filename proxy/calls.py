@@ -16,6 +16,7 @@ import os
 import time
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import quote
 
 import orjson
 from starlette.responses import Response
@@ -92,7 +93,7 @@ class ProxiedCall:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"x-request-id": self.id, "x-session-id": self.session.id}
+        return {"x-request-id": self.id, "x-session-id": header_value(self.session.id)}
 
     async def open(self) -> UpstreamResponse:
         """Send the call to an engine replica (proxy/replicas.py chooses it) and return the response unread.
@@ -337,6 +338,18 @@ class ProxiedCall:
             end_user=end_user_key(self.naming.end_user) if self.naming.end_user else None,
         )
         await recording.keep(record, keys)
+
+
+# Printable ASCII: what a response header carries as it is (a session id from the body or the path may
+# hold any character; one outside latin-1 failed the reply after it was recorded, a newline would split it).
+_HEADER_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+
+
+def header_value(value: str) -> str:
+    """``value`` as a response header: as it is when printable ASCII, else percent-encoded (UTF-8)."""
+    if value.isascii() and value.isprintable():
+        return value
+    return quote(value, safe=_HEADER_SAFE)
 
 
 def _compact(data: bytes) -> bool:

@@ -127,3 +127,13 @@ def test_dialects_answer_admission_in_their_own_shape(proxy: Proxy) -> None:
     assert tags.json()["error"]["param"] == "metadata.tags"
     user = httpx.post(f"{proxy.v1}/messages", json={**MESSAGES, "metadata": {"user_id": {"id": 1}}}, timeout=10)
     assert user.status_code == 400 and "metadata.user_id" in user.json()["error"]["message"], user.text
+
+
+def test_a_session_id_no_header_can_carry_is_answered_encoded(proxy: Proxy) -> None:
+    """Before: recorded, then answered 500 (a response header holds latin-1 only; a newline would split it)."""
+    name = "café ☕\nnext"
+    resp = httpx.post(f"{proxy.v1}/chat/completions", json={**CHAT, "metadata": {"session_id": name}}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["x-session-id"] == "caf%C3%A9 %E2%98%95%0Anext"
+    row = _stored(proxy, resp.headers["x-request-id"])
+    assert row is not None and row.session_id == name

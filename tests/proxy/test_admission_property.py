@@ -1,0 +1,113 @@
+"""A property of the edge: for each stored client-supplied field, a generated value is refused (400 naming
+the field) or recorded; none is answered 200 and lost.
+
+Lengths around the limits, unicode, NUL, wrong types; the real proxy and Postgres, the stub engine
+(this is our edge, not the model). The 200s are checked once, after one drain, against the database.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from proxy import admission
+from storage.db import sync_engine
+from storage.models import Completion
+from tests.proxy.conftest import Proxy, ProxyFactory
+
+EXAMPLES = int(os.environ.get("ONTHEJOB_FUZZ_EXAMPLES", "12"))
+CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+LIMIT = admission.SESSION_ID_CHARS  # every id column here holds 200
+
+# Header values: what HTTP carries (latin-1, no control characters), around the limit.
+latin1 = st.characters(min_codepoint=0x21, max_codepoint=0xFF, exclude_characters="\x7f")
+header_text = st.text(latin1, min_size=1, max_size=12) | st.integers(LIMIT - 2, LIMIT + 2).flatmap(
+    lambda n: st.text(latin1, min_size=n, max_size=n))  # fmt: skip
+near_limit = st.integers(LIMIT - 2, LIMIT + 2).flatmap(lambda n: st.text(min_size=n, max_size=n))
+body_text = st.text(max_size=40) | near_limit | st.just("a\x00b") | st.just("é" * LIMIT + "ü")
+wrong = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False) | st.lists(
+    st.text(max_size=3), max_size=3) | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)  # fmt: skip
+any_value = body_text | wrong
+tag_lists = st.lists(body_text | st.integers(), max_size=4) | st.lists(st.text(min_size=1, max_size=3), min_size=99,
+                                                                        max_size=102)  # fmt: skip
+
+# (field, where it goes, values)
+FIELDS: list[tuple[str, str, Any]] = [
+    ("X-Client-Request-Id", "header", header_text),
+    ("X-Session-Id", "header", header_text),
+    ("X-Task-Id", "header", header_text),
+    ("X-Onthejob-Tags", "header", header_text),
+    ("session_id", "path", body_text.filter(lambda s: "/" not in s and s.strip() not in ("", ".", ".."))),
+    ("metadata.session_id", "metadata", any_value),
+    ("metadata.task_id", "metadata", any_value),
+    ("metadata.tags", "metadata", any_value | tag_lists),
+    ("metadata.user_id", "metadata", any_value),
+    ("metadata.end_user", "metadata", any_value),
+    ("user", "body", any_value),
+    ("metadata", "body", wrong),
+]
+
+
+@pytest.fixture
+def proxy(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any) -> Proxy:
+    return start_proxy(stub_upstream, pg_factory(), env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})
+
+
+def _send(client: httpx.Client, proxy: Proxy, field: str, where: str, value: Any) -> httpx.Response:
+    body: dict[str, Any] = dict(CHAT)
+    headers: dict[str, bytes] = {}
+    url = f"{proxy.v1}/chat/completions"
+    if where == "header":
+        headers[field.lower()] = value.encode("latin-1")  # what HTTP carries: bytes, read back as latin-1
+    elif where == "path":
+        url = f"{proxy.url}/s/{quote(value, safe='')}/v1/chat/completions"
+    elif where == "metadata":
+        body["metadata"] = {field.split(".", 1)[1]: value}
+    else:
+        body[field] = value
+    return client.post(url, json=body, headers=headers)
+
+
+def test_a_value_is_refused_or_recorded(proxy: Proxy) -> None:
+    answered: dict[str, tuple[str, Any]] = {}  # call id -> (field, the value it was answered 200 for)
+    refused: dict[str, int] = {}
+    with httpx.Client(timeout=30) as client:
+        for field, where, values in FIELDS:
+
+            @given(value=values)
+            @settings(max_examples=2 * EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
+                      database=None, derandomize=True)  # fmt: skip
+            def check(value: Any) -> None:
+                resp = _send(client, proxy, field, where, value)  # noqa: B023 - called in this iteration
+                what = f"{field}={value!r}"  # noqa: B023
+                assert resp.status_code in (200, 400), f"{what}: {resp.status_code} {resp.text[:300]}"
+                if resp.status_code == 400:
+                    error = resp.json()["error"]
+                    assert error["param"] == field or field in error["message"], (what, error)  # noqa: B023
+                    refused[field] = refused.get(field, 0) + 1  # noqa: B023
+                else:
+                    answered[resp.headers["x-request-id"]] = (field, value)  # noqa: B023
+
+            check()
+    proxy.wait_drained(timeout=60)
+    eng = sync_engine(proxy.db_url)
+    with Session(eng) as db:
+        rows = {r.id: r for r in db.scalars(select(Completion).where(Completion.id.in_(list(answered))))}
+    eng.dispose()
+    lost = {call: value for call, value in answered.items() if call not in rows}
+    assert not lost, f"answered 200, never recorded: {lost}"
+    assert not list(proxy.spool.parent.rglob("quarantine*")), "a record the database refused"
+    for call, (field, value) in answered.items():
+        if field == "X-Client-Request-Id":  # the column holds what the client sent
+            assert rows[call].client_request_id == value
+    # Both sides were reached: every field had a refused value and most an admitted one.
+    assert set(refused) == {f for f, _, _ in FIELDS}, refused
+    assert len({f for f, _ in answered.values()}) >= len(FIELDS) - 1, answered

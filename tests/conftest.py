@@ -90,7 +90,10 @@ def default_model() -> ModelInfo:
 
 
 def _start(model: ModelInfo, tmp: Path) -> Engine:
-    cfg = EngineConfig(port=free_port(), threads=1, kv_cache_gib=1, max_model_len=2048)
+    # --enable-scale-out: the engine's /v1/messages/render and /v1/responses/render: the dialect oracle's prompt ids
+    cfg = EngineConfig(
+        port=free_port(), threads=1, kv_cache_gib=1, max_model_len=2048, extra_args=["--enable-scale-out"]
+    )
     return Engine(model, cfg, log=tmp / f"engine-{model.name}.log").start()
 
 

@@ -24,6 +24,9 @@ from typing import Any
 import psycopg
 from sqlalchemy import exc as sa_exc
 
+# Retry-After on a 503: the database pool reconnects (pre-ping) on the next request, a spool drains.
+RETRY_AFTER_S = 5
+
 
 class ApiError(Exception):
     status = 500
@@ -93,8 +96,14 @@ class UpstreamError(ApiError):
 
 
 class Unavailable(ApiError):
+    """503: every one says when to come back (``Retry-After``), the database, the spool or a drain alike."""
+
     status = 503
     type = "service_unavailable"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.headers.setdefault("retry-after", str(RETRY_AFTER_S))
 
 
 class UpstreamTimeout(ApiError):
@@ -102,16 +111,11 @@ class UpstreamTimeout(ApiError):
     type = "timeout_error"
 
 
-# Retry-After on a 503 for the database: the pool reconnects (pre-ping) on the next request.
-DATABASE_RETRY_AFTER_S = 5
-
-
 class DatabaseUnavailable(Unavailable):
     """A request that needs the database while it does not answer: 503, retry shortly."""
 
     def __init__(self, message: str = "the database is unreachable now; retry shortly") -> None:
-        super().__init__(message, code="database_unavailable",
-                         headers={"retry-after": str(DATABASE_RETRY_AFTER_S)})  # fmt: skip
+        super().__init__(message, code="database_unavailable")
 
 
 # The database not answering, as the driver or the pool says it (connection refused or reset,

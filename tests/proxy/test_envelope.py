@@ -77,3 +77,16 @@ def test_schemathesis_finds_no_plain_text_error_with_the_database_down(no_databa
                 assert "error" in resp.json(), f"{where}: {resp.text[:300]}"
 
         check()
+
+
+def test_every_503_says_when_to_retry(start_proxy: ProxyFactory, stub_upstream: str) -> None:
+    """A key that cannot be verified with the database down is a 503 too, and says when to come back."""
+    dead = f"postgresql://postgres@127.0.0.1:{free_port()}/gone"
+    proxy = start_proxy(stub_upstream, dead, auth=True)
+    for resp in (
+        httpx.get(f"{proxy.v1}/chat/completions/cmpl-x", headers={"authorization": "Bearer otj-x"}, timeout=30),
+        httpx.post(f"{proxy.v1}/messages", headers={"x-api-key": "otj-x"}, timeout=30,
+                   json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+    ):  # fmt: skip
+        assert resp.status_code in (503, 529), resp.text  # 529: Anthropic's "overloaded" for our 503
+        assert int(resp.headers["retry-after"]) > 0 and resp.json()["error"]["message"]

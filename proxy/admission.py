@@ -16,6 +16,7 @@ value                         limit  from
 session id (header, metadata, 200    ``completions.session_id`` and ``sessions.id`` String(200)
 path)
 task id (header, metadata)    200    ``completions.task_id`` and ``sessions.task_id`` String(200)
+a named call id               64     ``completions.id`` String(64) (``previous_response_id``)
 a tag                         200    no column (a JSON list); a dataset filter names a tag in at
                                      most 200 characters (proxy/routes_datasets.py), so a longer
                                      one could be recorded but never selected
@@ -54,6 +55,7 @@ CALLS, SESSIONS = Completion.__table__.c, Session.__table__.c
 CLIENT_REQUEST_ID_CHARS = _chars(CALLS.client_request_id)
 SESSION_ID_CHARS = _chars(CALLS.session_id, SESSIONS.id)
 TASK_ID_CHARS = _chars(CALLS.task_id, SESSIONS.task_id)
+CALL_ID_CHARS = _chars(CALLS.id)  # a stored call's id, as a dialect's ``previous_response_id`` names one
 END_USER_CHARS = _chars(CALLS.end_user)  # stored as given up to this, hashed past it
 TAG_CHARS = 200  # a dataset filter's tag name (proxy/routes_datasets.py Name)
 MAX_TAGS = 100  # a dataset filter's tags (proxy/routes_datasets.py DatasetFilterIn.tags)
@@ -86,6 +88,13 @@ def client_request_id(value: str | None, field: str = "X-Client-Request-Id") -> 
     """The client's own request id (``completions.client_request_id``)."""
     if value:
         text_id(field, value, CLIENT_REQUEST_ID_CHARS)
+
+
+def call_id(value: Any, field: str) -> str:
+    """The id of a stored call a request names (a dialect's ``previous_response_id``): text a call id can be."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{field} must be a call id (a non-empty string)", param=field, code="invalid_type")
+    return text_id(field, value, CALL_ID_CHARS)
 
 
 def session_id(value: Any, field: str) -> None:
@@ -171,6 +180,7 @@ def _kind(value: Any) -> str:
 def limits() -> dict[str, int]:
     """The limits, by name (what ``python -m proxy.admission`` prints)."""
     return {"client_request_id_chars": CLIENT_REQUEST_ID_CHARS, "session_id_chars": SESSION_ID_CHARS,
+            "call_id_chars": CALL_ID_CHARS,
             "task_id_chars": TASK_ID_CHARS, "end_user_chars_before_hashing": END_USER_CHARS,
             "tag_chars": TAG_CHARS, "max_tags": MAX_TAGS}  # fmt: skip
 

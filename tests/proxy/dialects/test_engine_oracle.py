@@ -30,6 +30,19 @@ ROUTES = {"anthropic": "/v1/messages", "responses": "/v1/responses"}
 CASES = sorted((d.name, f) for d in CORPUS.iterdir() if d.name in ROUTES for f in sorted(d.glob("*.json")))
 
 
+def streamed(dialect: str, url: str, body: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """The answer a stream of the same request adds up to (text blocks and calls as :func:`answer` gives them)."""
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        events = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+    if dialect == "responses":
+        assert events[-1]["type"] in ("response.completed", "response.incomplete"), events[-1]
+        return answer(dialect, events[-1]["response"])
+    assert events[-1]["type"] == "message_stop"
+    text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    return [("text", text, None, None)] if text else []
+
+
 def load(path: Path, model: str) -> dict[str, Any]:
     """A corpus request for this engine's model, greedy and short."""
     body: dict[str, Any] = json.loads(path.read_text())
@@ -96,6 +109,8 @@ def replay(dialect: str, path: Path, proxy: Proxy, engine: Engine) -> list[tuple
     record = httpx.get(f"{proxy.v1}/chat/completions/{ours.json()['id']}", timeout=10)
     assert record.status_code == 200, record.text
     assert record.json()["onthejob"]["prompt_token_ids"] == rendered.json()["token_ids"]
+    if json.loads(path.read_text()).get("stream") and all(a[0] in ("text", "message") for a in same):
+        assert streamed(dialect, f"{proxy.url}{route}", body) == same  # the harness's own (streamed) form
     return same
 
 

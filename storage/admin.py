@@ -41,7 +41,7 @@ async def add_alias(db: AsyncSession, project_id: str, name: str, base_model: st
 
 
 async def list_adapters(db: AsyncSession, project_id: str, alias: str | None = None) -> Sequence[Adapter]:
-    query = select(Adapter).where(Adapter.project_id == project_id)
+    query = select(Adapter).where(Adapter.project_id == project_id, Adapter.committed())
     if alias:
         query = query.where(Adapter.alias == alias)
     return (await db.scalars(query.order_by(Adapter.alias, Adapter.version))).all()

@@ -32,7 +32,7 @@ def _steps(db: DbSession, project: str, alias: str, version: int) -> list[tuple[
 def version_lineage(db: DbSession, project: str, alias: str, version: int) -> dict[str, Any] | None:
     """What trained ``alias@v{version}``: its parent chain, and its step's trajectories and feedback items."""
     row = db.scalar(select(Adapter).where(Adapter.project_id == project, Adapter.alias == alias,
-                                          Adapter.version == version))  # fmt: skip
+                                          Adapter.version == version, Adapter.committed()))  # fmt: skip
     if row is None:
         return None
     steps = _steps(db, project, alias, version)

@@ -1,21 +1,28 @@
 """Publish a trained adapter: save it where engines can read it, record it, ask the proxy to deploy it.
 
-Order matters. The version number comes from the database (previous max + 1,
-and a unique constraint settles a race between two trainers). The directory is
-written under a temporary name and renamed into place, so an engine never
-reads half an adapter, and a version's directory is never overwritten: vLLM
-caches adapters by name, so ``alias@vN`` must always mean the same weights.
-Only after the row is committed do we call the proxy, which loads the adapter
-into every engine, verifies it and switches routing. The trainer never talks
-to engines itself.
+Order matters, and no step ever deletes or overwrites a folder some row names:
+
+1. The adapter is written to a hidden staging folder beside its alias's versions and hashed.
+2. Its version is reserved: the row is inserted ``reserved`` (previous max + 1; the unique key
+   settles a race between two trainers, and the loser takes the next number) and committed.
+3. The version's folder is claimed (``mkdir`` fails if anything is there) and the staging folder
+   renamed onto the claim, so an engine never reads half an adapter and a folder found in place
+   (another alias's under the old lossy names, say) is left alone: the version goes beside it.
+4. The row is marked ``committed``: only then may it be listed, deployed or trained from.
+
+A crash leaves a staging folder no row names, or a reserved row whose number is never reused
+(vLLM caches adapters by name, so ``alias@vN`` must always mean the same weights). Folder names
+are a reversible escape of project and alias (``folder_name``), so two names never share a folder.
+Only after the row is committed do we call the proxy, which loads the adapter into every engine,
+verifies it and switches routing. The trainer never talks to engines itself.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
+import string
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,26 +34,43 @@ from sqlalchemy.orm import Session
 
 from engine.weights import ModelInfo
 from storage.models import Adapter
+from storage.models.training import ADAPTER_COMMITTED, ADAPTER_RESERVED
 from trainer.errors import DeployError, PublishError
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+SAFE = frozenset(string.ascii_letters + string.digits + "._-")
+MAX_NAME = 200  # characters of one folder name (file systems allow 255 bytes)
+RESERVE_TRIES = 50  # each lost race means another trainer won a version; 50 at once is far past any deployment
+STAGING = ".staging-"  # escaped names never start with "."
 
 
-def _folder_name(kind: str, name: str) -> str:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", name)
-    if safe in ("", ".", ".."):
-        raise PublishError(f"{kind} {name!r} cannot name a folder; use letters, digits, '.', '_' or '-'")
-    return safe
+def folder_name(name: str) -> str:
+    """``name`` as one folder name, reversibly: every byte outside ``[A-Za-z0-9._-]`` (and a leading ``.``)
+    percent-encoded, so ``a:b`` is ``a%3Ab`` and ``a_b`` stays ``a_b``; ``urllib.parse.unquote`` gives it back.
+
+    A name whose escape is longer than ``MAX_NAME`` keeps a prefix and adds ``~`` and a hash of the whole
+    name (``~`` is never part of an escape): still one folder per name, found again through the row's path.
+    """
+    if not name:
+        raise PublishError("an empty name cannot name a folder")
+    escaped = "".join(ch if ch in SAFE else "".join(f"%{b:02X}" for b in ch.encode()) for ch in name)
+    if escaped.startswith("."):  # hidden names are the staging folders'; "." and ".." name no folder of ours
+        escaped = "%2E" + escaped[1:]
+    if len(escaped) <= MAX_NAME:
+        return escaped
+    prefix = escaped[: MAX_NAME - 33]
+    cut = prefix.rfind("%", len(prefix) - 2)  # never end inside an escape
+    return f"{prefix[:cut] if cut >= 0 else prefix}~{hashlib.sha256(name.encode()).hexdigest()[:32]}"
 
 
 def adapter_dir(root: Path | str, project_id: str, alias: str, version: int) -> Path:
     """``ROOT/<project>/<alias>/v<N>`` as an absolute path (engines resolve it in their own working directory).
 
     The project is part of the path: two projects may both have an alias ``support`` and share
-    one adapter volume, and neither may ever overwrite the other's versions.
+    one adapter volume, and neither may ever overwrite the other's versions. This is where a new
+    version goes; a recorded version is wherever its row's ``path`` says.
     """
-    project = _folder_name("project", project_id)
-    return Path(root).expanduser().resolve() / project / _folder_name("alias", alias) / f"v{version}"
+    return Path(root).expanduser().resolve() / folder_name(project_id) / folder_name(alias) / f"v{version}"
 
 
 def content_sha256(folder: Path) -> str:
@@ -70,19 +94,17 @@ def content_sha256(folder: Path) -> str:
 
 
 def next_version(db: Session, project_id: str, alias: str) -> int:
-    """Previous max version of the alias + 1 (1 for the first adapter)."""
+    """Previous max version of the alias + 1 (1 for the first adapter); reserved versions count."""
     current = db.scalar(
         select(func.max(Adapter.version)).where(Adapter.project_id == project_id, Adapter.alias == alias)
     )
     return int(current or 0) + 1
 
 
-def save_adapter(model: Any, folder: Path, optimizer: Any = None) -> Path:
-    """Write the PEFT adapter (and the optimiser state) to ``folder`` atomically; never overwrite a version."""
-    if folder.exists():
-        raise PublishError(f"{folder} already exists; adapter versions are never overwritten")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+def _stage(model: Any, home: Path, optimizer: Any) -> Path:
+    """Write the PEFT adapter (and the optimiser state) to a new hidden folder in ``home``."""
+    home.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING, dir=home))
     try:
         model.save_pretrained(str(staging))
         if optimizer is not None:
@@ -90,9 +112,32 @@ def save_adapter(model: Any, folder: Path, optimizer: Any = None) -> Path:
 
             save_optimizer(optimizer, staging)
         staging.chmod(0o755)  # mkdtemp makes it 0700; engines may run as another user
-        staging.rename(folder)
-    finally:
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def _place(staging: Path, folder: Path) -> bool:
+    """Rename ``staging`` to ``folder`` unless something is there already; never replaces what it finds.
+
+    ``mkdir`` claims the name atomically (two writers cannot both get it); the rename then
+    replaces only the empty folder just made.
+    """
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        return False
+    staging.rename(folder)
+    return True
+
+
+def save_adapter(model: Any, folder: Path, optimizer: Any = None) -> Path:
+    """Write the PEFT adapter (and the optimiser state) to ``folder`` atomically; never overwrite a version."""
+    staging = _stage(model, folder.parent, optimizer)
+    if not _place(staging, folder):
+        shutil.rmtree(staging, ignore_errors=True)
+        raise PublishError(f"{folder} already exists; adapter versions are never overwritten")
     return folder
 
 
@@ -108,7 +153,7 @@ def record_adapter(
     run_id: int | None,
     metrics: dict[str, Any],
 ) -> Adapter:
-    """Insert the ``Adapter`` row (flushed, not committed)."""
+    """Insert the committed ``Adapter`` row of a folder already in place (flushed, not committed)."""
     row = Adapter(
         project_id=project_id, alias=alias, version=version, parent_version=parent_version,
         path=str(path), sha256=content_sha256(path), base_model=base.name, base_sha256=base.sha256,
@@ -121,6 +166,26 @@ def record_adapter(
         db.rollback()
         raise PublishError(f"{alias}@v{version} was recorded by someone else meanwhile; retry the step") from exc
     return row
+
+
+def reserve(db: Session, root: Path | str, *, project_id: str, alias: str, **fields: Any) -> Adapter:
+    """Insert and commit the next version's row as ``reserved`` (its folder named, not yet in place).
+
+    Two trainers may read the same max; the unique key refuses the second insert, which rolls back
+    and takes the next number. The session's pending changes are committed (or rolled back) with it.
+    """
+    for _ in range(RESERVE_TRIES):
+        version = next_version(db, project_id, alias)
+        row = Adapter(project_id=project_id, alias=alias, version=version, state=ADAPTER_RESERVED,
+                      path=str(adapter_dir(root, project_id, alias, version)), **fields)  # fmt: skip
+        db.add(row)
+        try:
+            db.commit()
+        except IntegrityError:
+            db.rollback()
+            continue
+        return row
+    raise PublishError(f"could not reserve a version of {alias!r}: {RESERVE_TRIES} other publishes won first")
 
 
 def publish(
@@ -136,23 +201,32 @@ def publish(
     metrics: dict[str, Any],
     optimizer: Any = None,
 ) -> Adapter:
-    """Save the next version of ``alias`` (with its optimiser state, if given) and commit its row."""
-    version = next_version(db, project_id, alias)
-    folder = adapter_dir(root, project_id, alias, version)
-    if folder.exists():
-        # Left by a publish that crashed before its row was committed: no row means
-        # no engine was ever asked to load it, so replacing it cannot serve stale weights.
-        shutil.rmtree(folder)
-    save_adapter(model, folder, optimizer)
+    """Save the next version of ``alias`` (with its optimiser state, if given) and commit its row (see above)."""
+    home = adapter_dir(root, project_id, alias, 1).parent
+    staging = _stage(model, home, optimizer)
+    placed = False
     try:
-        row = record_adapter(
-            db, project_id=project_id, alias=alias, version=version, parent_version=parent_version,
-            path=folder, base=base, run_id=run_id, metrics=metrics,
+        row = reserve(
+            db, root, project_id=project_id, alias=alias, parent_version=parent_version,
+            sha256=content_sha256(staging), base_model=base.name, base_sha256=base.sha256, training_run_id=run_id,
+            metrics=jsonable(metrics),
         )  # fmt: skip
+        folder = Path(row.path)
+        placed = _place(staging, folder)
+        if not placed:
+            # Something is there that this row did not write (a folder of the old lossy names, a crash of
+            # the old order, a case-insensitive file system): leave it, and put the version beside it.
+            folder = home / f"v{row.version}~{row.id}"
+            placed = _place(staging, folder)
+            if not placed:
+                raise PublishError(f"{folder} already exists; adapter versions are never overwritten")
+        row.path, row.state = str(folder), ADAPTER_COMMITTED
         db.commit()
-    except Exception:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
+    finally:
+        # Only the staging folder is ever removed. A failure after the reservation leaves the row reserved
+        # (listed, deployed and trained from by nobody) and keeps its number, folder or not.
+        if not placed:
+            shutil.rmtree(staging, ignore_errors=True)
     return row
 
 

@@ -35,7 +35,8 @@ def resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str 
         parent_version = training_parent(db, settings.project, settings.alias)[1]
     elif choice == "latest":
         latest = db.scalar(
-            select(Adapter.version).where(Adapter.project_id == settings.project, Adapter.alias == settings.alias)
+            select(Adapter.version).where(Adapter.project_id == settings.project, Adapter.alias == settings.alias,
+                                          Adapter.committed())
             .order_by(Adapter.version.desc()).limit(1)
         )  # fmt: skip
         parent_version = latest
@@ -84,7 +85,10 @@ def serving_parent(
 def adapter_row(db: Session, settings: TrainSettings, version: int) -> Adapter | None:
     return db.scalar(
         select(Adapter).where(
-            Adapter.project_id == settings.project, Adapter.alias == settings.alias, Adapter.version == version
+            Adapter.project_id == settings.project,
+            Adapter.alias == settings.alias,
+            Adapter.version == version,
+            Adapter.committed(),
         )
     )
 
@@ -133,7 +137,7 @@ def adapter_paths(db: Session | None, settings: TrainSettings) -> dict[int, Path
     assert db is not None
     rows = db.execute(
         select(Adapter.version, Adapter.path).where(
-            Adapter.project_id == settings.project, Adapter.alias == settings.alias
+            Adapter.project_id == settings.project, Adapter.alias == settings.alias, Adapter.committed()
         )
     ).all()
     return {int(v): Path(p) for v, p in rows if Path(p).is_dir()}

@@ -5,14 +5,23 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import ColumnElement, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from storage.models.base import Base, utcnow
 
+ADAPTER_RESERVED = "reserved"
+ADAPTER_COMMITTED = "committed"
+
 
 class Adapter(Base):
-    """One published LoRA adapter version of an alias."""
+    """One published LoRA adapter version of an alias.
+
+    ``state``: a publish inserts the row ``reserved`` (the version number is its own from then on, its
+    folder not yet in place) and marks it ``committed`` once the folder holds the weights ``sha256`` names.
+    Only committed versions may be listed, deployed or trained from (``Adapter.committed()``); a reserved
+    row a crash left behind keeps its number, so ``alias@vN`` never names two different adapters.
+    """
 
     __tablename__ = "adapters"
     __table_args__ = (UniqueConstraint("project_id", "alias", "version"),)
@@ -28,7 +37,13 @@ class Adapter(Base):
     base_sha256: Mapped[str | None] = mapped_column(String(64), default=None)
     training_run_id: Mapped[int | None] = mapped_column(ForeignKey("training_runs.id"), default=None)
     metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    state: Mapped[str] = mapped_column(String(16), default=ADAPTER_COMMITTED, server_default=ADAPTER_COMMITTED)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    @classmethod
+    def committed(cls) -> ColumnElement[bool]:
+        """The filter every reader of published versions applies (reserved rows are a publish in flight)."""
+        return cls.state == ADAPTER_COMMITTED
 
 
 class Deployment(Base):

@@ -37,13 +37,13 @@ def test_adapter_dir_is_absolute_and_safe(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.chdir(tmp_path)
     expected = tmp_path / "adapters" / "acme" / "support-agent" / "v3"
     assert adapter_dir("adapters", "acme", "support-agent", 3) == expected
-    assert adapter_dir("adapters", "acme", "a/../b", 1).parent.name == "a_.._b"
+    assert adapter_dir("adapters", "acme", "a/../b", 1).parent.name == "a%2F..%2Fb"
     # Two projects with the same alias on one shared volume never share a folder.
     assert adapter_dir("adapters", "acme", "helper", 1) != adapter_dir("adapters", "globex", "helper", 1)
-    with pytest.raises(PublishError, match="alias '..' cannot name a folder"):
-        adapter_dir("adapters", "acme", "..", 1)
-    with pytest.raises(PublishError, match="project '..' cannot name a folder"):
-        adapter_dir("adapters", "..", "helper", 1)
+    assert adapter_dir("adapters", "acme", "..", 1).parent == tmp_path / "adapters" / "acme" / "%2E."
+    assert adapter_dir("adapters", "..", "helper", 1).parents[1] == tmp_path / "adapters" / "%2E."
+    with pytest.raises(PublishError, match="empty"):
+        adapter_dir("adapters", "acme", "", 1)
 
 
 def test_save_is_atomic_and_never_overwrites(model: object, tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_publish_numbers_versions_and_records_lineage(model: object, db: Session
     assert first.metrics == {"loss": 0.5, "kl": None}  # NaN is not JSON
 
 
-def test_publish_replaces_an_orphaned_folder(model: object, db: Session, tmp_path: Path) -> None:
+def test_publish_never_replaces_a_folder_it_finds(model: object, db: Session, tmp_path: Path) -> None:
     project = f"p-{uuid.uuid4().hex[:8]}"
     ensure_project(db, project)
     db.commit()
@@ -94,7 +94,8 @@ def test_publish_replaces_an_orphaned_folder(model: object, db: Session, tmp_pat
     base = ModelInfo(path=tmp_path, name="tiny-qwen2", sha256="b" * 64)
     row = publish(db, model, root=tmp_path, project_id=project, alias="helper", parent_version=None,
                   base=base, run_id=None, metrics={})  # fmt: skip
-    assert row.version == 1 and not (Path(row.path) / "junk").exists()
+    assert row.version == 1 and Path(row.path) == orphan.parent / f"v1~{row.id}"
+    assert (orphan / "junk").is_file() and row.sha256 == content_sha256(Path(row.path))
 
 
 def _client(status: int, body: dict[str, object], seen: list[httpx.Request]) -> httpx.Client:

@@ -4,7 +4,7 @@ Every row recorded so far is a finished publish, so the column defaults to ``com
 rows keep the ``path`` they were written to (readers use it, never a recomputed one).
 
 Revision ID: 0017
-Revises: 0016
+Revises: 0015
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

@@ -136,8 +136,14 @@ class Promotion:
         key = (project, alias, version)
         if key not in self._direct or not self.router.replicas.loaded_on(lora_name(*key)):
             async with self.sessionmaker() as db:
-                row = await db.scalar(select(Adapter).where(
-                    Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version))  # fmt: skip
+                row = await db.scalar(
+                    select(Adapter).where(
+                        Adapter.project_id == project,
+                        Adapter.alias == alias,
+                        Adapter.version == version,
+                        Adapter.committed(),
+                    )
+                )
             if row is None:
                 raise NotFound(f"no adapter {alias!r} version {version} in this project", param="model")
             self._sha[key] = row.sha256

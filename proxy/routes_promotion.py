@@ -56,7 +56,9 @@ async def _version_known(db: Any, project: str, alias: str, version: int | None)
     if version is None:
         return
     row = await db.scalar(
-        select(Adapter.id).where(Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version)
+        select(Adapter.id).where(
+            Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version, Adapter.committed()
+        )
     )
     if row is None:
         raise NotFound(f"no adapter {alias!r} version {version}: list them at GET /v1/admin/adapters", param="version")

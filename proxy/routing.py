@@ -198,7 +198,10 @@ class Router:
             async with self.sessionmaker() as db:
                 row = await db.scalar(
                     select(Adapter).where(
-                        Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
+                        Adapter.project_id == project,
+                        Adapter.alias == alias,
+                        Adapter.version == version,
+                        Adapter.committed(),
                     )
                 )
             if row is None:
@@ -306,7 +309,10 @@ class Router:
             if version is not None:
                 adapter = await db.scalar(
                     select(Adapter).where(
-                        Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
+                        Adapter.project_id == project,
+                        Adapter.alias == alias,
+                        Adapter.version == version,
+                        Adapter.committed(),
                     )
                 )
                 if adapter is None:

@@ -1,0 +1,40 @@
+"""A version a publish has reserved but not committed (trainer/publish.py) is never deployed: its row
+exists before its weights do, so the deploy route treats it as unknown until the publish commits."""
+
+from __future__ import annotations
+
+import httpx
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from storage.db import sync_engine
+from storage.models import Adapter
+from storage.models.training import ADAPTER_COMMITTED, ADAPTER_RESERVED
+from tests.proxy.conftest import ProxyFactory, make_key
+
+
+def test_a_reserved_version_is_not_deployed_until_committed(
+    start_proxy: ProxyFactory, stub_upstream: str, pg_factory: object, tmp_path: object
+) -> None:
+    db_url = pg_factory()  # type: ignore[operator]
+    admin = {"authorization": f"Bearer {make_key(db_url, 'proj', 'admin')}"}
+    proxy = start_proxy(stub_upstream, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})
+    made = httpx.post(f"{proxy.v1}/admin/aliases", headers=admin, timeout=10,
+                      json={"name": "helper", "base_model": "stub-model"})  # fmt: skip
+    assert made.status_code == 201, made.text
+    eng = sync_engine(db_url)
+    with Session(eng) as db:
+        db.add(Adapter(project_id="proj", alias="helper", version=1, path=f"{tmp_path}/helper/v1", sha256="0" * 64,
+                       base_model="stub-model", state=ADAPTER_RESERVED))  # fmt: skip
+        db.commit()
+    reserved = httpx.post(f"{proxy.v1}/admin/deployments", headers=admin, timeout=30,
+                          json={"alias": "helper", "version": 1})  # fmt: skip
+    assert reserved.status_code == 404, reserved.text
+    assert reserved.json()["error"]["message"]
+    with Session(eng) as db:
+        db.execute(update(Adapter).where(Adapter.alias == "helper").values(state=ADAPTER_COMMITTED))
+        db.commit()
+    committed = httpx.post(f"{proxy.v1}/admin/deployments", headers=admin, timeout=30,
+                           json={"alias": "helper", "version": 1})  # fmt: skip
+    assert committed.status_code != 404, committed.text
+    eng.dispose()

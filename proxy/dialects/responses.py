@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from proxy import admission
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored
 from proxy.dialects.responses_out import (
     NAMESPACE_SEPARATOR,
@@ -111,9 +112,7 @@ class ResponsesDialect(Dialect):
         value = body.get("previous_response_id")
         if value is None:
             return None
-        if not isinstance(value, str) or not value or len(value) > 200 or "\x00" in value:
-            raise InvalidRequest("'previous_response_id' must be a response id", param="previous_response_id")
-        return value
+        return admission.call_id(value, "previous_response_id")  # the limit of the column it is looked up in
 
     def to_chat(self, body: dict[str, Any], previous: Stored | None) -> dict[str, Any]:
         """The engine-facing chat body for a Responses request (see the module docstring)."""

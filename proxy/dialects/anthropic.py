@@ -45,8 +45,14 @@ TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "additionalPropert
               "properties": {"type": {"enum": ["text"]}, "text": {"type": "string", "minLength": 1}}}  # fmt: skip
 TEXT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK}]}
 CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
-MESSAGE = {"type": "object", "required": ["role", "content"], "additionalProperties": True,
-           "properties": {"role": {"enum": [*ROLES, "system"]}, "content": CONTENT}}  # fmt: skip
+# An inline system message with no text is dropped (as vLLM drops it): alone it leaves nothing to answer.
+SYSTEM_CONTENT = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
+MESSAGE = {"oneOf": [
+    {"type": "object", "required": ["role", "content"], "additionalProperties": True,
+     "properties": {"role": {"enum": list(ROLES)}, "content": CONTENT}},
+    {"type": "object", "required": ["role", "content"], "additionalProperties": True,
+     "properties": {"role": {"enum": ["system"]}, "content": SYSTEM_CONTENT}},
+]}  # fmt: skip
 # The OpenAPI documentation of a request: the text-only core (tool blocks and tools are accepted too,
 # checked here with the field named, beyond what a schema can say: a tool_result needs its tool_use).
 COUNT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True, "required": ["model", "messages"],

@@ -40,7 +40,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.metrics import Metrics
 from proxy.replicas import Replica
-from proxy.routing import Router, lora_name
+from proxy.routing import Router
+from proxy.served import lora_name
 from storage.alerts import raise_alert
 from storage.models import Adapter, Alias, Attestation
 

@@ -26,7 +26,8 @@ from proxy.dialects.base import Dialect, DialectStream, Exchange, engine_error
 from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.recording import Recording
 from proxy.replicas import Replica
-from proxy.routing import Route, Router
+from proxy.routing import Router
+from proxy.served import Route
 from proxy.streaming import Finished, StreamedReply
 from proxy.upstream import UPSTREAM_FAILURES, Upstream, UpstreamConnectError, UpstreamIdleTimeout, UpstreamResponse
 from storage.records import CallRecord, dump_json, end_user_key

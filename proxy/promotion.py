@@ -29,7 +29,8 @@ from proxy.attest import Attestor
 from proxy.auth import Principal
 from proxy.errors import NotFound
 from proxy.metrics import Metrics
-from proxy.routing import Route, Router, lora_name
+from proxy.routing import Router
+from proxy.served import Route, committed_adapter, lora_name
 from proxy.sessions import Naming
 from storage import promotion as store
 from storage.alerts import open_alerts
@@ -135,15 +136,7 @@ class Promotion:
         """Load a version into the replicas in rotation (once), and keep it pinned while it is used."""
         key = (project, alias, version)
         if key not in self._direct or not self.router.replicas.loaded_on(lora_name(*key)):
-            async with self.sessionmaker() as db:
-                row = await db.scalar(
-                    select(Adapter).where(
-                        Adapter.project_id == project,
-                        Adapter.alias == alias,
-                        Adapter.version == version,
-                        Adapter.committed(),
-                    )
-                )
+            row = await committed_adapter(self.sessionmaker, project, alias, version)
             if row is None:
                 raise NotFound(f"no adapter {alias!r} version {version} in this project", param="model")
             self._sha[key] = row.sha256

@@ -16,7 +16,9 @@ engine with ``--max-loras`` does not fill up.
 
 Deploying loads the version into the replicas in rotation (those out of rotation
 get it when they return), verifies each lists it, then switches routing; its
-answer says which replicas have it.
+answer says which replicas have it. Once one replica has it, the others have
+:data:`STAGE_GRACE_S` more; one still loading then is ``pending`` and goes on
+loading in the background, so a slow engine never holds a deployment.
 
 Each replica has its own lock and every engine-side step its own time limit
 (:data:`PROBE_TIMEOUT_S`, :attr:`Router.load_timeout_s`): a probe or a load changes
@@ -34,10 +36,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import re
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from sqlalchemy import select
@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.errors import InvalidRequest, NotFound, UpstreamError
 from proxy.metrics import Metrics
 from proxy.replicas import Replica, ReplicaSet
+from proxy.served import LORA_NAME, Route, VersionKey, committed_adapter, lora_name, needed_versions
 from proxy.upstream import UPSTREAM_FAILURES, Upstream
 from storage.db import insert_for
 from storage.models import Adapter, Alias, Deployment, Project, utcnow
@@ -54,37 +55,8 @@ log = logging.getLogger("onthejob.routing")
 
 PROBE_TIMEOUT_S = 10.0  # GET /v1/models on one engine, and waiting for that engine's lock before it
 LOAD_TIMEOUT_S = 120.0  # one engine's whole load of one adapter version (lock wait, load, verify)
+STAGE_GRACE_S = 2.0  # once one replica loaded a version, the others' time to load it before the answer
 UNLOAD_GRACE_S = 5.0  # a version unneeded this long is unloaded (sibling workers follow the alias table in 0.5 s)
-VersionKey = tuple[str, str, int]  # (project, alias, version)
-_LORA_NAME = re.compile(r"(?:(?P<project>[^~]+)~)?(?P<alias>.+)@v(?P<version>\d+)")
-
-
-@dataclass(frozen=True)
-class Route:
-    alias: str
-    served_model: str
-    version: int | None
-    base_model: str
-    sha256: str | None = None  # the adapter version's content hash (recorded with each call; proxy/promotion.py)
-
-
-def lora_name(project: str, alias: str, version: int) -> str:
-    """The engine-side name of an adapter version (never reused)."""
-    return f"{alias}@v{version}" if project == "default" else f"{project}~{alias}@v{version}"
-
-
-def needed_versions(
-    aliases: Mapping[tuple[str, str], tuple[str, int | None]], pinned: Iterable[VersionKey] = ()
-) -> set[VersionKey]:
-    """The adapter versions engines must hold: every routed version, plus ``pinned`` ones.
-
-    Today nothing is pinned. Promotion adds here what must stay loaded without taking
-    all of an alias's traffic: a canary's candidate, a held candidate, a version whose
-    evaluation is pending. Every proxy worker must compute the same set (fill
-    :attr:`Router.pinned` from the database in :meth:`Router.refresh`), or one worker
-    unloads what another routes to. Anything else the proxy loaded is unloaded.
-    """
-    return {(p, a, v) for (p, a), (_, v) in aliases.items() if v is not None} | set(pinned)
 
 
 class Router:
@@ -107,6 +79,7 @@ class Router:
         self._paths: dict[tuple[str, str, int], str] = {}
         self._unneeded: dict[str, float] = {}  # engine-side name → when a probe first found it unneeded
         self.load_timeout_s = LOAD_TIMEOUT_S
+        self.stage_grace_s = STAGE_GRACE_S
         # One probe, load or unload changes an engine at a time; each engine has its own lock.
         self._locks = {url: asyncio.Lock() for url in upstream.urls}
         self._deploying = asyncio.Lock()  # deployments switch routing one at a time (each step time-bound)
@@ -195,15 +168,7 @@ class Router:
     async def _adapter_path(self, project: str, alias: str, version: int) -> str:
         key = (project, alias, version)
         if key not in self._paths:
-            async with self.sessionmaker() as db:
-                row = await db.scalar(
-                    select(Adapter).where(
-                        Adapter.project_id == project,
-                        Adapter.alias == alias,
-                        Adapter.version == version,
-                        Adapter.committed(),
-                    )
-                )
+            row = await committed_adapter(self.sessionmaker, project, alias, version)
             if row is None:
                 raise NotFound(
                     f"no adapter {alias!r} version {version} in this project: list them at GET /v1/admin/adapters",
@@ -269,11 +234,38 @@ class Router:
                 return
             report[replica.url] = "loaded"
 
-        await asyncio.gather(*(one(r) for r in self.replicas.live))
+        loads = {asyncio.create_task(one(r)) for r in self.replicas.live}
+        await self._first_loaded(loads, report)
         if "loaded" not in report.values():
             raise UpstreamError(f"no engine replica is up to load {alias!r} version {version} into; try again "
                                 "when GET /readyz shows one up")  # fmt: skip
-        return report
+        return dict(report)
+
+    async def _first_loaded(self, loads: set[asyncio.Task[None]], report: dict[str, str]) -> None:
+        """Wait until every load is done, or one replica has loaded and the rest had ``stage_grace_s`` more.
+
+        A slow or hung engine does not hold a deployment for its ``load_timeout_s``: it is reported
+        ``pending`` and its load goes on in the background (bounded by that timeout); it serves the
+        version once it lists it. An engine that refused the adapter before the answer fails the call."""
+        pending = loads
+        try:
+            while pending and "loaded" not in report.values():
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # an engine that refused the adapter: the adapter is at fault
+            if pending:
+                done, pending = await asyncio.wait(pending, timeout=self.stage_grace_s)
+                for task in done:
+                    task.result()
+        finally:
+            for task in pending:  # still loading: finished in the background, its outcome logged
+                self._followups.add(task)
+                task.add_done_callback(self._load_finished)
+
+    def _load_finished(self, task: asyncio.Task[None]) -> None:
+        self._followups.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a background adapter load failed: %s", task.exception())
 
     async def deploy(self, project: str, alias: str, version: int | None) -> dict[str, Any]:
         """Load into the replicas in rotation, verify, then switch routing (and record the deployment)."""
@@ -356,7 +348,7 @@ class Router:
         listed = set().union(*(r.adapters for r in self.replicas.replicas))
         self._unneeded = {name: t for name, t in self._unneeded.items() if name in listed}
         for name in sorted(replica.adapters - needed):
-            m = _LORA_NAME.fullmatch(name)
+            m = LORA_NAME.fullmatch(name)
             if m is None or (m["project"] or self.default_project, m["alias"]) not in self._aliases:
                 continue  # not one of ours (an operator's --lora-modules): left alone
             if now - self._unneeded.setdefault(name, now) < UNLOAD_GRACE_S:

@@ -25,7 +25,8 @@ from proxy.errors import ApiError
 from proxy.metrics import Metrics
 from proxy.policies import Policies
 from proxy.recording import Recording
-from proxy.routing import Route, Router
+from proxy.routing import Router
+from proxy.served import Route
 from proxy.sessions import Linker, Naming, SessionRef, prefix_keys
 from proxy.spool import Spool, read_segment
 from proxy.upstream import Upstream

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from proxy.replicas import FAILS_TO_EJECT, ReplicaSet
-from proxy.routing import lora_name, needed_versions
+from proxy.served import lora_name, needed_versions
 
 A, B, C = "http://a", "http://b", "http://c"
 

@@ -45,3 +45,39 @@ async def _hung_load_does_not_stop_the_other_probe() -> dict[str, Any]:
 def test_a_hung_load_into_one_engine_does_not_stop_the_others_probe() -> None:
     seen = asyncio.run(_hung_load_does_not_stop_the_other_probe())
     assert seen == {"a_probe_done": False, "b_up": True, "b_lists": True, "a_up": False}
+
+
+async def _stage_with_one_engine_hung() -> dict[str, Any]:
+    hung, good = TestServer(stub_upstream.make_app(hang_loads=True)), TestServer(stub_upstream.make_app())
+    await hung.start_server()
+    await good.start_server()
+    urls = [str(hung.make_url("")).rstrip("/"), str(good.make_url("")).rstrip("/")]
+    upstream = Upstream(urls, connect_timeout=5, idle_timeout=3600)
+    router = Router(cast(Any, None), upstream, Metrics(), "default")
+    router.load_timeout_s = 3600  # waiting for the hung load would hang this test
+    router.stage_grace_s = 0.2
+    router._paths[("default", "x", 2)] = "/adapters/x/v2"
+    stub_upstream.ADAPTERS.clear()
+    stub_upstream.STATS["hung_loads"] = 0
+    try:
+        await router.discover()
+        report = await asyncio.wait_for(router.stage("default", "x", 2), 300)  # a guard against a hang only
+        return {
+            "report": report,
+            "still_loading": len(router._followups),
+            "hung_loads": stub_upstream.STATS["hung_loads"],
+        }
+    finally:
+        for task in router._followups:
+            task.cancel()
+        await upstream.close()
+        await hung.close()
+        await good.close()
+
+
+def test_a_hung_engine_is_pending_and_the_deployment_goes_on() -> None:
+    """Staging answers once one engine has the version and the rest had their grace: the hung one is
+    ``pending``, its load still going on (before, the deployment waited for its 120 s load timeout)."""
+    seen = asyncio.run(_stage_with_one_engine_hung())
+    hung_url, good_url = list(seen["report"])
+    assert seen == {"report": {hung_url: "pending", good_url: "loaded"}, "still_loading": 1, "hung_loads": 1}

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 import psycopg
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -27,7 +27,7 @@ from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
 from storage import bulk
 from storage.db import insert_for
-from storage.deletion import tombstoned_async
+from storage.deletion import Deleted, tombstoned_async
 from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
 from storage.records import CallRecord
@@ -158,12 +158,10 @@ class Recorder:
                 gone, pending = await bulk.checks(conn, touched, completions, projects)
                 if gone:
                     completions = self._drop_deleted(completions, gone)
-                    await conn.execute(
-                        "DELETE FROM sessions WHERE (project_id, id) IN (SELECT * FROM unnest(%s::text[], %s::text[]))",
-                        [[p for p, _ in gone], [s for _, s in gone]],
-                    )
                 if completions:
                     await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
+                if gone:  # rows of sessions that have no call left (not those started afresh after the delete)
+                    await bulk.drop_empty(conn, self._emptied(gone, completions))
         except psycopg.OperationalError:
             await conn.close()
             self._pg_conn = None
@@ -204,19 +202,28 @@ class Recorder:
             if gone:
                 completions = self._drop_deleted(completions, gone)
                 rows = [c.row() for c in completions]
-                for project_id, session_id in gone:
-                    await db.execute(delete(Session).where(Session.project_id == project_id, Session.id == session_id))
             if rows:
                 await conn.execute(insert(Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, completions)
+            for project_id, session_id in self._emptied(gone, completions):
+                stored = select(Completion.id).where(Completion.project_id == project_id,
+                                                     Completion.session_id == session_id)  # fmt: skip
+                await db.execute(delete(Session).where(Session.project_id == project_id, Session.id == session_id,
+                                                       ~stored.exists()))  # fmt: skip
             await db.commit()
 
-    def _drop_deleted(self, records: list[CallRecord], gone: set[tuple[str, str]]) -> list[CallRecord]:
-        """Records of deleted sessions never land (counted as dropped, reason "deleted")."""
-        kept = [r for r in records if (r.project_id, r.session_id) not in gone]
+    def _drop_deleted(self, records: list[CallRecord], gone: Deleted) -> list[CallRecord]:
+        """Records made before their session (or end user) was deleted never land (counted as dropped, reason
+        "deleted"); later ones of the same id start the session afresh."""
+        kept = [r for r in records if not gone.drops(r)]
         self.metrics.records_dropped.labels("deleted").inc(len(records) - len(kept))
         return kept
+
+    @staticmethod
+    def _emptied(gone: Deleted, kept: list[CallRecord]) -> set[tuple[str, str]]:
+        """Deleted sessions of the batch none of whose calls it keeps: their upserted rows go again."""
+        return set(gone.times) - {(r.project_id, r.session_id) for r in kept}
 
 
 def _quarantine(path: Path, record: CallRecord, error: str) -> None:

@@ -96,6 +96,7 @@ class Recording:
         # when a full batch is waiting.
         if self.spool.depth >= self.wake_at:
             self.wake.set()
-        self.linker.remember(record.project_id, link_keys, Link(record.session_id, record.id, record.task_id))
+        self.linker.remember(record.project_id, link_keys, Link(record.session_id, record.id, record.task_id,
+                                                                record.end_user, record.created_at))  # fmt: skip
         if record.dialect not in NATIVE:
             self.linker.recent.put(record.project_id, record.id, line)  # continuable by id from this moment

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -19,6 +19,7 @@ from storage.judge_store import judge_state_async
 from storage.keys import create_key
 from storage.mining import MineConfig
 from storage.models import NO_NUL, ApiKey
+from storage.records import end_user_key
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
@@ -82,24 +83,40 @@ async def revoke_key(key_id: PathId, admin: AdminDep, db: DbDep, st: StateDep) -
 
 
 @router.delete("/sessions/{session_id}")
-async def delete_session(session_id: PathId, admin: AdminDep, db: DbDep) -> dict[str, Any]:
-    """Remove a session's calls, feedback and flags (its spooled copies never land); name who learned from it."""
+async def delete_session(session_id: PathId, admin: AdminDep, db: DbDep, request: Request) -> dict[str, Any]:
+    """Remove a session's calls, feedback and flags (its spooled copies never land); name who learned from it.
+
+    Calls of that id made afterwards start it afresh. Every worker learns of it from the change log; this one now.
+    """
     out = await db.run_sync(lambda s: deletion.delete_session(s, admin.project_id, session_id))
     await db.commit()
+    _forget(request, admin.project_id, [session_id])
     return out
 
 
 @router.delete("/end-users/{end_user}")
 async def delete_end_user(
-    end_user: Annotated[str, Path(min_length=1, max_length=4096, pattern=NO_NUL)], admin: AdminDep, db: DbDep
+    end_user: Annotated[str, Path(min_length=1, max_length=4096, pattern=NO_NUL)],
+    admin: AdminDep,
+    db: DbDep,
+    request: Request,
 ) -> dict[str, Any]:
     """Delete every session of an end user (``user``, ``metadata.user_id``/``end_user`` of their calls) as above.
 
-    Their calls still in a spool never land either; the answer names the sessions and who learned from them.
+    Their calls still in a spool never land either (those made afterwards do); the answer names the sessions and
+    who learned from them.
     """
     out = await db.run_sync(lambda s: deletion.delete_end_user(s, admin.project_id, end_user))
     await db.commit()
+    _forget(request, admin.project_id, out["sessions"], end_user_key(end_user))
     return out
+
+
+def _forget(request: Request, project: str, sessions: list[str], end_user: str | None = None) -> None:
+    """This worker's link cache forgets a delete at once (the others read it from the change log)."""
+    st = getattr(request.app.state, "onthejob", None)  # None: routes mounted without the proxy (tests)
+    if st is not None:
+        st.linker.deletes.forget(project, sessions, end_user)
 
 
 @router.get("/aliases/{alias}/versions/{version}/lineage")

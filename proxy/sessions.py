@@ -21,6 +21,13 @@ share a key, even when greedy decoding gives them the same first reply. Within a
 scope, a key two sessions produced is *ambiguous*: a call continuing it is not
 linked but starts a new session with source ``ambiguous_link``. Memory and the
 database judge ambiguity; a sibling spool's first match is taken as found.
+
+A deleted session (or end user) is never a parent again: the worker that took the delete
+forgets it at once, every other one when it reads the delete's entry in the change log
+(:class:`proxy.link_deletes.Deletes`); from then on its links in memory are gone,
+and calls of it made before this worker learned of the delete, still in a sibling's spool
+or answered while the delete ran, are not taken as parents. A later call of that id starts
+afresh and links as usual.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.dialects.base import Stored
 from proxy.dialects.lookup import RecentCalls, find
 from proxy.errors import InvalidRequest
+from proxy.link_deletes import Deletes
 from proxy.spool import Spool
 from storage.models import Completion
 
@@ -163,6 +171,8 @@ class Link:
     session_id: str
     completion_id: str
     task_id: str | None
+    end_user: str | None = None  # the stored key of the caller (storage.records.end_user_key)
+    created_at: str | None = None  # when the call was made (ISO 8601): deletes apply to earlier calls
 
 
 AMBIGUOUS = Link("", "", None)  # a key more than one session produced: which one goes on is unknowable
@@ -202,6 +212,23 @@ class LinkCache:
         self._items.move_to_end((project, key))
         while len(self._items) > self.size:
             self._items.popitem(last=False)
+
+    def forget(self, project: str, sessions: set[str], end_users: set[str]) -> int:
+        """Drop every link of these sessions, and of these end users' calls; how many keys lost one.
+
+        A scan of the whole cache: deletes are rare, and a per-call index would cost every call.
+        """
+        lost = 0
+        for (p, key), links in list(self._items.items()):
+            if p != project:
+                continue
+            gone = [s for s, link in links.items() if s in sessions or link.end_user in end_users]
+            for session_id in gone:
+                del links[session_id]
+            lost += bool(gone)
+            if not links:
+                del self._items[(p, key)]
+        return lost
 
     def longest(self, project: str, keys: list[str], session: str | None) -> Link | None:
         """The link for the longest prefix we know (within ``session`` if given), or AMBIGUOUS."""
@@ -245,6 +272,7 @@ class Linker:
         self._misses_size = size // 10
         self.quiet_s = quiet_s
         self._quiet_until = 0.0  # no lookups before this (the last one failed)
+        self.deletes = Deletes(sessionmaker, self.cache.forget)  # what this worker knows was deleted
         # Calls with an earlier assistant turn, by where their parent was found: memory, spool (a sibling
         # worker's), database, none (asked, not found), believed_none (a recent "none"), database_down
         # (no answer), database_quiet (not asked: a recent lookup went unanswered).
@@ -295,6 +323,8 @@ class Linker:
 
     def remember(self, project: str, keys: list[str | None], link: Link) -> None:
         """A recorded call's link keys (one per choice), for the follow-ups this worker serves."""
+        if self.deletes.gone(project, link.session_id, link.end_user, link.created_at):
+            return  # answered while its session was deleted: it never lands, nothing continues it
         for key in keys:
             if key:
                 self.cache.put(project, key, link)
@@ -302,7 +332,9 @@ class Linker:
     def _spool_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
         for record in self.spool.sibling_records(keys[::-1]):  # the longest prefix first
             if record.project_id == project and session in (None, record.session_id):
-                return Link(record.session_id, record.id, record.task_id)
+                if self.deletes.gone(project, record.session_id, record.end_user, record.created_at):
+                    continue
+                return Link(record.session_id, record.id, record.task_id, record.end_user, record.created_at)
         return None
 
     def _missed(self, miss: tuple[str, str | None, str]) -> bool:

@@ -129,6 +129,7 @@ class AppState:
         await self._start_with_database()
         self.tasks.append(asyncio.create_task(self.recorder.run(), name="recorder"))
         self.tasks.append(asyncio.create_task(self._follow(), name="follow"))
+        self.tasks.append(asyncio.create_task(self.linker.deletes.follow(), name="deletions"))  # proxy/link_deletes.py
         self.tasks.append(asyncio.create_task(self.router.watch(self.settings.probe_every_s), name="probes"))
         if self.settings.housekeep:
             self.start_housekeeper()

@@ -13,12 +13,13 @@ deletion) fails as a whole, and the caller writes it again the portable way.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from psycopg import AsyncConnection
 
-from storage.deletion import end_users_gone
+from storage.deletion import Deleted, clock_offset, end_users_gone
 from storage.records import COLUMNS, CallRecord
 
 COPY = f"COPY completions ({', '.join(COLUMNS)}) FROM STDIN"
@@ -34,23 +35,34 @@ SELECT project_id, id, task_id, source, coalesce(tags, '[]'::json), now(), now()
 FROM json_to_recordset(%s::json) AS s(project_id text, id text, task_id text, source text, tags json)
 ON CONFLICT (project_id, id) DO UPDATE SET updated_at = excluded.updated_at
 """
-# What a batch must know before its COPY, in one round trip: its deleted sessions, its deleted end users
-# (none named: that part is empty), and, as one row flagged ``pending``, whether feedback of its projects
-# waits for its call. The sessions come as the upsert's JSON text, not as an array (adapting 500 ids
-# cost ~2 µs each), and are looked up by the tombstones' primary key.
+# What a batch must know before its COPY, in one round trip: its deleted sessions and their deletes' times,
+# its deleted end users (none named: that part is empty), the database's clock (the row with no project),
+# and, as one row flagged ``pending``, whether feedback of its projects waits for its call. The sessions
+# come as the upsert's JSON text, not as an array (adapting 500 ids cost ~2 µs each), and are looked up by
+# the tombstones' primary key.
 CHECKS = """
-SELECT t.project_id, t.session_id, NULL::text, NULL::timestamptz, false
+SELECT t.project_id, t.session_id, NULL::text, t.created_at, false
 FROM json_to_recordset(%s::json) AS s(project_id text, id text)
 JOIN tombstones t ON t.project_id = s.project_id AND t.session_id = s.id
 UNION ALL
 SELECT project_id, NULL, end_user, created_at, false FROM end_user_tombstones WHERE end_user = ANY(%s::text[])
 UNION ALL
+SELECT NULL, NULL, NULL, clock_timestamp(), false
+UNION ALL
 SELECT NULL, NULL, NULL, NULL, true
 WHERE EXISTS (SELECT 1 FROM feedback WHERE attached_at IS NULL AND project_id = ANY(%s::text[]))
 """
+# A deleted end user's session found at drain time: tombstoned with the end user's time (a later one kept).
 TOMBSTONE = """
 INSERT INTO tombstones (project_id, session_id, created_at)
-SELECT p, s, now() FROM unnest(%s::text[], %s::text[]) AS u(p, s) ON CONFLICT DO NOTHING
+SELECT p, s, t FROM unnest(%s::text[], %s::text[], %s::timestamptz[]) AS u(p, s, t)
+ON CONFLICT (project_id, session_id) DO UPDATE SET created_at = greatest(tombstones.created_at, excluded.created_at)
+"""
+# Sessions whose calls this batch dropped, unless a call made after the delete is stored (a fresh session).
+DROP_EMPTY = """
+DELETE FROM sessions s USING unnest(%s::text[], %s::text[]) AS u(p, i)
+WHERE s.project_id = u.p AND s.id = u.i
+AND NOT EXISTS (SELECT 1 FROM completions c WHERE c.project_id = u.p AND c.session_id = u.i)
 """
 
 
@@ -76,17 +88,37 @@ async def upsert_sessions(conn: AsyncConnection[Any], sessions: str) -> None:
 
 async def checks(
     conn: AsyncConnection[Any], sessions: str, calls: list[CallRecord], project_ids: Iterable[str]
-) -> tuple[set[tuple[str, str]], bool]:
-    """(project, session) pairs of these calls (``sessions``: theirs) that were deleted, whose calls must not
-    land; and whether feedback of these projects waits for its target (the pending part: a partial index).
+) -> tuple[Deleted, bool]:
+    """What of these calls (``sessions``: theirs) was deleted, and must not land (:class:`Deleted`: the deletes'
+    times by the database's clock, and its lead over ours); and whether feedback of these projects waits for its
+    target (the pending part: a partial index).
     """
     users = list({c.end_user for c in calls if c.end_user is not None})
+    sent = datetime.now(UTC)
     cur = await conn.execute(CHECKS, [sessions, users, list(project_ids)])
     rows = await cur.fetchall()
-    gone = {(p, s) for p, s, _, _, _ in rows if s is not None}
-    # A deleted end user's calls made before the delete: their sessions are tombstoned now.
-    deleted_users = [(p, u, t) for p, s, u, t, pending in rows if s is None and not pending]
-    if new := end_users_gone(calls, deleted_users) - gone:
-        await conn.execute(TOMBSTONE, [[p for p, _ in new], [s for _, s in new]])
-        gone |= new
-    return gone, any(pending for *_, pending in rows)
+    answered = datetime.now(UTC)
+    gone, deleted_users, pending, db_now = Deleted(), [], False, None
+    for p, s, u, t, flag in rows:
+        if flag:
+            pending = True
+        elif p is None:
+            db_now = t
+        elif s is not None:
+            gone.times[(p, s)] = t
+        else:
+            deleted_users.append((p, u, t))
+    if db_now is not None:
+        gone.offset = clock_offset(db_now, sent, answered)
+    # A deleted end user's calls made before the delete: their sessions are tombstoned now, with its time.
+    if new := end_users_gone(calls, deleted_users, gone.offset):
+        await conn.execute(TOMBSTONE, [[p for p, _ in new], [s for _, s in new], list(new.values())])
+        gone.merge(new)
+    return gone, pending
+
+
+async def drop_empty(conn: AsyncConnection[Any], sessions: Iterable[tuple[str, str]]) -> None:
+    """Remove these sessions' rows where no call of theirs is stored (:data:`DROP_EMPTY`)."""
+    pairs = list(sessions)
+    if pairs:
+        await conn.execute(DROP_EMPTY, [[p for p, _ in pairs], [s for _, s in pairs]])

@@ -14,6 +14,11 @@ text-feedback examples, :mod:`trainer.textual_load`). A subclass names its consu
 * the position survives restarts: saved at the start of each poll as the settled point,
   just before the oldest session still waiting, else everything read. A restarted
   reader re-reads at most the waiting sessions (and ``read`` leaves out what was used);
+* a delete (a ``deletion`` entry, :func:`storage.changes.log_deletion`) touches its session: read
+  again, it has nothing left but what was recorded after the delete. Before each hand-out the reader
+  also asks for deletion entries of the sessions it holds beyond its position (:func:`deleted_after`:
+  entries it has not reached, or that are not final yet) and re-reads those first, so nothing
+  deleted before the poll is handed out however far behind the reader is;
 * when ``config`` changes (the reward rule, the judge's verdict, a project setting the
   items depend on) every item may differ: the reader starts again from the beginning
   of the log, a page at a time.
@@ -27,7 +32,16 @@ from typing import Generic, TypeVar
 
 from sqlalchemy.orm import Session as DbSession
 
-from storage.changes import START, Position, await_horizon, changes_since, load_cursor, save_cursor, touched_sessions
+from storage.changes import (
+    START,
+    Position,
+    await_horizon,
+    changes_since,
+    deleted_after,
+    load_cursor,
+    save_cursor,
+    touched_sessions,
+)
 
 T = TypeVar("T")  # what the reader hands out
 C = TypeVar("C")  # what its items depend on besides the log
@@ -100,7 +114,16 @@ class ChangeReader(Generic[T, C]):
             excluded += self._read(db, touched_sessions(db, self.project, changes), config)
             if len(changes) < self.page:
                 break
+        excluded += self._reread_deleted(db, config)
         return self._hand_out(), excluded
+
+    def _reread_deleted(self, db: DbSession, config: C) -> Counter[str]:
+        """Re-read the waiting sessions deleted beyond this reader's position (it has not reached the entry)."""
+        if not self.backlog:
+            return Counter()
+        assert self.position is not None
+        gone = deleted_after(db, self.project, list(self.backlog), self.position)
+        return self._read(db, {s: self.backlog[s].position for s in gone}, config)
 
     def _read(self, db: DbSession, sessions: dict[str, Position], config: C) -> Counter[str]:
         if not sessions:

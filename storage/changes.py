@@ -22,6 +22,13 @@ A feedback item stored while its target had not landed carries no session; reade
 resolve its target themselves (:func:`touched_sessions`), and the call's own entry
 covers the moment it lands.
 
+Deletions (:func:`log_deletion`, :func:`deletions_since`): a delete (storage/deletion.py) writes
+one entry of kind ``deletion`` per session it removed (``ref_id`` and ``session_id``: the session)
+and, for an end user, one more (``ref_id``: their stored key, ``session_id`` NULL), in its own
+transaction. It is the one way a delete reaches what holds copies: every worker's link cache
+(proxy/sessions.py follows the log across projects) and every change reader (its backlog,
+storage/change_reader.py) consume it. A migration (0018) indexes these entries alone.
+
 Pruning (:func:`prune_changes`): the readers are the rows of ``change_cursors``; an
 entry every one of them has passed can go, except the newest ``keep_last`` of the
 project (a safety window). A reader that has no row yet is not waited for: it starts
@@ -36,14 +43,28 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, String, any_, bindparam, delete, func, literal_column, or_, select, tuple_
+from sqlalchemy import (
+    ColumnElement,
+    String,
+    Table,
+    any_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    literal_column,
+    or_,
+    select,
+    tuple_,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session as DbSession
 
 from storage.models import Change, ChangeCursor, Completion, Feedback, Session, utcnow
 
+DELETION = "deletion"  # the kind of a delete's entries (log_deletion)
 KEEP_LAST = 100_000  # entries of each project kept whatever the cursors say (see prune_changes)
 # The oldest transaction still in flight: every entry below it is final.
 PG_HORIZON: ColumnElement[int] = literal_column("pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
@@ -66,7 +87,7 @@ START = Position()
 
 @dataclass(frozen=True)
 class ChangeEntry:
-    """One change: a call recorded (``kind`` "call") or a feedback item stored ("feedback")."""
+    """One change: a call recorded (``kind`` "call"), a feedback item stored ("feedback") or a delete ("deletion")."""
 
     position: Position
     kind: str
@@ -97,6 +118,62 @@ def changes_since(db: DbSession, project: str, cursor: Position, limit: int) -> 
         stmt = stmt.where(Change.xid < PG_HORIZON)
     rows = db.execute(stmt.order_by(Change.xid, Change.seq).limit(limit))
     return [ChangeEntry(Position(x, s), k, r, sid) for x, s, k, r, sid in rows]
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """A deletion entry: a session (``session_id``) or an end user (``end_user``: their stored key) deleted."""
+
+    position: Position
+    project_id: str
+    session_id: str | None
+    end_user: str | None
+
+
+def log_deletion(db: DbSession, project: str, sessions: Iterable[str], end_user: str | None = None) -> None:
+    """Write the deletion entries of one delete, in the caller's transaction (it commits)."""
+    rows: list[dict[str, Any]] = [
+        {"project_id": project, "kind": DELETION, "ref_id": s, "session_id": s} for s in sessions
+    ]
+    if end_user is not None:
+        rows.append({"project_id": project, "kind": DELETION, "ref_id": end_user, "session_id": None})
+    if not rows:
+        return
+    xid: Any = literal_column("pg_current_xact_id()::text::bigint") if _is_postgres(db) else 0
+    db.execute(insert(cast(Table, Change.__table__)).values(xid=xid), rows)
+
+
+def deletions_since(db: DbSession, cursor: Position, limit: int = 1000, project: str | None = None) -> list[Deletion]:
+    """Deletion entries after ``cursor`` (of every project, or of ``project``), oldest first, none in flight."""
+    after: ColumnElement[bool] = tuple_(Change.xid, Change.seq) > tuple_(cursor.xid, cursor.seq)
+    stmt = select(Change.xid, Change.seq, Change.project_id, Change.ref_id, Change.session_id).where(
+        Change.kind == DELETION, after
+    )
+    if project is not None:
+        stmt = stmt.where(Change.project_id == project)
+    if _is_postgres(db):
+        stmt = stmt.where(Change.xid < PG_HORIZON)
+    rows = db.execute(stmt.order_by(Change.xid, Change.seq).limit(limit))
+    return [Deletion(Position(x, s), p, sid, None if sid is not None else ref) for x, s, p, ref, sid in rows]
+
+
+def deleted_after(db: DbSession, project: str, sessions: Iterable[str], cursor: Position) -> set[str]:
+    """Of these sessions, those with a deletion entry after ``cursor``, committed or not yet final (a reader
+    that holds items of them re-reads them before handing any out)."""
+    after: ColumnElement[bool] = tuple_(Change.xid, Change.seq) > tuple_(cursor.xid, cursor.seq)
+    stmt = select(Change.session_id).where(
+        Change.kind == DELETION, Change.project_id == project, after, among(db, Change.ref_id, sessions)
+    )
+    return {s for s in db.scalars(stmt.distinct()) if s is not None}
+
+
+def latest_deletion(db: DbSession) -> Position:
+    """The newest final deletion entry's position (a follower starting there sees only later deletes)."""
+    stmt = select(Change.xid, Change.seq).where(Change.kind == DELETION)
+    if _is_postgres(db):
+        stmt = stmt.where(Change.xid < PG_HORIZON)
+    row = db.execute(stmt.order_by(Change.xid.desc(), Change.seq.desc()).limit(1)).first()
+    return Position(row[0], row[1]) if row is not None else START
 
 
 def latest_position(db: DbSession, project: str) -> Position:
@@ -131,6 +208,8 @@ def touched_sessions(db: DbSession, project: str, changes: Sequence[ChangeEntry]
     """The sessions these changes touch, each with the position of its newest change.
 
     A feedback entry without a session (stored pending) is resolved by its target, if that has landed.
+    A deletion entry touches its session too: read again, a deleted session has nothing left (a call
+    made after the delete starts it afresh, and is what is read).
     """
     out: dict[str, Position] = {}
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from storage.deletion import live
 from storage.judge_store import JudgeState, judge_state
 from storage.models import TrainingRun
 from storage.trajectories import Trajectory
@@ -227,10 +228,19 @@ def _next_batch(
     if text is not None:
         textual, dropped = text.poll(db)  # a part weighted 0 yields none (the feed counts them: text_weight_zero)
         excluded.update(dropped)
+    # A session deleted since its items were read (the delete returned before this step) is not trained on.
+    trajectories, gone = live(db, settings.project, trajectories, lambda t: t.session_id, lambda t: t.completion_ids)
+    textual, gone_text = live(db, settings.project, textual, lambda e: e.student.session_id, _textual_calls)
+    if gone + gone_text:
+        excluded["deleted"] += gone + gone_text
     db.rollback()  # end the read transaction: the next poll must see new rows
     if len(trajectories) + len(textual) < settings.min_batch:
         return [], [], excluded
     return list(trajectories[: settings.batch_size]), textual, excluded
+
+
+def _textual_calls(example: TextualExample) -> list[str]:
+    return [*example.student.completion_ids, *(example.teacher.completion_ids if example.teacher else [])]
 
 
 def _tokenizer(policy: Policy) -> Any:

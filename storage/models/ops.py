@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from storage.models.base import Base, utcnow
@@ -45,9 +45,11 @@ _SEQ = BigInteger().with_variant(Integer(), "sqlite")
 
 
 class Change(Base):
-    """One entry of the change log: a call recorded or a feedback item stored (a revision is a new item).
+    """One entry of the change log: a call recorded or a feedback item stored (a revision is a new item),
+    or a delete (kind "deletion": a session, or with ``session_id`` NULL an end user named by ``ref_id``).
 
-    Written by database triggers (migration 0008), so every insert path logs, COPY included.
+    Calls and feedback are written by database triggers (migration 0008), so every insert path logs, COPY
+    included; deletions by :func:`storage.changes.log_deletion`, in the delete's transaction.
     Readers page by ``(xid, seq)`` and never past a transaction still in flight (storage/changes.py).
     """
 
@@ -55,6 +57,14 @@ class Change(Base):
     __table_args__ = (
         Index("ix_changes_position", "project_id", "xid", "seq"),
         Index("ix_changes_ref", "project_id", "ref_id"),  # deletion and retention (migration 0014)
+        # The deletion entries alone, in log order: every worker follows them (migration 0018).
+        Index(
+            "ix_changes_deletions",
+            "xid",
+            "seq",
+            postgresql_where=text("kind = 'deletion'"),
+            sqlite_where=text("kind = 'deletion'"),
+        ),
         {"sqlite_autoincrement": True},
     )
 
@@ -62,7 +72,7 @@ class Change(Base):
     # The writing transaction's id (Postgres pg_current_xact_id(); 0 on SQLite, whose writers are serial).
     xid: Mapped[int] = mapped_column(BigInteger)
     project_id: Mapped[str] = mapped_column(String(64))
-    kind: Mapped[str] = mapped_column(String(16))  # "call" | "feedback"
+    kind: Mapped[str] = mapped_column(String(16))  # "call" | "feedback" | "deletion"
     ref_id: Mapped[str] = mapped_column(String(200))  # the completion's or the feedback item's id
     session_id: Mapped[str | None] = mapped_column(String(200), default=None)  # None: feedback still pending
 
@@ -100,7 +110,9 @@ class CompletionFlag(Base):
 
 
 class Tombstone(Base):
-    """A deleted session: the recorder never lands its calls, even copies still in a spool (storage/deletion.py)."""
+    """A deleted session: the recorder never lands its calls made before ``created_at``, the time of the (latest)
+    delete by the database's clock, even copies still in a spool; later calls of that id start it afresh
+    (storage/deletion.py)."""
 
     __tablename__ = "tombstones"
 
@@ -110,7 +122,8 @@ class Tombstone(Base):
 
 
 class EndUserTombstone(Base):
-    """A deleted end user: their calls made before ``created_at`` never land, even spooled (storage/deletion.py)."""
+    """A deleted end user: their calls made before ``created_at`` (the database's clock) never land, even
+    spooled (storage/deletion.py)."""
 
     __tablename__ = "end_user_tombstones"
 

@@ -6,11 +6,18 @@ call in flight would see at that moment). Measured while, on the same loop:
 - a dataset of ``--dataset-sessions`` sessions (four turns each, graded) is created, and
 - a retention pass deletes ``--retention-calls`` calls (with their sessions, feedback and change-log entries),
 
+- a deployment is made while one of two engines hangs in ``load_lora_adapter`` (bench/stub_upstream.py
+  ``--hang-loads``), and a second worker (another app on the same database) follows the alias table,
+
 each done the way the code did before (``before``: the route's ``db.run_sync`` on the loop's async session,
 the proxy's housekeeping coroutine's ``run_sync(apply_retention)``) and the way it does now (``after``: the
 real ``POST /v1/admin/datasets`` route, which works in a thread on a sync session, and the housekeeper's
-retention job run in a thread, as ``serve``'s housekeeping thread runs it). The history is written by COPY
-(bench/loader_scale.py's fill, the recorder's bulk path) into a database made afresh for each mode.
+retention job run in a thread, as ``serve``'s housekeeping thread runs it). For the deployment, ``before``
+waits for every engine's load (as ``Router.stage`` did, here with a 10 s load timeout instead of 120 s) and
+``after`` answers once one engine has the version and the rest had ``STAGE_GRACE_S``; both print how long
+the deploy route took and how long after its answer the second worker routed to the version. The history
+is written by COPY (bench/loader_scale.py's fill, the recorder's bulk path) into a database made afresh for
+each mode.
 
 Run: ``python -m bench.serving_under_load [--dataset-sessions 10000] [--retention-calls 100000]
 [--modes before,after]``. Prints one JSON object per line (lag p50/p99/max in ms, seconds taken).
@@ -30,11 +37,13 @@ from typing import Any
 
 import httpx
 import orjson
+from aiohttp.test_utils import TestServer
 from sqlalchemy import create_engine, func, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from bench import stub_upstream
 from bench.loader_scale import PROJECT, T0, TURNS, fill
 from proxy.app import create_app
 from proxy.settings import Settings
@@ -42,7 +51,7 @@ from storage import datasets
 from storage.db import async_engine, sync_engine
 from storage.housekeep import Housekeeper, Schedule
 from storage.migrate import upgrade
-from storage.models import Completion, Project
+from storage.models import Adapter, Completion, Project
 from storage.retention import apply_retention
 
 PROBE_S = 0.005
@@ -149,6 +158,52 @@ async def after(url: str, since: str) -> dict[str, Any]:
     return out
 
 
+LOAD_TIMEOUT_S = 10.0
+
+
+async def deployment(url: str, mode: str) -> dict[str, Any]:
+    """Deploy ``x@v1`` through worker A while one engine hangs in its load; when does worker B route to it?"""
+    eng = sync_engine(url)
+    with Session(eng) as db:
+        db.add(Adapter(project_id=PROJECT, alias="x", version=1, path="/adapters/x/v1", sha256="0" * 64,
+                       base_model=stub_upstream.MODEL))  # fmt: skip
+        db.commit()
+    eng.dispose()
+    hung, good = TestServer(stub_upstream.make_app(hang_loads=True)), TestServer(stub_upstream.make_app())
+    await hung.start_server()
+    await good.start_server()
+    urls = [str(hung.make_url("")).rstrip("/"), str(good.make_url("")).rstrip("/")]
+    stub_upstream.ADAPTERS.clear()
+    out: dict[str, Any] = {}
+    with TemporaryDirectory() as spool_a, TemporaryDirectory() as spool_b:
+        apps = [create_app(Settings(upstreams=urls, database_url=url, auth=False, housekeep=False,
+                                    default_project=PROJECT, spool_dir=Path(spool)))
+                for spool in (spool_a, spool_b)]  # fmt: skip
+        async with apps[0].router.lifespan_context(apps[0]), apps[1].router.lifespan_context(apps[1]):
+            a, b = (app.state.onthejob.router for app in apps)
+            for router in (a, b):
+                router.load_timeout_s = LOAD_TIMEOUT_S
+                if mode == "before":
+                    router.stage_grace_s = LOAD_TIMEOUT_S * 2  # waits for every load, as before
+            transport = httpx.ASGITransport(app=apps[0])
+            async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=600) as client:
+                answered: list[float] = []
+
+                async def deploy() -> None:
+                    made = await client.post("/v1/admin/deployments", json={"alias": "x", "version": 1})
+                    assert made.status_code == 201, made.text
+                    answered.append(time.perf_counter())
+                    out["replicas"] = sorted(made.json()["replicas"].values())
+                    while b.deployed(PROJECT, "x") != 1:
+                        await asyncio.sleep(0.01)
+                    out["worker_b_follows_s"] = round(time.perf_counter() - answered[0], 2)
+
+                out["deploy"] = await lag_during(deploy)
+    await hung.close()
+    await good.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -169,6 +224,7 @@ def main() -> None:
         eng.dispose()
         idle = asyncio.run(lag_during(lambda: asyncio.sleep(2)))
         result = asyncio.run((before if mode == "before" else after)(url, since))
+        result["deployment_with_a_hung_engine"] = asyncio.run(deployment(url, mode))
         print(orjson.dumps({"mode": mode, "calls": calls, "fill_s": round(fill_s, 1), "idle": idle, **result}).decode(),
               flush=True)  # fmt: skip
 

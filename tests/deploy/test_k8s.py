@@ -173,6 +173,7 @@ def test_proxy_is_a_statefulset_with_a_spool_volume_per_replica_probes_and_a_bud
     assert pdb["spec"]["maxUnavailable"] == 1
     service = one(docs, "Service", "proxy")
     assert selects(service["spec"]["selector"], sts["spec"]["template"]["metadata"]["labels"])
+    assert service["spec"]["sessionAffinity"] == "ClientIP"
     assert one(docs, "Service", sts["spec"]["serviceName"])["spec"]["clusterIP"] == "None"
     # Every engine by its own Service URL, and nothing else.
     services = [s for s in docs if s["kind"] == "Service"]

@@ -3,8 +3,11 @@ onthejob command line run through the CLI's own argument parser."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,17 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 _VAR = re.compile(r"\$\{(\w+)(?::?[-?]([^}]*))?\}")
 
 
-def interpolate(value: Any, env: dict[str, str]) -> Any:
-    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` over a parsed document."""
-    if isinstance(value, str):
-        return _VAR.sub(lambda m: env.get(m.group(1), m.group(2) or ""), value)
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    return value
-
-
 def dotenv(path: Path) -> dict[str, str]:
     out = {}
     for line in path.read_text().splitlines():
@@ -40,14 +32,33 @@ def dotenv(path: Path) -> dict[str, str]:
     return out
 
 
+def docker_compose(*args: str) -> subprocess.CompletedProcess[str]:
+    """Debian's docker-compose 1.29 (no engine needed to read a file); under CI=true a missing one fails."""
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("docker-compose is not installed (.ci/run installs Debian's docker-compose)")
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
+    return subprocess.run([exe, "--env-file", str(ROOT / ".env.example"), "-f", str(ROOT / "docker-compose.yml"),
+                           *args], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+
+def test_docker_compose_accepts_the_file() -> None:
+    done = docker_compose("config", "-q")
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.fixture(scope="module")
 def env() -> dict[str, str]:
     return dotenv(ROOT / ".env.example")
 
 
 @pytest.fixture(scope="module")
-def compose(env: dict[str, str]) -> dict[str, Any]:
-    return interpolate(yaml.safe_load((ROOT / "docker-compose.yml").read_text()), env)  # type: ignore[no-any-return]
+def compose() -> dict[str, Any]:
+    """The file as docker-compose itself resolves it with .env.example (interpolated, normalised)."""
+    done = docker_compose("config")
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +74,7 @@ def env_of(service: dict[str, Any]) -> dict[str, str]:
 
 
 def volumes_of(service: dict[str, Any]) -> dict[str, str]:
-    """Container path → 'volume:path[:ro]' for every mount."""
+    """Container path → 'volume:path:ro|rw' for every mount (docker-compose's normalised short form)."""
     return {v.split(":")[1]: v for v in service.get("volumes", [])}
 
 
@@ -77,10 +88,6 @@ def onthejob_commands(service: dict[str, Any]) -> list[list[str]]:
     else:
         argv_list = [argv]
     return [a for a in argv_list if a and a[0] == "onthejob"]
-
-
-def test_services_are_the_seven_plus_model_preparation(services: dict[str, Any]) -> None:
-    assert set(services) == {"postgres", "model", "vllm", "proxy", "housekeep", "trainer", "judge", "monitor"}
 
 
 def test_housekeeping_is_its_own_service_and_not_the_proxys(services: dict[str, Any]) -> None:
@@ -125,13 +132,12 @@ def test_database_url_points_every_onthejob_service_at_postgres(services: dict[s
 
 def test_vllm_is_the_gpu_image_with_runtime_lora_and_processed_logprobs(services: dict[str, Any]) -> None:
     vllm = services["vllm"]
-    assert vllm["image"].startswith("vllm/vllm-openai:")
     args = [str(a) for a in vllm["command"]]
-    assert "--enable-lora" in args
-    assert args[args.index("--max-lora-rank") + 1] == "16"
-    assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"
-    assert args[args.index("--port") + 1] == "8000"
+    assert "--enable-lora" in args  # runtime loading: the proxy hot-loads each published version
+    assert args[args.index("--logprobs-mode") + 1] == "processed_logprobs"  # what TIS's ratio is taken against
     assert env_of(vllm)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    serve = build_parser().parse_args(onthejob_commands(services["proxy"])[-1][1:])
+    assert serve.upstream == [f"http://vllm:{args[args.index('--port') + 1]}"]
     gpus = vllm["deploy"]["resources"]["reservations"]["devices"]
     assert any("gpu" in d["capabilities"] for d in gpus)
 
@@ -140,7 +146,7 @@ def test_adapters_are_shared_read_only_by_the_engine_at_the_same_path(services: 
     # The proxy asks vLLM to load the path the trainer recorded, so both must see /adapters.
     engine, trainer = volumes_of(services["vllm"])["/adapters"], volumes_of(services["trainer"])["/adapters"]
     assert engine == "adapters:/adapters:ro"
-    assert trainer == "adapters:/adapters"
+    assert trainer == "adapters:/adapters:rw"
 
 
 def test_engine_and_trainer_load_the_same_model_folder(services: dict[str, Any]) -> None:
@@ -151,7 +157,7 @@ def test_engine_and_trainer_load_the_same_model_folder(services: dict[str, Any])
     assert model_dir.startswith("/cache/")
     for name in ("vllm", "trainer"):
         assert volumes_of(services[name])["/cache"] == "models:/cache:ro", name
-    assert volumes_of(services["model"])["/cache"] == "models:/cache"
+    assert volumes_of(services["model"])["/cache"] == "models:/cache:rw"
     assert env_of(services["model"])["ONTHEJOB_CACHE"] == "/cache"
     assert services["vllm"]["depends_on"]["model"]["condition"] == "service_completed_successfully"
 
@@ -170,7 +176,7 @@ def test_proxy_migrates_then_serves_the_engine_on_all_interfaces(services: dict[
     assert serve.command == "serve"
     assert serve.upstream == ["http://vllm:8000"]
     assert serve.host == "0.0.0.0"
-    assert f"{serve.port}" == proxy["ports"][0].split(":")[-1]
+    assert serve.port == proxy["ports"][0]["target"]
     assert serve.spool in volumes_of(proxy)
     assert not serve.no_auth
 
@@ -192,14 +198,6 @@ def test_trainer_watches_and_deploys_through_the_proxy(services: dict[str, Any])
     assert any("gpu" in d["capabilities"] for d in gpus)
 
 
-@pytest.mark.parametrize("name", ["proxy", "trainer", "model"])
-def test_onthejob_services_build_the_gpu_image(services: dict[str, Any], name: str) -> None:
-    svc = services[name]
-    assert svc["build"]["context"] == "."
-    assert svc["build"]["args"]["ONTHEJOB_GPU"] == "1"
-    assert svc["image"].startswith("onthejob:")
-
-
 def test_every_named_volume_is_declared(compose: dict[str, Any]) -> None:
     declared = set(compose["volumes"])
     used = {v.split(":")[0] for svc in compose["services"].values() for v in svc.get("volumes", [])}
@@ -209,7 +207,6 @@ def test_every_named_volume_is_declared(compose: dict[str, Any]) -> None:
 def test_dockerfile_installs_the_way_run_does() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert "./run bootstrap" in text
-    assert "ARG ONTHEJOB_GPU=1" in text
     # Every package pyproject installs (read from it, so a new package cannot be forgotten) and migrations.
     include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     for folder in [p.removesuffix("*") for p in include] + ["migrations"]:

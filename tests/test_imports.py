@@ -143,6 +143,28 @@ def test_the_engine_package_is_the_bottom_floor() -> None:
     } == set()
 
 
+# docs/architecture.md's picture, as floors: a package imports only packages on lower floors, so the
+# proxy, the trainer, the judge and the demo never import one another (they meet in the database and
+# over HTTP), storage sits under all four, and the engine package under everything.
+FLOORS = {"onthejob": 3, "examples": 2, "proxy": 2, "trainer": 2, "judge": 2, "storage": 1, "engine": 0}
+
+
+def upward_imports(graph: Graph, floors: dict[str, int] = FLOORS) -> list[str]:
+    """``importer → imported`` for every import between two floored packages that does not go down."""
+    return sorted(
+        f"{m} → {t}"
+        for m, targets in graph.items()
+        for t in targets
+        if _package(m) in floors and _package(t) in floors and _package(m) != _package(t)
+        if floors[_package(m)] <= floors[_package(t)]
+    )
+
+
+def test_imports_go_down_the_floors_only() -> None:
+    assert set(FLOORS) == product_packages(ROOT)  # a new package must be given its floor
+    assert upward_imports(import_graph(ROOT)) == []
+
+
 def _write(root: Path, files: dict[str, str]) -> None:
     for rel, text in files.items():
         path = root / rel
@@ -151,7 +173,8 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 
 def test_a_planted_cycle_and_a_planted_cli_import_are_caught(tmp_path: Path) -> None:
-    """The checks can fail: a fixture tree with a lazy cross-package cycle and a CLI import from below."""
+    """The checks can fail: a fixture tree with a lazy cross-package cycle, a CLI import from below, and so
+    two imports that go up a floor."""
     _write(tmp_path, {
         "low/__init__.py": "",
         "low/a.py": "def f():\n    from high.b import g\n    return g\n",  # lazy: still an edge
@@ -168,3 +191,5 @@ def test_a_planted_cycle_and_a_planted_cli_import_are_caught(tmp_path: Path) -> 
     assert graph["high.c"] == {"high.b"}
     assert cycles_across_packages(graph) == [["high.b", "low.a"]]
     assert cli_imports(graph, {"low", "high"}) == ["low.uses_cli → onthejob.cli"]
+    floors = {"onthejob": 2, "high": 1, "low": 0, "alone": 1}
+    assert upward_imports(graph, floors) == ["low.a → high.b", "low.uses_cli → onthejob.cli"]

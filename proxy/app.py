@@ -28,6 +28,7 @@ from proxy import (
 )
 from proxy.alert_metrics import AlertMetrics
 from proxy.deps import operator_gate
+from proxy.dialects import gemini, gemini_routes
 from proxy.errors import DATABASE_DOWN, ApiError, DatabaseUnavailable, InvalidRequest
 from proxy.memory import tune_for_serving
 from proxy.responses import ERROR_RESPONSES, ORJSONResponse
@@ -50,7 +51,7 @@ class ProxyApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            target = routes_openai.call_route(scope["path"])
+            target = routes_openai.call_route(scope["path"]) or gemini.call_route(scope["path"], scope["query_string"])
             if target is not None:
                 scope["app"] = self
                 await routes_openai.serve_call(scope, receive, send, *target)
@@ -90,6 +91,7 @@ def create_app(settings: Settings) -> FastAPI:
         routes_openai,
         routes_dialects,
         routes_anthropic,
+        gemini_routes,
         routes_feedback,
         routes_admin,
         routes_datasets,

@@ -1,0 +1,105 @@
+"""The Gemini routes: ``:generateContent`` and ``:streamGenerateContent`` (documented here, served by the
+fast path, proxy/app.py) and ``:countTokens``, under ``/v1/models/`` and ``/v1beta/models/`` (and ``/s/{id}/``).
+
+``:countTokens`` is not a call: it renders the request exactly as a call would (the same
+translation to chat messages and tools) through the engine's tokenizer, so the count is the
+``promptTokenCount`` the call will report. Nothing is recorded: no tokens were sampled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from proxy.deps import PathId
+from proxy.dialects.gemini import VERSIONS, GeminiDialect, call_route, count_tokens_body
+from proxy.dialects.gemini_out import error_body, error_status
+from proxy.errors import ApiError, InvalidRequest, NotFound, UpstreamError
+from proxy.handle import handle
+from proxy.request_body import read_json
+from proxy.responses import ORJSONResponse
+
+router = APIRouter()
+CONTENT = {
+    "type": "object",
+    "required": ["parts"],
+    "additionalProperties": True,
+    "properties": {"role": {"enum": ["user", "model"]}, "parts": {"type": "array", "items": {"type": "object"}}},
+}
+REQUEST_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True, "required": ["contents"],
+                                  "properties": {"contents": {"type": "array", "minItems": 1, "items": CONTENT},
+                                                 "systemInstruction": CONTENT,
+                                                 "generationConfig": {"type": "object"},
+                                                 "tools": {"type": "array", "items": {"type": "object"}},
+                                                 "toolConfig": {"type": "object"}}}  # fmt: skip
+DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": REQUEST_SCHEMA}}}}
+
+
+async def _call(request: Request) -> Any:
+    target = call_route(request.url.path, request.scope.get("query_string", b""))
+    if target is None:
+        raise NotFound(f"no Gemini call route {request.url.path!r}")
+    endpoint, session, dialect = target
+    return await handle(request, endpoint, path_session=session, dialect=dialect)
+
+
+async def generate_content(request: Request, model: str) -> Any:
+    """The Gemini API's generateContent, recorded token-exactly as a chat call."""
+    return await _call(request)
+
+
+async def stream_generate_content(request: Request, model: str) -> Any:
+    """The Gemini API's streamGenerateContent (``?alt=sse``: one event per engine chunk), recorded token-exactly."""
+    return await _call(request)
+
+
+async def count_tokens(request: Request, model: str) -> Response:
+    """The prompt's token count for a request, in Google's shape (``{"totalTokens": N}``); nothing is recorded."""
+    try:
+        total = await _count(request, model)
+    except ApiError as exc:
+        return ORJSONResponse(error_body(exc), status_code=error_status(exc), headers=exc.headers)
+    return ORJSONResponse({"totalTokens": total, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": total}]})
+
+
+async def session_count_tokens(request: Request, session_id: PathId, model: str) -> Response:
+    return await count_tokens(request, model)
+
+
+# The google-genai SDK calls /v1/models/...; Google's REST reference names /v1beta/models/...: both are served.
+# Calls are served by proxy.app.ProxyApp before FastAPI (these routes document them); countTokens is served here.
+for version in VERSIONS:
+    for method, endpoint in (("generateContent", generate_content), ("streamGenerateContent", stream_generate_content)):
+        router.add_api_route(f"{version}{{model}}:{method}", endpoint, methods=["POST"], openapi_extra=DOC,
+                             tags=["gemini"], include_in_schema=version == VERSIONS[0])  # fmt: skip
+        router.add_api_route(f"/s/{{session_id}}{version}{{model}}:{method}", endpoint, methods=["POST"],
+                             include_in_schema=False)  # fmt: skip
+    router.add_api_route(f"{version}{{model}}:countTokens", count_tokens, methods=["POST"], openapi_extra=DOC,
+                         tags=["gemini"], include_in_schema=version == VERSIONS[0])  # fmt: skip
+    router.add_api_route(f"/s/{{session_id}}{version}{{model}}:countTokens", session_count_tokens, methods=["POST"],
+                         include_in_schema=False)  # fmt: skip
+
+
+async def _count(request: Request, model: str) -> int:
+    st: Any = request.app.state.onthejob
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    dialect = GeminiDialect(model, key=request.query_params.get("key"))
+    client = request.client.host if request.client else None
+    principal = await st.auth.admit(dialect.credentials(headers), headers.get("x-api-key"), client)
+    payload = count_tokens_body(await read_json(request, st.settings.max_body_bytes), model)
+    payload["model"] = st.router.resolve(principal.project_id, model).served_model
+    try:
+        status, reply = await st.upstream.post_json(st.router.replicas.any_up().url, "/tokenize", payload, timeout=30)
+    except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
+        raise UpstreamError(f"cannot reach the engine to count tokens: {type(exc).__name__}") from exc
+    if status == 404:
+        raise NotFound(f"the engine has no tokenizer route or no model {payload['model']!r}", param="model")
+    if status >= 500 or not isinstance(reply, dict):
+        raise UpstreamError(f"the engine failed to count tokens (HTTP {status})")
+    if status >= 400:
+        detail = reply.get("error", reply)
+        message = detail.get("message") if isinstance(detail, dict) else None
+        raise InvalidRequest(f"the engine refused the request: {message or reply}")
+    return int(reply["count"])

@@ -73,6 +73,26 @@ def build_parser() -> argparse.ArgumentParser:
         default="none",
         help="sdpo, token form: mean subtracts the mean teacher-student signal of each chunk of examples",
     )
+    p.add_argument(
+        "--sdpo-teacher",
+        choices=["frozen", "ema", "live"],
+        default="frozen",
+        help="sdpo: the teacher's weights: the serving version frozen, a slow EMA, or the stepped ones",
+    )
+    p.add_argument("--sdpo-ema", type=float, default=0.05, help="sdpo, --sdpo-teacher ema: rate per step")
+    p.add_argument(
+        "--sdpo-signal-clip",
+        type=float,
+        default=2.0,
+        help="sdpo: clip each token's teacher-student log-ratio to ± this (0: unclipped)",
+    )
+    p.add_argument("--sdpo-kl", type=float, default=0.1, help="sdpo: weight of KL(student || serving version)")
+    p.add_argument(
+        "--step-floor",
+        type=float,
+        default=0.0,
+        help="AdamW's eps: a gradient weaker than this takes a proportionally smaller step (0: 1e-8)",
+    )
     p.add_argument("--db", default=None)
     p.add_argument("--proxy", default="http://127.0.0.1:8000", help="proxy URL for deployments")
     p.add_argument("--admin-key", default=None, help="admin API key (default: $ONTHEJOB_ADMIN_KEY)")

@@ -94,7 +94,9 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
             watch=args.watch, dataset=args.dataset,
             poll_s=args.poll, adapters=Path(args.adapters), proxy=args.proxy, admin_key=admin_key(args.admin_key),
             deploy=not args.no_deploy, sdpo_weight=args.sdpo_weight, correction_weight=args.correction_weight,
-            sdpo_form=args.sdpo_form, sdpo_baseline=args.sdpo_baseline,
+            sdpo_form=args.sdpo_form, sdpo_baseline=args.sdpo_baseline, sdpo_teacher=args.sdpo_teacher,
+            sdpo_ema=args.sdpo_ema, sdpo_signal_clip=args.sdpo_signal_clip, sdpo_kl=args.sdpo_kl,
+            step_floor=args.step_floor,
         )  # fmt: skip
     except SettingsError as exc:
         raise UserError(str(exc)) from exc

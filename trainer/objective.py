@@ -45,6 +45,10 @@ class ObjectiveConfig:
     sdpo_form: Literal["token", "topk"] = "token"  # the sampled-token signal, or top-k + tail reverse KL
     sdpo_center: bool = False  # token form: subtract the chunk's mean signal (a baseline) before weighting
     sdpo_k: int = 20
+    sdpo_teacher: Literal["frozen", "ema", "live"] = "frozen"  # trainer.teacher: never the weights being stepped
+    sdpo_ema: float = 0.05  # "ema" teacher: fraction of the way to the current weights per step
+    sdpo_signal_clip: float = 2.0  # |log π_T − log π_S| per token is clipped to this (0: unclipped)
+    sdpo_kl: float = 0.1  # weight of KL(π_S ‖ serving version) beside the self-distillation part
 
 
 def behaviour(prox: torch.Tensor, behav: torch.Tensor) -> torch.Tensor:

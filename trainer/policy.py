@@ -20,8 +20,17 @@ from trainer import dist
 from trainer.checkpoint import resume_optimizer
 from trainer.errors import BaseModelError, DataError
 from trainer.objective import ObjectiveConfig
+from trainer.teacher import Teacher, attach
 
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAM_EPS = 1e-8  # torch's default: with it, a fresh AdamW's first step is ±lr on every weight, whatever g's size
+
+# A step whose size answers to its signal (``step_floor``): AdamW moves each weight by
+# lr · m̂/(√v̂ + ε). With ε ≈ 0 that is ±lr on a fresh optimiser's first step whether the
+# gradient comes from 25,000 graded tokens or from 700 noisy teacher-student ones. With ε a
+# gradient scale F, a coordinate whose |g| ≪ F moves by ≈ lr·g/F (in proportion to its
+# signal) and one whose |g| ≫ F still by at most lr: a per-weight trust region of radius lr
+# that a weak or self-cancelling gradient does not fill.
 
 
 @dataclass
@@ -39,6 +48,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     threads: int | None = None  # None: the CPU cores divided among the ranks
     resume_optimizer: bool = True  # continue the parent adapter's AdamW moments when it saved them
+    step_floor: float = 0.0  # > 0: AdamW's ε, the gradient size below which a step shrinks with it (see below)
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,6 +88,19 @@ def check_weights(info: ModelInfo) -> None:
         )
 
 
+def build_optimizer(
+    params: list[torch.nn.Parameter], cfg: TrainConfig, moments: Path | None = None
+) -> torch.optim.AdamW:
+    """AdamW over ``params`` with this run's lr and step floor, continuing the moments saved in ``moments``."""
+    eps = cfg.step_floor if cfg.step_floor > 0 else ADAM_EPS
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, eps=eps)
+    if moments is not None:
+        resume_optimizer(optimizer, moments, cfg.lr)
+        for group in optimizer.param_groups:
+            group["eps"] = eps  # this run's floor, not the one the moments were saved with
+    return optimizer
+
+
 def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: int | None = None) -> Policy:
     """Load the engine's base weights (hash-checked) and wrap them in a LoRA, fresh or from ``parent``."""
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -105,9 +128,10 @@ def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: in
         model = get_peft_model(base, lora)
     params = [p for p in model.parameters() if p.requires_grad]
     dist.broadcast_params(params)  # LoRA A is initialised at random: every rank starts from rank 0's
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    if parent is not None and cfg.resume_optimizer:
-        resume_optimizer(optimizer, parent, cfg.lr)
+    optimizer = build_optimizer(params, cfg, parent if cfg.resume_optimizer else None)
+    if cfg.objective.name == "sdpo":
+        obj = cfg.objective
+        attach(model, Teacher.of(model, obj.sdpo_teacher, obj.sdpo_ema, obj.sdpo_signal_clip, obj.sdpo_kl))
     pad = base.config.pad_token_id
     pad_id = int(pad) if isinstance(pad, int) else 0  # padding is never attended to nor scored
     return Policy(model, info, optimizer, pad_id, device, version=parent_version if parent else None)

@@ -1,9 +1,9 @@
 """Learning from text: self-distillation (SDPO, arXiv 2601.20802) and filtered SFT on corrections.
 
 A logged completion y of context x got textual feedback f (a comment, a
-correction, the next user turn). The *teacher* is the current policy shown f,
-π_θ(· | x, f), with no gradient; the *student* is the policy without it,
-π_θ(· | x). Where the teacher, knowing what went wrong, finds a logged token
+correction, the next user turn). The *teacher* is the serving version shown f,
+π_T(· | x, f), with no gradient; the *student* is the policy being trained,
+without it, π_θ(· | x). Where the teacher, knowing what went wrong, finds a logged token
 more likely than the student does, that token is reinforced; where less
 likely, it is discouraged. That turns one sentence into a per-token signal,
 without a reward model and without re-running the harness: both contexts are
@@ -25,6 +25,13 @@ trained-token count):
 Both are weighted per token by w = sg(min(π_prox/μ, C)), the truncated
 behaviour ratio of TIS: the logged y was sampled by an older adapter μ, not by
 the student. A teacher equal to the student gives exactly zero gradient.
+
+What keeps it from collapsing (docs/architecture.md, "Objectives"): the teacher is
+a frozen snapshot of the serving version, never the weights being stepped
+(:mod:`trainer.teacher`); the per-token log-ratio is clipped to ±``signal_clip``
+(one token the teacher finds 1000× likelier must not outweigh a sentence); and
+:func:`kl_to_reference` holds the student near the serving version, so repeated
+steps on the same few comments cannot walk it off into degenerate replies.
 
 Corrections also train directly: :func:`correction_loss` is behaviour cloning
 of the corrected text placed as the assistant turn under the student's own
@@ -117,9 +124,30 @@ def behaviour_weight(prox: torch.Tensor, behav: torch.Tensor, clip: float) -> to
     return token_ratio(prox, behav).clamp(max=clip).detach()
 
 
-def token_signal(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
-    """sg(log π_T(y_t) − log π_S(y_t)): positive where the teacher, shown the feedback, prefers the token."""
-    return (teacher_logp - student_logp).detach()
+def token_signal(student_logp: torch.Tensor, teacher_logp: torch.Tensor, clip: float = 0.0) -> torch.Tensor:
+    """sg(clamp(log π_T(y_t) − log π_S(y_t), ±clip)): positive where the teacher, shown the feedback, prefers y_t.
+
+    ``clip`` 0 leaves the ratio unclipped. Clipped, a token the teacher finds vastly likelier
+    or unlikelier (a tokenisation quirk, a hint that names the answer) pushes no harder than
+    one it finds e^clip times so.
+    """
+    signal = (teacher_logp - student_logp).detach()
+    return signal.clamp(-clip, clip) if clip > 0 else signal
+
+
+def kl_to_reference(
+    logp: torch.Tensor, ref_logp: torch.Tensor, weight: torch.Tensor, mask: torch.Tensor, n_tokens: int
+) -> torch.Tensor:
+    """(1/N) Σ m · w · k3, k3 = r − 1 − log r with r = π_ref(y_t)/π_S(y_t): KL(π_S ‖ π_ref) from logged tokens.
+
+    ``ref_logp`` is the serving version's log-prob of the logged tokens under the student's
+    context (no gradient). The logged tokens were sampled near the serving version, so the
+    k3 estimator (≥ 0, exact 0 where the student equals it) is low-variance; its gradient
+    1 − π_ref/π_S pulls each token's probability back towards the reference's.
+    """
+    log_r = (ref_logp.detach() - logp).clamp(-20.0, 20.0)
+    k3 = torch.exp(log_r) - 1 - log_r
+    return (weight * mask * k3).sum() / max(n_tokens, 1)
 
 
 def sdpo_token_loss(
@@ -131,19 +159,27 @@ def sdpo_token_loss(
     n_tokens: int,
     clip: float = 2.0,
     center: bool = False,
+    signal_clip: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
+    kl: float = 0.0,
 ) -> torch.Tensor:
-    """−(1/N) Σ m · sg(min(π_prox/μ, C)) · sg(log π_T − log π_S) · log π_S on the logged tokens.
+    """−(1/N) Σ m · w · clamp(log π_T − log π_S, ±c) · log π_S, plus ``kl`` · KL(π_S ‖ π_ref), on the logged tokens.
 
-    ``logp`` is the student's log π_θ(y_t | x) (with gradient), ``teacher_logp`` log π_θ(y_t | x, f)
-    aligned to the same positions (detached here whatever the caller passed). ``center``: subtract
-    the signal's mean over the masked tokens first, a baseline: a teacher that finds *every* logged
-    token less likely (shown any feedback at all) then pushes none of them down.
+    ``logp`` is the student's log π_θ(y_t | x) (with gradient), ``teacher_logp`` the teacher's
+    log-prob of y_t given (x, f) aligned to the same positions (detached here whatever the caller
+    passed). ``center``: subtract the signal's mean over the masked tokens first, a baseline: a
+    teacher that finds *every* logged token less likely (shown any feedback at all) then pushes
+    none of them down. ``signal_clip`` c: see :func:`token_signal`. ``ref_logp`` (with ``kl`` > 0):
+    the serving version's log-probs of the same tokens, see :func:`kl_to_reference`.
     """
     weight = behaviour_weight(prox, behav, clip)
-    adv = token_signal(logp, teacher_logp)
+    adv = token_signal(logp, teacher_logp, signal_clip)
     if center:
         adv = adv - (adv * mask).sum() / mask.sum().clamp(min=1)
-    return -(weight * mask * adv * logp).sum() / max(n_tokens, 1)
+    loss = -(weight * mask * adv * logp).sum() / max(n_tokens, 1)
+    if kl > 0 and ref_logp is not None:
+        loss = loss + kl * kl_to_reference(logp, ref_logp, weight, mask, n_tokens)
+    return loss
 
 
 def with_tail(topk_logp: torch.Tensor) -> torch.Tensor:
@@ -173,14 +209,20 @@ def sdpo_topk_loss(
     n_tokens: int,
     k: int = 20,
     clip: float = 2.0,
+    signal_clip: float = 0.0,
 ) -> torch.Tensor:
     """(1/N) Σ m · sg(min(π_prox/μ, C)) · KL(π_S ‖ sg π_T) over top-k + tail, per position.
 
     ``student_logp`` and ``teacher_logp`` are full log-softmax rows ``[B, T, V]`` at the
     positions that predict each logged token (the teacher's aligned to the student's);
     ``prox``/``behav`` are the logged tokens' log π_prox and μ ``[B, T]`` for the weight.
+    ``signal_clip`` c > 0: the teacher's log-prob of each bucket is held within ±c of the
+    student's before the KL, the per-token log-ratio clip of :func:`token_signal` per bucket.
     """
     s, t = topk_pair(student_logp, teacher_logp, k)
+    if signal_clip > 0:
+        anchor = s.detach()
+        t = torch.maximum(torch.minimum(t, anchor + signal_clip), anchor - signal_clip)
     kl = (s.exp() * (s - t)).sum(dim=-1)
     weight = behaviour_weight(prox, behav, clip)
     return (weight * mask * kl).sum() / max(n_tokens, 1)

@@ -15,6 +15,7 @@ from typing import cast, get_args
 from trainer.errors import TrainerError
 from trainer.objective import Objective, ObjectiveConfig
 from trainer.policy import TrainConfig
+from trainer.teacher import Mode
 
 PPO_EPOCHS = 4
 PARENT_WORDS = ("latest", "deployed", "base")
@@ -51,6 +52,11 @@ class TrainSettings:
     correction_weight: float = 1.0  # --objective sdpo: weight of filtered SFT on corrections
     sdpo_form: str = "token"  # token (sampled-token signal) | topk (top-k + tail reverse KL)
     sdpo_baseline: str = "none"  # token form: none | mean (centre the signal over the chunk's tokens)
+    sdpo_teacher: str = "frozen"  # frozen (the serving version) | ema (a slow average) | live (the stepped weights)
+    sdpo_ema: float = 0.05  # --sdpo-teacher ema: fraction of the way to the current weights per step
+    sdpo_signal_clip: float = 2.0  # |log π_T − log π_S| per token clipped to this; 0: unclipped
+    sdpo_kl: float = 0.1  # weight of KL(student ‖ serving version) in the self-distillation part
+    step_floor: float = 0.0  # > 0: AdamW's ε, so a weak gradient takes a small step (trainer/policy.py)
     dataset: str | None = None  # train exactly this dataset's pinned items (storage/datasets.py), then stop
 
     def __post_init__(self) -> None:
@@ -77,6 +83,14 @@ class TrainSettings:
             raise SettingsError(f"--sdpo-form {self.sdpo_form!r}: use token or topk")
         if self.sdpo_baseline not in ("none", "mean"):
             raise SettingsError(f"--sdpo-baseline {self.sdpo_baseline!r}: use none or mean")
+        if self.sdpo_teacher not in ("frozen", "ema", "live"):
+            raise SettingsError(f"--sdpo-teacher {self.sdpo_teacher!r}: use frozen, ema or live")
+        if not 0 < self.sdpo_ema <= 1:
+            raise SettingsError(f"--sdpo-ema {self.sdpo_ema}: a fraction in (0, 1]")
+        for flag, amount in (("--sdpo-signal-clip", self.sdpo_signal_clip), ("--sdpo-kl", self.sdpo_kl),
+                             ("--step-floor", self.step_floor)):  # fmt: skip
+            if not amount >= 0:
+                raise SettingsError(f"{flag} {amount}: must be 0 or more")
         if self.parent not in PARENT_WORDS and not self.parent.isdigit():
             raise SettingsError(f"--parent {self.parent!r}: use latest, deployed, base or a version number")
         if self.dataset is not None and (self.watch or self.objective == "sdpo"):
@@ -96,7 +110,9 @@ class TrainSettings:
             name=cast(Objective, self.objective), epochs=PPO_EPOCHS if self.objective == "ppo" else 1,
             sdpo_weight=self.sdpo_weight, correction_weight=self.correction_weight,
             sdpo_form="topk" if self.sdpo_form == "topk" else "token", sdpo_center=self.sdpo_baseline == "mean",
+            sdpo_teacher=cast(Mode, self.sdpo_teacher), sdpo_ema=self.sdpo_ema,
+            sdpo_signal_clip=self.sdpo_signal_clip, sdpo_kl=self.sdpo_kl,
         )  # fmt: skip
         cfg = TrainConfig(model=self.model, objective=objective, lr=self.lr, threads=self.threads,
-                          resume_optimizer=not self.fresh_optimizer)  # fmt: skip
+                          resume_optimizer=not self.fresh_optimizer, step_floor=self.step_floor)  # fmt: skip
         return replace(cfg, max_len=self.max_len)

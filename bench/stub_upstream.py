@@ -11,6 +11,8 @@ the proxy passes through untouched::
 or through the same words in the last message's text (``stub_fault=reset_midstream``).
 With ``--hang-loads`` (``make_app(hang_loads=True)``) every ``/v1/load_lora_adapter`` hangs
 without answering, as an engine stuck in a load does (counted in ``/stub/stats`` as ``hung_loads``).
+``POST /stub/hang-loads`` with ``{"hang": true}`` (or ``false``) starts (stops) that mid-run; loads
+already hung stay hung.
 
 Run: ``python -m bench.stub_upstream --port 9000``.
 """
@@ -27,7 +29,8 @@ from aiohttp import web
 
 MODEL = "stub-model"
 PROMPT_IDS = list(range(1, 17))
-STATS = {"streams": 0, "cancelled": 0, "hung_loads": 0}
+STATS = {"streams": 0, "cancelled": 0, "hung_loads": 0, "completions": 0}  # completions: /v1/completions calls
+HANG = web.AppKey("hang_loads", bool)  # whether this app's /v1/load_lora_adapter hangs now
 ADAPTERS: set[str] = set()  # names "loaded" by /v1/load_lora_adapter: the proxy can deploy versions to the stub
 
 
@@ -140,6 +143,7 @@ def _knobs_in_text(body: dict[str, Any]) -> dict[str, str]:
 
 async def _call(request: web.Request) -> web.StreamResponse:
     chat = request.path.endswith("/chat/completions")
+    STATS["completions"] += not chat  # the proxy's attestation probes use /v1/completions
     body = orjson.loads(await request.read())
     body = {**_knobs_in_text(body), **body}
     fault = body.get("stub_fault")
@@ -166,6 +170,15 @@ async def _load_adapter(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def _load_or_hang(request: web.Request) -> web.Response:
+    return await (_hang_load(request) if request.app[HANG] else _load_adapter(request))
+
+
+async def _set_hang(request: web.Request) -> web.Response:
+    request.app[HANG] = bool((await request.json())["hang"])
+    return web.json_response({"hang_loads": request.app[HANG]})
+
+
 async def _hang_load(_: web.Request) -> web.Response:
     STATS["hung_loads"] += 1
     await asyncio.Event().wait()  # never set: the connection stays open, unanswered
@@ -178,11 +191,13 @@ async def _stats(_: web.Request) -> web.Response:
 
 def make_app(hang_loads: bool = False) -> web.Application:
     app = web.Application()
+    app[HANG] = hang_loads
     app.router.add_get("/stub/stats", _stats)
+    app.router.add_post("/stub/hang-loads", _set_hang)
     app.router.add_post("/v1/chat/completions", _call)
     app.router.add_post("/v1/completions", _call)
     app.router.add_get("/v1/models", _models)
-    app.router.add_post("/v1/load_lora_adapter", _hang_load if hang_loads else _load_adapter)
+    app.router.add_post("/v1/load_lora_adapter", _load_or_hang)
     return app
 
 

@@ -4,7 +4,8 @@ Keys are looked up by their sha256 and compared in constant time. A key seen
 valid keeps working while the database is down (the LiteLLM failure where valid
 keys got 401 during an outage); an unseen key during an outage gets 503, never a
 false 401. A key comes as ``Authorization: Bearer <key>`` (OpenAI clients) or as
-``x-api-key: <key>`` (Anthropic clients); Bearer wins when both are sent.
+``x-api-key: <key>`` (Anthropic clients); Bearer wins when both are sent. A dialect may take its
+own (Gemini's ``x-goog-api-key`` or ``?key=``, proxy/dialects/gemini.py), passed on here as Bearer.
 
 Both memories are bounded. The key cache is an LRU of ``max_entries`` digests: every
 presented token (garbage too) is a lookup and an entry, so an unbounded dict grew with
@@ -91,8 +92,8 @@ class Auth:
             secret = api_key.strip()
         else:
             raise Unauthorized(
-                "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
-                " (create one with `onthejob keys create`)"
+                "missing API key: send 'Authorization: Bearer <key>', 'x-api-key: <key>'"
+                " or (Gemini) 'x-goog-api-key: <key>' (create one with `onthejob keys create`)"
             )
         digest = hash_key(secret)
         cached = self._cache.get(digest)

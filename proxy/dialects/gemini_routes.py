@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from pydantic import BaseModel
 
 from proxy.deps import PathId
 from proxy.dialects.gemini import VERSIONS, GeminiDialect, call_route, count_tokens_body
@@ -22,19 +23,95 @@ from proxy.request_body import read_json
 from proxy.responses import ORJSONResponse
 
 router = APIRouter()
+# The OpenAPI documentation of a request: its text-only core, typed as checked (function calls and
+# responses, tools and toolConfig are accepted too, checked with the field named beyond what a schema says).
+TEXT_PART = {
+    "type": "object",
+    "required": ["text"],
+    "additionalProperties": True,
+    "properties": {"text": {"type": "string", "minLength": 1}},
+}
 CONTENT = {
     "type": "object",
     "required": ["parts"],
     "additionalProperties": True,
-    "properties": {"role": {"enum": ["user", "model"]}, "parts": {"type": "array", "items": {"type": "object"}}},
+    "properties": {"role": {"enum": ["user", "model"]}, "parts": {"type": "array", "minItems": 1, "items": TEXT_PART}},
 }
-REQUEST_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True, "required": ["contents"],
-                                  "properties": {"contents": {"type": "array", "minItems": 1, "items": CONTENT},
-                                                 "systemInstruction": CONTENT,
-                                                 "generationConfig": {"type": "object"},
-                                                 "tools": {"type": "array", "items": {"type": "object"}},
-                                                 "toolConfig": {"type": "object"}}}  # fmt: skip
+GENERATION_CONFIG = {
+    "type": "object",
+    "additionalProperties": True,
+    "properties": {
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "topP": {"type": "number", "minimum": 0, "maximum": 1},
+        "topK": {"type": "integer", "minimum": 0},
+        "maxOutputTokens": {"type": "integer", "minimum": 1},
+        "candidateCount": {"enum": [1]},
+        "stopSequences": {"type": "array", "items": {"type": "string", "minLength": 1}},
+        "seed": {"type": "integer"},
+        "responseMimeType": {"enum": ["text/plain", "application/json"]},
+    },
+}
+REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": True,
+    "required": ["contents"],
+    "properties": {
+        "contents": {"type": "array", "minItems": 1, "items": CONTENT},
+        "systemInstruction": CONTENT,
+        "generationConfig": GENERATION_CONFIG,
+    },
+}
 DOC = {"requestBody": {"required": True, "content": {"application/json": {"schema": REQUEST_SCHEMA}}}}
+SSE_DOC = {
+    **DOC,
+    "parameters": [
+        {
+            "name": "alt",
+            "in": "query",
+            "required": True,
+            "schema": {"enum": ["sse"]},
+            "description": "only server-sent events are served",
+        }
+    ],
+}
+
+
+class GoogleError(BaseModel):
+    code: int
+    message: str
+    status: str
+    details: list[dict[str, Any]] | None = None
+
+
+class GoogleErrorBody(BaseModel):
+    """Google's error envelope, as every Gemini route answers a failure."""
+
+    error: GoogleError
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": GoogleErrorBody, "description": f"{name} (the field named in details)"}
+    for status, name in (
+        (400, "INVALID_ARGUMENT"),
+        (401, "UNAUTHENTICATED"),
+        (403, "PERMISSION_DENIED"),
+        (404, "NOT_FOUND"),
+        (409, "ABORTED"),
+        (413, "INVALID_ARGUMENT"),
+        (429, "RESOURCE_EXHAUSTED"),
+        (499, "CANCELLED"),
+        (500, "INTERNAL"),
+        (503, "UNAVAILABLE"),
+        (504, "DEADLINE_EXCEEDED"),
+    )
+}
+STREAMED = {
+    **ERRORS,
+    200: {
+        "description": "server-sent events, one GenerateContentResponse each",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+}
 
 
 async def _call(request: Request) -> Any:
@@ -72,12 +149,14 @@ async def session_count_tokens(request: Request, session_id: PathId, model: str)
 # Calls are served by proxy.app.ProxyApp before FastAPI (these routes document them); countTokens is served here.
 for version in VERSIONS:
     for method, endpoint in (("generateContent", generate_content), ("streamGenerateContent", stream_generate_content)):
-        router.add_api_route(f"{version}{{model}}:{method}", endpoint, methods=["POST"], openapi_extra=DOC,
+        streams = method == "streamGenerateContent"
+        router.add_api_route(f"{version}{{model}}:{method}", endpoint, methods=["POST"],
+                             openapi_extra=SSE_DOC if streams else DOC, responses=STREAMED if streams else ERRORS,
                              tags=["gemini"], include_in_schema=version == VERSIONS[0])  # fmt: skip
         router.add_api_route(f"/s/{{session_id}}{version}{{model}}:{method}", endpoint, methods=["POST"],
                              include_in_schema=False)  # fmt: skip
     router.add_api_route(f"{version}{{model}}:countTokens", count_tokens, methods=["POST"], openapi_extra=DOC,
-                         tags=["gemini"], include_in_schema=version == VERSIONS[0])  # fmt: skip
+                         responses=ERRORS, tags=["gemini"], include_in_schema=version == VERSIONS[0])  # fmt: skip
     router.add_api_route(f"/s/{{session_id}}{version}{{model}}:countTokens", session_count_tokens, methods=["POST"],
                          include_in_schema=False)  # fmt: skip
 

@@ -16,7 +16,7 @@ history holds one content per chunk; a turn's text parts are joined with nothing
 them); ``functionCall`` parts are the assistant's tool calls (``args`` as ``json.dumps``,
 as vLLM's tool parsers write arguments); ``functionResponse`` parts are ``tool`` messages
 (their ``response`` as ``json.dumps``) ahead of the turn's text, each matched to the
-previous turn's call by ``id`` when it has one, else by ``name`` in order. ``tools[].functionDeclarations``
+previous turn's call by ``id`` when one has it, else by ``name`` in order. ``tools[].functionDeclarations``
 are chat tools (``parameters``, Google's OpenAPI subset, becomes JSON Schema: types lower-cased,
 ``nullable`` a ``null`` type, ``propertyOrdering`` and ``example`` dropped;
 ``parametersJsonSchema`` as it is); ``toolConfig.functionCallingConfig`` is ``tool_choice``
@@ -195,14 +195,12 @@ def _function_response(response: Any, at: str, unanswered: list[dict[str, Any]])
     if not isinstance(response, dict) or not isinstance(response.get("name"), str):
         raise _fail(f"{at}.name", "function responses need the name of the function called")
     name, call_id = response["name"], response.get("id")
-    match = None
-    for call in unanswered:
-        if (call["id"] == call_id) if call_id else (call["function"]["name"] == name):
-            match = call
-            break
-    if match is None:
+    by_id = [c for c in unanswered if call_id and c["id"] == call_id]  # else by name: a history without ids
+    matches = by_id or [c for c in unanswered if c["function"]["name"] == name]
+    if not matches:
         field, named = ("id", call_id) if call_id else ("name", name)
         raise _fail(f"{at}.{field}", f"answers no function call {named!r} of the previous 'model' content")
+    match = matches[0]
     unanswered.remove(match)
     value = response.get("response")
     if value is None:

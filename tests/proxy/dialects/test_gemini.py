@@ -116,7 +116,7 @@ def test_function_declarations_calls_and_responses() -> None:
         ("contents[1].parts[0].functionResponse.name", {"contents": [USER, {"parts": [
             {"functionResponse": {"name": "calc", "response": {}}}]}]}),
         ("contents[2].parts[0].functionResponse.id", {"contents": [USER, {"role": "model", "parts": [
-            {"functionCall": {"id": "a", "name": "calc"}}]}, {"parts": [{"functionResponse": {
+            {"functionCall": {"id": "a", "name": "other"}}]}, {"parts": [{"functionResponse": {
                 "id": "b", "name": "calc", "response": {}}}]}]}),
         ("generationConfig.candidateCount", {"contents": [USER], "generationConfig": {"candidateCount": 2}}),
         ("generationConfig.temperature", {"contents": [USER], "generationConfig": {"temperature": "hot"}}),

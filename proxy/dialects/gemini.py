@@ -45,6 +45,8 @@ import json
 from typing import Any, ClassVar
 from urllib.parse import parse_qs
 
+import orjson
+
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored
 from proxy.dialects.gemini_config import fail as _fail
 from proxy.dialects.gemini_config import function_tools, generation_config, tool_config
@@ -69,10 +71,9 @@ def to_chat(body: dict[str, Any], model: str, stream: bool = False) -> dict[str,
     if not isinstance(contents, list) or not contents:
         raise _fail("contents", "must be a non-empty list of {role, parts} objects")
     messages = _system(body.get("systemInstruction"))
-    turns = _turns(contents)
     previous_calls: list[dict[str, Any]] = []
-    for role, parts, where in turns:
-        previous_calls = _turn(role, parts, where, previous_calls, messages)
+    for role, parts in _turns(contents):
+        previous_calls = _turn(role, parts, previous_calls, messages)
     if not any(m["role"] != "system" for m in messages):
         raise _fail("contents", "hold no text: give at least one non-empty part")
     out: dict[str, Any] = {"model": model, "messages": messages}
@@ -88,6 +89,20 @@ def to_chat(body: dict[str, Any], model: str, stream: bool = False) -> dict[str,
         choice, tools = tool_config(body.get("toolConfig"), tools)
         out["tools"], out["tool_choice"] = tools, choice
     return out
+
+
+def dumps(value: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False)``, the same text at orjson's speed (its strings escape alike).
+
+    The form vLLM's tool parsers write arguments in; a body parsed from JSON holds nothing else.
+    """
+    if isinstance(value, str):
+        return orjson.dumps(value).decode()
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{dumps(str(k))}: {dumps(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(dumps(v) for v in value) + "]"
+    return json.dumps(value)  # numbers, true, false, null
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
@@ -106,61 +121,68 @@ def _system(system: Any) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}] if text else []
 
 
-def _turns(contents: list[Any]) -> list[tuple[str, list[tuple[str, dict[str, Any]]], str]]:
-    """(chat role, [(where, part)], where) per turn: consecutive contents of one role are one turn."""
-    turns: list[tuple[str, list[tuple[str, dict[str, Any]]], str]] = []
+Located = tuple[int, int, dict[str, Any]]  # (content index, part index, part): its field path made only on error
+
+
+def _at(i: int, j: int) -> str:
+    return f"contents[{i}].parts[{j}]"
+
+
+def _turns(contents: list[Any]) -> list[tuple[str, list[Located]]]:
+    """(chat role, its parts) per turn: consecutive contents of one role are one turn."""
+    turns: list[tuple[str, list[Located]]] = []
     for i, content in enumerate(contents):
-        where = f"contents[{i}]"
         if not isinstance(content, dict):
-            raise _fail(where, "must be an object {role, parts}")
+            raise _fail(f"contents[{i}]", "must be an object {role, parts}")
         role = content.get("role") or "user"
         if role not in ("user", "model", "function"):
-            raise _fail(f"{where}.role", "must be 'user' or 'model'")
+            raise _fail(f"contents[{i}].role", "must be 'user' or 'model'")
         chat_role = "assistant" if role == "model" else "user"
         parts = content.get("parts")
         if parts is None:
             parts = []
         if not isinstance(parts, list):
-            raise _fail(f"{where}.parts", "must be a list of parts")
-        located = []
-        for j, part in enumerate(parts):
-            if not isinstance(part, dict):
-                raise _fail(f"{where}.parts[{j}]", "must be an object such as {text: string}")
-            located.append((f"{where}.parts[{j}]", part))
+            raise _fail(f"contents[{i}].parts", "must be a list of parts")
+        located = [(i, j, part) for j, part in enumerate(parts)]
         if turns and turns[-1][0] == chat_role:
             turns[-1][1].extend(located)
         else:
-            turns.append((chat_role, located, where))
+            turns.append((chat_role, located))
     return turns
 
 
-def _turn(role: str, parts: list[tuple[str, dict[str, Any]]], where: str, calls_before: list[dict[str, Any]],
+def _turn(role: str, parts: list[Located], calls_before: list[dict[str, Any]],
           out: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
     """Append one turn as chat messages; return the tool calls it made (for the next turn's responses)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     unanswered = list(calls_before)
-    for at, part in parts:
-        if "text" in part:
-            if not isinstance(part["text"], str):
-                raise _fail(f"{at}.text", "must be a string")
+    for i, j, part in parts:
+        if not isinstance(part, dict):
+            raise _fail(_at(i, j), "must be an object such as {text: string}")
+        text = part.get("text")
+        if text is not None:
+            if not isinstance(text, str):
+                raise _fail(f"{_at(i, j)}.text", "must be a string")
             if not part.get("thought"):  # a thought summary is not part of the answer
-                texts.append(part["text"])
+                texts.append(text)
         elif "functionCall" in part:
             if role != "assistant":
-                raise _fail(f"{at}.functionCall", "function calls may only appear in 'model' contents")
-            calls.append(_function_call(part["functionCall"], f"{at}.functionCall", len(out), len(calls)))
+                raise _fail(f"{_at(i, j)}.functionCall", "function calls may only appear in 'model' contents")
+            calls.append(_function_call(part["functionCall"], f"{_at(i, j)}.functionCall", len(out), len(calls)))
         elif "functionResponse" in part:
             if role != "user":
-                raise _fail(f"{at}.functionResponse", "function responses may only appear in 'user' contents")
-            out.append(_function_response(part["functionResponse"], f"{at}.functionResponse", unanswered))
+                raise _fail(f"{_at(i, j)}.functionResponse", "function responses may only appear in 'user' contents")
+            out.append(_function_response(part["functionResponse"], f"{_at(i, j)}.functionResponse", unanswered))
         elif any(k in part for k in MEDIA_PARTS):
             kind = next(k for k in MEDIA_PARTS if k in part)
-            raise _fail(f"{at}.{kind}", "images, audio and files are not supported: this model takes text only")
-        elif any(k in part for k in IGNORED_PARTS) or part.get("thought") or "thoughtSignature" in part:
-            continue  # hosted code execution's record, or a thought: nothing the engine ran or can read
+            raise _fail(f"{_at(i, j)}.{kind}", "images, audio and files are not supported: this model takes text only")
+        elif (
+            any(k in part for k in IGNORED_PARTS) or part.get("thought") or "thoughtSignature" in part or "text" in part
+        ):
+            continue  # hosted code execution's record, a thought, a null text: nothing the engine ran or can read
         else:
-            raise _fail(at, "must hold text, functionCall or functionResponse")
+            raise _fail(_at(i, j), "must hold text, functionCall or functionResponse")
     text = "".join(texts)
     if role == "assistant":
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
@@ -185,7 +207,7 @@ def _function_call(call: Any, at: str, turn: int, k: int) -> dict[str, Any]:
     if call_id is not None and not isinstance(call_id, str):
         raise _fail(f"{at}.id", "must be a string")
     # As vLLM's tool parsers write arguments, so a resent call matches the captured reply.
-    arguments = json.dumps(args, ensure_ascii=False)
+    arguments = dumps(args)
     return {"id": call_id or f"call_{turn}_{k}", "type": "function",
             "function": {"name": call["name"], "arguments": arguments}}  # fmt: skip
 
@@ -207,7 +229,7 @@ def _function_response(response: Any, at: str, unanswered: list[dict[str, Any]])
         value = {}
     if not isinstance(value, dict):
         raise _fail(f"{at}.response", "must be an object")
-    return {"role": "tool", "tool_call_id": match["id"], "content": json.dumps(value, ensure_ascii=False)}
+    return {"role": "tool", "tool_call_id": match["id"], "content": dumps(value)}
 
 
 def count_tokens_body(body: dict[str, Any], model: str) -> dict[str, Any]:

@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--no-housekeep", action="store_true",
                    help="leave the feedback sweep, retention and pruning to `onthejob housekeep`")  # fmt: skip
+    p.add_argument("--no-migrate", action="store_true",
+                   help="do not migrate at start (a migration Job runs `onthejob db upgrade`)")  # fmt: skip
     p.set_defaults(handler=commands.serve)
 
     p = sub.add_parser("train", help="train LoRA adapters from graded traffic")

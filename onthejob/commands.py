@@ -77,7 +77,8 @@ def serve(args: argparse.Namespace) -> int:
         raise UserError(f"--workers {args.workers}: must be at least 1")
     if args.no_housekeep:  # the processes of --workers N build their settings from the environment
         os.environ["ONTHEJOB_HOUSEKEEP"] = "0"
-    return run(proxy_settings(args), host=args.host, port=args.port, workers=args.workers)
+    return run(proxy_settings(args), host=args.host, port=args.port, workers=args.workers,
+               migrate=not args.no_migrate)  # fmt: skip
 
 
 def train_settings(args: argparse.Namespace) -> TrainSettings:

@@ -40,11 +40,15 @@ def worker_env(settings: Settings, workers: int) -> dict[str, str]:
     return env
 
 
-def run(settings: Settings, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1) -> int:
-    """Migrate if the database answers, then serve until stopped; ``workers`` > 1 runs that many processes."""
+def run(
+    settings: Settings, *, host: str = "127.0.0.1", port: int = 8000, workers: int = 1, migrate: bool = True
+) -> int:
+    """Migrate if the database answers (unless ``migrate`` is false: a migration Job does it, as on
+    Kubernetes), then serve until stopped; ``workers`` > 1 runs that many processes."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        upgrade(settings.database_url)  # a fresh install answers at once; a no-op when already at head
+        if migrate:
+            upgrade(settings.database_url)  # a fresh install answers at once; a no-op when already at head
     except Exception as exc:  # noqa: BLE001 - database down: serve and spool; it drains when it returns
         logging.getLogger("onthejob.proxy").warning("could not migrate the database now (%s); serving anyway", exc)
     server = {"host": host, "port": port, "loop": "uvloop", "http": "httptools", "log_level": "warning",

@@ -19,7 +19,7 @@ from proxy.dialects.base import DialectStream, StreamEnd
 from proxy.dialects.gemini_out import GOOGLE_ERRORS, error_body, finish_reason, function_call, response, usage
 from proxy.errors import ApiError
 
-END = b"\r\n\r\n"
+END = b"\n\n"  # Google frames with CRLF; LF is as valid SSE and what naive parsers split on
 
 
 def event(body: dict[str, Any]) -> bytes:

@@ -17,7 +17,7 @@ from google import genai
 from google.genai import errors, types
 
 from proxy.dialects.base import Exchange, StreamEnd
-from proxy.dialects.gemini import GeminiDialect, call_route, count_tokens_body, to_chat
+from proxy.dialects.gemini import GeminiDialect, call_route, count_tokens_body, dumps, to_chat
 from proxy.dialects.gemini_out import from_chat
 from proxy.errors import InvalidRequest
 from tests.proxy.conftest import ProxyFactory, make_key
@@ -139,6 +139,11 @@ def test_bad_input_names_the_field(field: str, body: dict[str, Any]) -> None:
     assert info.value.param == field and info.value.message.startswith(field + ":")
 
 
+def test_arguments_are_written_as_json_dumps_writes_them() -> None:
+    for value in ({"e": "17*3", "n": [1, 2.5, 1e16, None, True], "nested": {"é": 'x\n"\u2028\x01'}}, {}, [], "s", 0.1):
+        assert dumps(value) == json.dumps(value, ensure_ascii=False)
+
+
 def test_a_stream_adds_up_to_the_reply() -> None:
     dialect = GeminiDialect("m", True, alt="sse")
     ex = Exchange("gemini-1", "m", 0, {}, {})
@@ -154,8 +159,8 @@ def test_a_stream_adds_up_to_the_reply() -> None:
     usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     events = dialect.stream(ex)
     sent = [events.feed(c) for c in chunks] + [events.close(StreamEnd("tool_calls", usage))]
-    assert [len(s.split(b"\r\n\r\n")) - 1 for s in sent] == [0, 1, 1, 0, 1, 1]  # text at once, a call whole
-    bodies = [orjson.loads(s[6:].split(b"\r\n\r\n")[0]) for s in sent if s]
+    assert [len(s.split(b"\n\n")) - 1 for s in sent] == [0, 1, 1, 0, 1, 1]  # text at once, a call whole
+    bodies = [orjson.loads(s[6:].split(b"\n\n")[0]) for s in sent if s]
     assert [b["candidates"][0]["content"]["parts"] for b in bodies[:3]] == [
         [{"text": "Hi "}],
         [{"text": "there"}],

@@ -2,7 +2,8 @@
 
 The worker that took a delete tells its :class:`Deletes` at once (proxy/routes_admin.py); every
 worker reads the change log's deletion entries (storage/changes.py, the one way a delete reaches
-what holds copies) every :data:`FOLLOW_S` (:meth:`Deletes.follow`, started with the worker). Each
+what holds copies) every :data:`FOLLOW_S` (:meth:`Deletes.follow`, started with the worker), each
+as soon as it is committed. Each
 delete drops the links in memory of what it names (the link cache's ``forget``), and is remembered
 with the time this worker learned of it: a call of it made no later than that, still in a sibling's
 spool or answered while the delete ran, is not taken as a parent nor remembered as one. A call made
@@ -23,7 +24,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from storage.changes import START, Deletion, Position, deletions_since, latest_deletion
+from storage.changes import START, Deletion, Position, deletions_since, horizon, latest_deletion
 
 FOLLOW_S = 1.0  # how often a worker reads the change log's deletion entries
 KEPT = 10_000  # deletes remembered (per kind), for calls of them still in spools
@@ -42,13 +43,13 @@ class Deletes:
         # (project, session) and (project, end user key) → when this worker learned of the delete (its clock).
         self._sessions: OrderedDict[tuple[str, str], datetime] = OrderedDict()
         self._users: OrderedDict[tuple[str, str], datetime] = OrderedDict()
-        self.position: Position | None = None  # the last deletion entry read; None: not started
+        self.position: Position | None = None  # the last final deletion entry read; None: not started
+        self._seen: set[Position] = set()  # entries after it applied already (committed, not final yet)
         self.applied = 0  # deletes applied (from the log or this worker's own routes)
 
-    def forget(self, project: str, sessions: Iterable[str] = (), end_user: str | None = None) -> None:
-        """A delete of these sessions (and ``end_user``: their stored key): none of their calls so far is a parent."""
-        now, names = datetime.now(UTC), set(sessions)
-        users = {end_user} if end_user is not None else set()
+    def forget(self, project: str, sessions: Iterable[str] = (), end_users: Iterable[str] = ()) -> None:
+        """A delete of these sessions (and end users: their stored keys): none of their calls so far is a parent."""
+        now, names, users = datetime.now(UTC), set(sessions), set(end_users)
         for table, keys in ((self._sessions, names), (self._users, users)):
             for name in keys:
                 table[(project, name)] = now
@@ -59,9 +60,16 @@ class Deletes:
         self.applied += 1
 
     def apply(self, deletions: Iterable[Deletion]) -> None:
-        """Deletion entries of the change log, each as :meth:`forget`."""
+        """Deletion entries of the change log: one :meth:`forget` per project (each scans the link cache once)."""
+        by_project: dict[str, tuple[set[str], set[str]]] = {}
         for d in deletions:
-            self.forget(d.project_id, [d.session_id] if d.session_id is not None else [], d.end_user)
+            sessions, users = by_project.setdefault(d.project_id, (set(), set()))
+            if d.session_id is not None:
+                sessions.add(d.session_id)
+            if d.end_user is not None:
+                users.add(d.end_user)
+        for project, (sessions, users) in by_project.items():
+            self.forget(project, sessions, users)
 
     def gone(self, project: str, session: str, end_user: str | None, made: str | None) -> bool:
         """Whether a call of ``session`` (by ``end_user``; made at ``made``, ISO 8601) predates a delete we know of."""
@@ -78,15 +86,29 @@ class Deletes:
             await asyncio.sleep(every_s)
 
     async def follow_once(self) -> int:
-        """Apply the deletion entries since the last round; how many. The first round starts at the newest
-        (nothing was cached before this worker started)."""
+        """Apply the deletion entries committed since the last round; how many. The first round starts at the
+        newest final one (nothing was cached before this worker started).
+
+        Entries are applied as soon as they are committed, not held back by an older transaction still in
+        flight (one idle in a transaction anywhere would delay every worker): those above the horizon are
+        remembered as applied and read again, unapplied, until the position can pass them.
+        """
         async with asyncio.timeout(READ_S), self.sessionmaker() as db:
             if self.position is None:
                 self.position = await db.run_sync(latest_deletion)
                 return 0
             cursor = self.position
-            deletions = await db.run_sync(lambda s: deletions_since(s, cursor or START))
-        if deletions:
-            self.apply(deletions)
-            self.position = deletions[-1].position
-        return len(deletions)
+
+            def read(s: Any) -> tuple[int | None, list[Deletion]]:
+                bound = horizon(s)  # first: every transaction below it has finished, its entries are seen below
+                return bound, deletions_since(s, cursor or START, final=False)
+
+            bound, deletions = await db.run_sync(read)
+        new = [d for d in deletions if d.position not in self._seen]
+        self.apply(new)
+        self._seen |= {d.position for d in new}
+        final = [d for d in deletions if bound is None or d.position.xid < bound]  # a prefix: ordered by xid
+        if final:
+            self.position = final[-1].position
+            self._seen = {p for p in self._seen if p > self.position}
+        return len(new)

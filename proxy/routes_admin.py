@@ -108,15 +108,15 @@ async def delete_end_user(
     """
     out = await db.run_sync(lambda s: deletion.delete_end_user(s, admin.project_id, end_user))
     await db.commit()
-    _forget(request, admin.project_id, out["sessions"], end_user_key(end_user))
+    _forget(request, admin.project_id, out["sessions"], [end_user_key(end_user)])
     return out
 
 
-def _forget(request: Request, project: str, sessions: list[str], end_user: str | None = None) -> None:
+def _forget(request: Request, project: str, sessions: list[str], end_users: list[str] | None = None) -> None:
     """This worker's link cache forgets a delete at once (the others read it from the change log)."""
     st = getattr(request.app.state, "onthejob", None)  # None: routes mounted without the proxy (tests)
     if st is not None:
-        st.linker.deletes.forget(project, sessions, end_user)
+        st.linker.deletes.forget(project, sessions, end_users or [])
 
 
 @router.get("/aliases/{alias}/versions/{version}/lineage")

@@ -143,15 +143,18 @@ def log_deletion(db: DbSession, project: str, sessions: Iterable[str], end_user:
     db.execute(insert(cast(Table, Change.__table__)).values(xid=xid), rows)
 
 
-def deletions_since(db: DbSession, cursor: Position, limit: int = 1000, project: str | None = None) -> list[Deletion]:
-    """Deletion entries after ``cursor`` (of every project, or of ``project``), oldest first, none in flight."""
+def deletions_since(
+    db: DbSession, cursor: Position, limit: int = 1000, project: str | None = None, *, final: bool = True
+) -> list[Deletion]:
+    """Deletion entries after ``cursor`` (of every project, or of ``project``), oldest first; ``final``: none
+    that a transaction still in flight could precede (as :func:`changes_since`), else every one committed."""
     after: ColumnElement[bool] = tuple_(Change.xid, Change.seq) > tuple_(cursor.xid, cursor.seq)
     stmt = select(Change.xid, Change.seq, Change.project_id, Change.ref_id, Change.session_id).where(
         Change.kind == DELETION, after
     )
     if project is not None:
         stmt = stmt.where(Change.project_id == project)
-    if _is_postgres(db):
+    if final and _is_postgres(db):
         stmt = stmt.where(Change.xid < PG_HORIZON)
     rows = db.execute(stmt.order_by(Change.xid, Change.seq).limit(limit))
     return [Deletion(Position(x, s), p, sid, None if sid is not None else ref) for x, s, p, ref, sid in rows]
@@ -165,6 +168,11 @@ def deleted_after(db: DbSession, project: str, sessions: Iterable[str], cursor: 
         Change.kind == DELETION, Change.project_id == project, after, among(db, Change.ref_id, sessions)
     )
     return {s for s in db.scalars(stmt.distinct()) if s is not None}
+
+
+def horizon(db: DbSession) -> int | None:
+    """The oldest transaction still in flight (Postgres): entries of older ones are final. None: all are (SQLite)."""
+    return int(db.scalar(select(PG_HORIZON)) or 0) if _is_postgres(db) else None
 
 
 def latest_deletion(db: DbSession) -> Position:

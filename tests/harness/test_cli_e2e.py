@@ -5,8 +5,8 @@ The engine serves the long-context tiny model (SmolLM2's tokenizer, 60k context:
 conversation (``claude -p --continue``, ``codex exec resume --last``), each run within 90 s
 and exiting 0. Between the proxy and the engine a tap keeps what the engine returned: every
 call the engine answered is recorded, with the prompt and sampled token ids the engine
-returned; the main loop's calls (the ones carrying the CLI's tools) are one session; feedback
-posted to that session attaches to it. Nothing tries to leave the machine: an HTTP(S) proxy
+returned; the main loop's calls (the ones carrying the CLI's tools) are one session, one
+trajectory whose sampled tokens are the engine's; feedback posted to it attaches and is its reward. Nothing tries to leave the machine: an HTTP(S) proxy
 trap given to the CLIs for every other address sees no connection.
 
 Without npm or its registry the test skips locally and fails under ``CI=true``.
@@ -29,7 +29,7 @@ from tests.harness.clis import NpmUnavailable, claude_env, codex_env, ensure_ins
 from tests.harness.tap import EngineTap, OutboundTrap
 from tests.proxy.conftest import Proxy, launch_proxy
 
-pytestmark = [pytest.mark.engine]
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 RUN_TIMEOUT = 90  # seconds a CLI run may take; a bound on the subprocess, never an assertion on time
 
@@ -116,6 +116,21 @@ def feedback_attaches(proxy: Proxy, session: str) -> None:
     assert [item["id"] for item in listed] == [fb.json()["id"]], listed
 
 
+def one_token_exact_trajectory(proxy: Proxy, session: str, records: list[dict[str, Any]]) -> None:
+    """The session is one trajectory whose sampled part is, token for token, what the engine sampled, graded 1.0."""
+    proxy.wait_drained()
+    got = httpx.get(f"{proxy.v1}/sessions/{session}/trajectories", timeout=30).json()["data"]
+    assert len(got) == 1, [t["completion_ids"] for t in got]
+    traj = got[0]
+    by_id = {r["id"]: r["onthejob"] for r in records}
+    assert set(traj["completion_ids"]) == {r["id"] for r in records if r["onthejob"]["session_id"] == session}
+    sampled = [t for cid in traj["completion_ids"] for t in by_id[cid]["completion_token_ids"][0]]
+    ids, mask = traj["token_ids"], traj["mask"]
+    assert [t for t, m in zip(ids, mask, strict=True) if m] == sampled
+    assert "rerender_mismatch" not in traj["flags"], traj["flags"]
+    assert traj["reward"] == 1.0
+
+
 def test_claude_code_print_mode_through_the_proxy(cli_bin: Path, proxy: Proxy, tap: EngineTap,
                                                   trap: OutboundTrap, tiny_long_engine: Engine,
                                                   workdir: Path, tmp_path: Path) -> None:  # fmt: skip
@@ -127,7 +142,9 @@ def test_claude_code_print_mode_through_the_proxy(cli_bin: Path, proxy: Proxy, t
     first = records[0]["onthejob"]["client_request"]
     assert len(first["tools"]) >= 10, first["tools"]
     assert len(records[0]["onthejob"]["prompt_token_ids"]) > 8192, "the default request must not fit the old 8k"
-    feedback_attaches(proxy, main_loop_session(records, "tools"))
+    session = main_loop_session(records, "tools")
+    feedback_attaches(proxy, session)
+    one_token_exact_trajectory(proxy, session, records)
     assert trap.attempts == [], f"Claude Code tried to reach off the machine: {trap.attempts}"
 
 
@@ -140,5 +157,7 @@ def test_codex_exec_through_the_proxy(cli_bin: Path, proxy: Proxy, tap: EngineTa
     records = recorded_exactly(proxy, tap, "responses")
     first = records[0]["onthejob"]["client_request"]
     assert {t["type"] for t in first["tools"]} >= {"function", "namespace"}, json.dumps(first["tools"])[:500]
-    feedback_attaches(proxy, main_loop_session(records, "tools"))
+    session = main_loop_session(records, "tools")
+    feedback_attaches(proxy, session)
+    one_token_exact_trajectory(proxy, session, records)
     assert trap.attempts == [], f"Codex tried to reach off the machine: {trap.attempts}"

@@ -6,8 +6,9 @@ conversation (``claude -p --continue``, ``codex exec resume --last``), each run 
 and exiting 0. Between the proxy and the engine a tap keeps what the engine returned: every
 call the engine answered is recorded, with the prompt and sampled token ids the engine
 returned; the main loop's calls (the ones carrying the CLI's tools) are one session, one
-trajectory whose sampled tokens are the engine's; feedback posted to it attaches and is its reward. Nothing tries to leave the machine: an HTTP(S) proxy
-trap given to the CLIs for every other address sees no connection.
+trajectory whose sampled tokens are the engine's; feedback posted to it attaches and is its
+reward. Nothing tries to leave the machine: an HTTP(S) proxy trap given to the CLIs for every
+other address sees no connection.
 
 Without npm or its registry the test skips locally and fails under ``CI=true``.
 """

@@ -87,8 +87,12 @@ def _pinned_feedback(grades: Iterable[Grade], detail: Mapping[str, Any]) -> list
 
 
 def alive(project: str) -> ColumnElement[bool]:
-    """An item whose session is neither deleted (tombstoned) nor gone (no call of it left)."""
-    dead = exists().where(Tombstone.project_id == project, Tombstone.session_id == DatasetItem.session_id)
+    """An item whose session is neither deleted (tombstoned since its dataset was made) nor gone (no call of it
+    left). A session deleted before the dataset was made and started afresh since is alive (storage/deletion.py)."""
+    of_item = select(Dataset.created_at).where(Dataset.id == DatasetItem.dataset_id).correlate(DatasetItem)
+    made = of_item.scalar_subquery()
+    dead = exists().where(Tombstone.project_id == project, Tombstone.session_id == DatasetItem.session_id,
+                          Tombstone.created_at >= made)  # fmt: skip
     calls = exists().where(Completion.project_id == project, Completion.session_id == DatasetItem.session_id)
     return ~dead & calls
 

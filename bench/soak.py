@@ -195,6 +195,7 @@ async def scenario(soak: Soak) -> None:
         for url in soak.stubs:  # the proxy's attestation probes are its only /v1/completions calls
             stats = (await http.get(f"{url}/stub/stats")).json()
             soak.log.figures.setdefault("attestation_probes_at_each_engine", []).append(stats["completions"])
+            soak.log.figures.setdefault("hung_loads_at_each_engine", []).append(stats["hung_loads"])
         alerts = (await http.get(f"{soak.proxy}/v1/admin/alerts", params={"status": "all"})).json()
         soak.log.marks["attestation_alerts"] = sum(1 for a in alerts.get("data", []) if a.get("kind") == "attestation")
 
@@ -273,7 +274,9 @@ def run(args: argparse.Namespace) -> int:
             soak = Soak(args, proxy.url, stubs, cluster, work)
             asyncio.run(scenario(soak))
             rows = {r[0] for r in rows_of(cluster.url)}
-            results = check(soak.log, rows, adapter_rows(cluster.url), soak.t0)
+            adapters = adapter_rows(cluster.url)
+            results = check(soak.log, rows, adapters, soak.t0)
+            soak.log.figures["adapter_rows_by_state"] = dict(Counter(a["state"] for a in adapters))
             soak.log.figures.update(attestations(cluster.url, proxy.log))
             summary = report(soak, results)
             if not summary["ok"]:

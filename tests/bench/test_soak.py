@@ -108,7 +108,7 @@ def test_a_refusal_for_want_of_a_replica_while_one_listed_the_model() -> None:
 
 @pytest.mark.slow
 def test_a_short_soak_passes_every_check() -> None:
-    """The soak itself for 18 s (two publishes, the hang, the restart): what CI keeps working."""
+    """The soak itself, 18 s of load (two publishes, the hang, the restart): CI keeps it working."""
     done = subprocess.run([sys.executable, "-m", "bench.soak", "--minutes", "0.3", "--seed", "0", "--clients", "4"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 RUN_TIMEOUT = 90  # seconds a CLI run may take; a bound on the subprocess, never an assertion on time
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session, as the engine is: installed (or failed) before it starts
 def cli_bin() -> Path:
     try:
         return ensure_installed()

@@ -153,6 +153,9 @@ def check(log: Log, rows: set[str], adapters: list[dict[str, Any]], t0: float) -
     bad += [Call("adapter", None, None, t0, t0, detail=f"shared path {p}") for p, n in paths.items() if n > 1]
     out["every_adapter_folder_hashes_to_its_sha256"] = _result(len(adapters), bad, rel)
 
+    silent = [c for c in log.answers() if c.status == 0]  # no answer at all: a connection error or the timeout
+    log.figures["requests_without_an_answer"] = len(silent)
+    log.figures["without_an_answer_e.g."] = [describe(rel(c)) for c in silent[:3]]
     errors = [c for c in log.answers() if c.status >= 300]
     out["no_plain_text_error_body"] = _result(len(errors), [c for c in errors if not envelope_ok(c)], rel)
 

@@ -48,6 +48,13 @@ def test_a_delete_on_sqlite_is_logged_timed_and_checked(tmp_path: Path) -> None:
             kept, dropped = deletion.live(db, project, [[f"{project}-1"], [f"{project}-2"]], lambda _: "s1",
                                           lambda calls: calls)  # fmt: skip
             assert (kept, dropped) == ([[f"{project}-2"]], 1)
+            deletion.delete_session(db, project, "s1")  # deleted again: the tombstone's time moves on
+            db.commit()
+            db.expire_all()
+            again = db.get_one(Tombstone, (project, "s1")).created_at
+            assert again > at
+            at = again
+            assert deletion.live(db, project, [[f"{project}-2"]], lambda _: "s1", lambda calls: calls)[1] == 1
 
         stamp = at.replace(tzinfo=UTC)  # SQLite hands times back naive
         calls = [

@@ -1,10 +1,12 @@
 """What a dialect costs over chat completions, in one run: the same recording proxy, the same stub engine.
 
-Each dialect (the Responses API, Anthropic Messages, any other in ``BODIES``) is translated at the edge
+Each dialect (the Responses API, Anthropic Messages, Gemini, any other in ``BODIES``) is translated at the edge
 into the chat call the engine gets, and its reply or stream back; this measures that
 translation's price beside plain chat through the same recording proxy: added p50
-over the stub alone at concurrency 1, and requests/s at 64, streaming and not. The
-stub upstream is used for overhead measurement only (it answers in microseconds).
+over the stub alone at concurrency 1, and requests/s at 64, streaming and not, on short
+bodies and on corpus-sized ones (a ~60 KB agent conversation with tools, as harnesses send);
+medians of 3 alternating rounds by default. The stub upstream is used for overhead
+measurement only (it answers in microseconds).
 
 Run: ``.venv/bin/python -m bench.dialects`` (Postgres on 127.0.0.1:5432, user postgres,
 trust auth; a throwaway database is created and dropped). ``--help`` for knobs.
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +30,111 @@ from bench.loadgen import build_request
 from bench.measure import Row, add_baseline, best_of, fmt, measure, table
 
 # The same question in each API the proxy speaks: (path, body).
+GEMINI = f"/v1beta/models/{peers.MODEL}"
 BODIES: dict[str, tuple[str, dict[str, Any]]] = {
     "chat": ("/v1/chat/completions", {"model": peers.MODEL, "messages": [{"role": "user", "content": "Say hello."}]}),
     "responses": ("/v1/responses", {"model": peers.MODEL, "input": "Say hello."}),
     "anthropic": ("/v1/messages", {"model": peers.MODEL, "messages": [{"role": "user", "content": "Say hello."}]}),
+    "gemini": (f"{GEMINI}:generateContent", {"contents": [{"role": "user", "parts": [{"text": "Say hello."}]}]}),
 }
 LIMIT = {"chat": "max_tokens", "responses": "max_output_tokens"}
+SIZES = ("short", "corpus")
 
 
-def payload(port: int, dialect: str, stream: bool, max_tokens: int) -> bytes:
+def corpus_bodies(turns: int = 12) -> dict[str, dict[str, Any]]:
+    """One harness-sized conversation (~60 KB, between Codex's ~41 KB and Claude Code's ~78 KB calls) per API.
+
+    A long system prompt, eight function tools with schemas, and ``turns`` rounds of a user
+    message, a tool call, its result and an answer: what each dialect parses and translates on
+    every call of an agent loop, whatever the engine answers.
+    """
+    system = ("You are a coding agent working in a repository. Follow the conventions you find. " * 160).strip()
+    schema = {"type": "object", "required": ["path"], "properties": {
+        "path": {"type": "string", "description": "a path inside the repository"},
+        "limit": {"type": "integer", "description": "how many lines at most"},
+        "pattern": {"type": "string", "description": "a regular expression to look for"}}}  # fmt: skip
+    tools = [(f"tool_{k}", "Reads, searches or edits files in the working tree. " * 8) for k in range(8)]
+    rounds = [(f"Please look at module {k} and tell me what it does. " * 24, f"tool_{k % 8}",
+               {"path": f"src/module_{k}.py", "limit": 200}, f"line {k}: def handler(request): ...\n" * 40,
+               f"Module {k} handles requests. " * 18) for k in range(turns)]  # fmt: skip
+    last = "Now summarise what you found."
+    chat: list[dict[str, Any]] = [{"role": "system", "content": system}]
+    responses: list[dict[str, Any]] = []
+    anthropic: list[dict[str, Any]] = []
+    gemini: list[dict[str, Any]] = []
+    for k, (ask, name, args, result, answer) in enumerate(rounds):
+        call_id, arguments = f"call_{k}", orjson.dumps(args).decode()
+        chat += [{"role": "user", "content": ask},
+                 {"role": "assistant", "content": None, "tool_calls": [
+                     {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
+                 {"role": "tool", "tool_call_id": call_id, "content": result},
+                 {"role": "assistant", "content": answer}]  # fmt: skip
+        responses += [{"role": "user", "content": ask},
+                      {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments},
+                      {"type": "function_call_output", "call_id": call_id, "output": result},
+                      {"role": "assistant", "content": answer}]  # fmt: skip
+        anthropic += [{"role": "user", "content": ask},
+                      {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name,
+                                                         "input": args}]},
+                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
+                                                    "content": result}]},
+                      {"role": "assistant", "content": answer}]  # fmt: skip
+        gemini += [{"role": "user", "parts": [{"text": ask}]},
+                   {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": name, "args": args}}]},
+                   {"role": "user", "parts": [{"functionResponse": {"id": call_id, "name": name,
+                                                                    "response": {"output": result}}}]},
+                   {"role": "model", "parts": [{"text": answer}]}]  # fmt: skip
+    chat.append({"role": "user", "content": last})
+    responses.append({"role": "user", "content": last})
+    anthropic.append({"role": "user", "content": last})
+    gemini.append({"role": "user", "parts": [{"text": last}]})
+    return {
+        "chat": {"model": peers.MODEL, "messages": chat,
+                 "tools": [{"type": "function", "function": {"name": n, "description": d, "parameters": schema}}
+                           for n, d in tools]},
+        "responses": {"model": peers.MODEL, "instructions": system, "input": responses,
+                      "tools": [{"type": "function", "name": n, "description": d, "parameters": schema}
+                                for n, d in tools]},
+        "anthropic": {"model": peers.MODEL, "system": system, "messages": anthropic,
+                      "tools": [{"name": n, "description": d, "input_schema": schema} for n, d in tools]},
+        "gemini": {"systemInstruction": {"parts": [{"text": system}]}, "contents": gemini,
+                   "tools": [{"functionDeclarations": [{"name": n, "description": d, "parametersJsonSchema": schema}
+                                                       for n, d in tools]}]},
+    }  # fmt: skip
+
+
+def request_of(dialect: str, size: str, stream: bool, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """(path, body) of one call: the dialect's question, short or corpus-sized, streamed or not."""
     path, body = BODIES[dialect]
-    body = {**body, LIMIT.get(dialect, "max_tokens"): max_tokens, "stream": stream}
+    if size == "corpus":
+        body = corpus_bodies()[dialect]
+    if dialect == "gemini":  # the mode is in the path, the output limit in generationConfig
+        if stream:
+            path = f"{GEMINI}:streamGenerateContent?alt=sse"
+        return path, {**body, "generationConfig": {"maxOutputTokens": max_tokens}}
+    return path, {**body, LIMIT.get(dialect, "max_tokens"): max_tokens, "stream": stream}
+
+
+def payload(port: int, dialect: str, stream: bool, max_tokens: int, size: str = "short") -> bytes:
+    path, body = request_of(dialect, size, stream, max_tokens)
     return build_request("127.0.0.1", port, path, orjson.dumps(body))
+
+
+def median_of(rows: list[Row]) -> list[Row]:
+    """Per peer/stream/concurrency, the median round: median requests/s and median latencies (odd rounds)."""
+    groups: dict[tuple[str, bool, int], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.peer, r.stream, r.concurrency), []).append(r)
+    out = []
+    for group in groups.values():
+        mid = len(group) // 2
+        row = replace(sorted(group, key=lambda r: r.rps)[mid])
+        row.p50_ms = sorted(r.p50_ms for r in group)[mid]
+        row.p99_ms = sorted(r.p99_ms for r in group)[mid]
+        row.ttfb_p50_ms = sorted(r.ttfb_p50_ms for r in group)[mid]
+        row.errors = sum(r.errors for r in group)
+        out.append(row)
+    return out
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -47,38 +143,48 @@ async def run(args: argparse.Namespace) -> int:
     logdir = Path(tempfile.mkdtemp(prefix="onthejob-bench-dialects-"))
     print(f"machine: {machine_description()}")
     servers: dict[str, Server] = {}
-    rows: list[Row] = []
+    rows_by_size: dict[str, list[Row]] = {size: [] for size in args.sizes}
     with throwaway_database(args.db_admin) as db_url:
         try:
             stub = servers["stub"] = peers.stub(logdir, load_cores)
             proxy = servers["proxy"] = peers.onthejob(stub.url, db_url, logdir / "spool", logdir, peer_cores,
                                                       record=True, name="onthejob-rec")  # fmt: skip
-            for i in range(args.rounds):
-                for stream in (False, True):
-                    for conc in (1, 64):
-                        direct = stub.port, payload(stub.port, "chat", stream, args.max_tokens)
-                        configs = [("direct", None, *direct)] + [
-                            (dialect, proxy, proxy.port, payload(proxy.port, dialect, stream, args.max_tokens))
-                            for dialect in args.dialects
-                        ]
-                        for name, server, port, body in rotated(configs, i):
-                            row = await measure(name, server, stub, port, body, stream=stream, concurrency=conc,
-                                                duration_s=args.duration, warmup_s=args.warmup)  # fmt: skip
-                            rows.append(row)
-                            print(f"  {name:10s} stream={stream!s:5s} c={conc:<3d} {row.rps:8,.0f} req/s  "
-                                  f"p50 {row.p50_ms:7.3f} ms  errors {row.errors}", flush=True)  # fmt: skip
+            for i in range(args.rounds):  # alternating: every configuration once per round, in a rotated order
+                for size in args.sizes:
+                    for stream in (False, True):
+                        for conc in (1, 64):
+                            direct = stub.port, payload(stub.port, "chat", stream, args.max_tokens, size)
+                            configs = [("direct", None, *direct)] + [
+                                (dialect, proxy, proxy.port,
+                                 payload(proxy.port, dialect, stream, args.max_tokens, size))
+                                for dialect in args.dialects
+                            ]  # fmt: skip
+                            for name, server, port, body in rotated(configs, i):
+                                row = await measure(name, server, stub, port, body, stream=stream,
+                                                    concurrency=conc, duration_s=args.duration,
+                                                    warmup_s=args.warmup)  # fmt: skip
+                                rows_by_size[size].append(row)
+                                print(f"  {size:6s} {name:10s} stream={stream!s:5s} c={conc:<3d} "
+                                      f"{row.rps:8,.0f} req/s  p50 {row.p50_ms:7.3f} ms  errors {row.errors}",
+                                      flush=True)  # fmt: skip
         finally:
             for server in servers.values():
                 server.stop()
-    rows = best_of(rows)
-    add_baseline(rows)
-    print()
-    print(table(rows))
-    print()
-    return summarise(rows, args.dialects)
+    missed = 0
+    for size, rows in rows_by_size.items():
+        rows = median_of(rows) if args.aggregate == "median" else best_of(rows)
+        add_baseline(rows)
+        print(f"\n{size} bodies ({len(orjson.dumps(request_of('chat', size, False, 1)[1])):,} bytes as chat), "
+              f"{args.aggregate} of {args.rounds} rounds\n")  # fmt: skip
+        print(table(rows))
+        print()
+        missed += summarise(rows, args.dialects)
+    return 0 if missed == 0 else 1
 
 
 def summarise(rows: list[Row], dialects: list[str]) -> int:
+    """Print each dialect's checks against chat; the number missed."""
+
     def get(peer: str, stream: bool, conc: int) -> Row:
         return next(r for r in rows if (r.peer, r.stream, r.concurrency) == (peer, stream, conc))
 
@@ -101,7 +207,7 @@ def summarise(rows: list[Row], dialects: list[str]) -> int:
             for name, ok, value in checks:
                 missed += not ok
                 print(f"  [{'met' if ok else 'MISSED'}] {name}: {value}")
-    return 0 if missed == 0 else 1
+    return missed
 
 
 def translation_cpu(dialects: list[str], max_tokens: int, calls: int = 5000) -> None:
@@ -113,13 +219,14 @@ def translation_cpu(dialects: list[str], max_tokens: int, calls: int = 5000) -> 
     from proxy import capture
     from proxy.dialects import ROUTES
     from proxy.dialects.base import Exchange, StreamEnd
+    from proxy.dialects.gemini import call_route as gemini_route
 
     usage = {"prompt_tokens": 16, "completion_tokens": max_tokens, "total_tokens": 16 + max_tokens}
     choice = {"index": 0, "message": {"role": "assistant", "content": "x" * max_tokens}, "finish_reason": "length",
               "stop_reason": None, "token_ids": list(range(max_tokens))}  # fmt: skip
     reply = {"id": "c", "object": "chat.completion", "model": peers.MODEL, "choices": [choice], "usage": usage}
     head = {"id": "c", "object": "chat.completion.chunk", "model": peers.MODEL}
-    chunks = [{**head, "prompt_token_ids": list(range(16)),
+    chunks: list[dict[str, Any]] = [{**head, "prompt_token_ids": list(range(16)),
                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]  # fmt: skip
     chunks += [{**head, "choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [i],
                                      "logprobs": {"content": [{"token": "x", "logprob": -0.5}]}}]}
@@ -138,9 +245,9 @@ def translation_cpu(dialects: list[str], max_tokens: int, calls: int = 5000) -> 
     base_stream = cpu_us(lambda: [orjson.dumps(capture.strip(dict(c), streamed, peers.MODEL)) for c in chunks])
     print(f"chat (baseline): non-streamed {base:.1f} us, {max_tokens}-token stream {base_stream:.1f} us")
     for name in (d for d in dialects if d != "chat"):
-        path, body = BODIES[name]
-        body = {**body, LIMIT.get(name, "max_tokens"): max_tokens}
-        dialect = ROUTES[path]
+        path, body = request_of(name, "short", False, max_tokens)
+        body.pop("stream", None)
+        dialect = ROUTES[path] if path in ROUTES else gemini_route(path, b"")[2]  # type: ignore[index]
         ex = Exchange(dialect.new_id(), peers.MODEL, 0, body, dialect.to_chat(body, None))
 
         def whole(dialect: Any = dialect, body: dict[str, Any] = body, ex: Exchange = ex) -> bytes:
@@ -151,7 +258,7 @@ def translation_cpu(dialects: list[str], max_tokens: int, calls: int = 5000) -> 
             dialect.to_chat(body, None)
             events = dialect.stream(ex)
             out = events.open() + b"".join(events.feed(c) for c in chunks)
-            return out + events.close(StreamEnd("length", usage))
+            return bytes(out + events.close(StreamEnd("length", usage)))
 
         one, many = cpu_us(whole), cpu_us(stream)
         print(f"{name}: non-streamed {one:.1f} us ({one - base:+.1f} over chat), "
@@ -162,7 +269,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dialects", nargs="+", default=list(BODIES), choices=list(BODIES))
     parser.add_argument("--duration", type=float, default=3.0, help="seconds measured per configuration")
-    parser.add_argument("--rounds", type=int, default=2, help="measure each configuration this often; keep the best")
+    parser.add_argument("--rounds", type=int, default=3, help="measure each configuration this often, alternating")
+    parser.add_argument(
+        "--aggregate",
+        choices=["median", "best"],
+        default="median",
+        help="per configuration: the median round (default) or the fastest",
+    )
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        default=list(SIZES),
+        choices=SIZES,
+        help="short: one question; corpus: a ~60 KB agent conversation with tools",
+    )
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before measuring")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply (= chunks per stream)")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin processes to cores")

@@ -6,7 +6,8 @@ without new data: the worst case for a self-teaching loop), once per configurati
 
 * ``live``: the teacher is the weights being stepped, unclipped, no KL (the old behaviour);
 * ``guarded``: the defaults (frozen serving snapshot, log-ratio clip 2, KL 0.1);
-* ``guarded+floor``: the same with ``--step-floor`` (AdamW's ε) set to ``floor``.
+* ``guarded+floor``: the same with ``--step-floor`` (AdamW's ε) set to ``floor``;
+* ``+fresh``: a fresh AdamW every step, as the demo's one-step rounds with ``--fresh-optimizer``.
 
 Per step it prints the mean teacher-student signal, its mean absolute value, the clipped
 fraction, and KL(π_S ‖ serving) on the logged tokens (k3, measured the same way for both).
@@ -27,7 +28,7 @@ from tests.storage.rows import choice, row
 from trainer.batch import Example, collate, recorded_behaviour
 from trainer.loop import _score
 from trainer.objective import ObjectiveConfig
-from trainer.policy import Policy, TrainConfig, load_policy
+from trainer.policy import Policy, TrainConfig, build_optimizer, load_policy
 from trainer.teacher import Teacher, attached
 from trainer.textual import Hint, TextualExample, build_examples
 from trainer.textual_step import textual_backward
@@ -69,7 +70,7 @@ def kl_to(policy: Policy, serving: Teacher, made: list[TextualExample]) -> float
 
 def run(mode: str, steps: int, lr: float, floor: float) -> None:
     cfg = TrainConfig(model="tiny", threads=1, lr=lr, objective=ObjectiveConfig(name="sdpo"),
-                      step_floor=floor if mode.endswith("floor") else 0.0)  # fmt: skip
+                      step_floor=floor if "floor" in mode else 0.0)  # fmt: skip
     policy = load_policy(cfg)
     made = examples(policy)
     guard = attached(policy.model)
@@ -85,6 +86,8 @@ def run(mode: str, steps: int, lr: float, floor: float) -> None:
             if p.grad is not None:
                 p.grad.div_(sums.tokens)
         torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        if "fresh" in mode:
+            policy.optimizer = build_optimizer(policy.parameters(), cfg)
         grads = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
         policy.optimizer.step()
         print(f"{mode}: {step:4d}  {m['sdpo_signal_mean']:+.4f}  {m['sdpo_abs_signal_mean']:.4f}  "
@@ -93,7 +96,7 @@ def run(mode: str, steps: int, lr: float, floor: float) -> None:
 
 
 def main(steps: int = 12, lr: float = 5e-3, floor: float = 1e-4) -> None:
-    for mode in ("live", "guarded", "guarded+floor"):
+    for mode in ("live", "guarded", "guarded+floor", "guarded+fresh", "guarded+fresh+floor"):
         torch.manual_seed(0)
         run(mode, steps, lr, floor)
 

@@ -140,14 +140,18 @@ class Engine:
         return f"http://{self.cfg.host}:{self.cfg.port}"
 
     def start(self, timeout: float = 300.0) -> Engine:
-        out = self.log.open("ab") if self.log else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            engine_command(self.model, self.cfg),
-            env=engine_env(self.cfg),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its workers die with the group, not with our Ctrl-C
-        )
+        out = self.log.open("ab") if self.log else None
+        try:
+            self.proc = subprocess.Popen(
+                engine_command(self.model, self.cfg),
+                env=engine_env(self.cfg),
+                stdout=out or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its workers die with the group, not with our Ctrl-C
+            )
+        finally:
+            if out is not None:
+                out.close()  # the engine holds its own copy of the descriptor
         try:
             wait_ready(self.url, self.proc, timeout)
         except EngineError:

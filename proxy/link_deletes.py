@@ -71,6 +71,10 @@ class Deletes:
         for project, (sessions, users) in by_project.items():
             self.forget(project, sessions, users)
 
+    def known(self, project: str, session: str) -> bool:
+        """Whether this worker knows of a delete of ``session``."""
+        return (project, session) in self._sessions
+
     def gone(self, project: str, session: str, end_user: str | None, made: str | None) -> bool:
         """Whether a call of ``session`` (by ``end_user``; made at ``made``, ISO 8601) predates a delete we know of."""
         learned = self._sessions.get((project, session))

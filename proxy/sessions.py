@@ -47,7 +47,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.dialects.base import Stored
-from proxy.dialects.lookup import RecentCalls, find
+from proxy.dialects.lookup import RecentCalls, find, id_needle
 from proxy.errors import InvalidRequest
 from proxy.link_deletes import Deletes
 from proxy.spool import Spool
@@ -284,14 +284,25 @@ class Linker:
         return sum(self.lookups.get(found, 0) for found in ("database", "none", "database_down"))
 
     async def find_call(self, project: str, call_id: str) -> Stored | None:
-        """A stored call by id (a dialect's ``previous_response_id``): memory, the spools, database."""
-        return await find(
+        """A stored call by id (a dialect's ``previous_response_id``): memory, the spools, database.
+
+        A call of a session deleted since it was made is not found (it never lands, or was removed).
+        """
+        found = await find(
             project,
             call_id,
             recent=self.recent,
             spools=partial(self.spool.sibling_matching, own=True),
             sessionmaker=self.sessionmaker,
         )
+        if found is None or not self.deletes.known(project, found.session_id):
+            return found
+        for record in self.spool.sibling_matching([id_needle(call_id)], own=True):  # not drained yet: its time
+            if record.id == call_id:
+                return None if self.deletes.gone(project, record.session_id, None, record.created_at) else found
+        query = select(Completion.id).where(Completion.project_id == project, Completion.id == call_id)
+        async with asyncio.timeout(5.0), self.sessionmaker() as db:  # drained: stored only if made after the delete
+            return found if await db.scalar(query) is not None else None
 
     async def resolve(
         self, project: str, naming: Naming, messages: list[dict[str, Any]] | None, keys: list[str]

@@ -75,3 +75,30 @@ async def test_a_worker_following_the_log_links_nothing_to_a_deleted_session(
         spool.close()
         sibling.close()
         await engine.dispose()
+
+
+async def test_a_call_of_a_deleted_session_cannot_be_continued_by_id(pg_url: str, tmp_path: Path) -> None:
+    """``previous_response_id`` naming a call made before its session's delete: not found, wherever it is kept."""
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    (folder, _) = claim(tmp_path)
+    spool = Spool(folder, 10**9)
+    engine = async_engine(pg_url)
+    linker = Linker(spool, async_sessionmaker(engine, expire_on_commit=False))
+    try:
+        spooled = record(0, session="ses_gone", project_id=project)  # not drained yet
+        linker.recent.put(project, spooled.id, await spool.append(spooled))
+        drained = record(1, session="ses_gone", project_id=project)  # in memory only: its copy was dropped
+        linker.recent.put(project, drained.id, drained.encode())
+        assert (await linker.find_call(project, spooled.id)) is not None
+        assert (await linker.find_call(project, drained.id)) is not None
+
+        linker.deletes.forget(project, ["ses_gone"])
+        assert await linker.find_call(project, spooled.id) is None
+        assert await linker.find_call(project, drained.id) is None
+        later = record(2, session="ses_gone", project_id=project, created_at=datetime.now(UTC).isoformat())
+        linker.recent.put(project, later.id, await spool.append(later))
+        found = await linker.find_call(project, later.id)
+        assert found is not None and found.id == later.id  # made after the delete: continued as usual
+    finally:
+        spool.close()
+        await engine.dispose()

@@ -7,6 +7,8 @@ the proxy passes through untouched::
 
     "stub_fault": "500" | "reset" | "stall" | "malformed" | "reset_midstream" | "stall_midstream"
     "stub_gap_ms": 20        # gap between streamed chunks
+    "stub_prompt_ids": "chars/4"  # prompt ids as long as the prompt's tokens: one id a 4 characters
+                                  # of the rendered tools and messages (prefix-stable across turns)
 
 or through the same words in the last message's text (``stub_fault=reset_midstream``).
 With ``--hang-loads`` (``make_app(hang_loads=True)``) every ``/v1/load_lora_adapter`` hangs
@@ -40,8 +42,29 @@ def _logprobs(chat: bool, n: int) -> dict[str, Any]:
     return {"text_offset": list(range(n)), "token_logprobs": [-0.5] * n, "tokens": ["x"] * n, "top_logprobs": None}
 
 
+def _render(body: dict[str, Any]) -> bytes:
+    """The prompt as a template would lay it out: tools, then each message, then the generation prompt.
+    A turn's rendering starts with its parent's (the parent's generation prompt opens the reply)."""
+    parts = [orjson.dumps(body["tools"])] if body.get("tools") else []
+    for m in body.get("messages") or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        text = content if isinstance(content, str) else orjson.dumps(content).decode()
+        parts.append(f"<|{m.get('role')}|>".encode() + text.encode())
+    if "messages" not in body:
+        parts.append(str(body.get("prompt") or "").encode())
+    return b"".join(parts) + b"<|assistant|>"
+
+
+def prompt_ids(body: dict[str, Any]) -> list[int]:
+    """``PROMPT_IDS``, or with ``stub_prompt_ids: "chars/4"`` one id a 4 bytes of the rendered prompt."""
+    if body.get("stub_prompt_ids") != "chars/4":
+        return PROMPT_IDS
+    return [b + 1000 for b in _render(body)[::4]]
+
+
 def _reply(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     n = int(body.get("max_tokens") or 4)
+    ids_in = prompt_ids(body)
     ids = [100 + i for i in range(n)]
     choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "stop_reason": None,
                               "token_ids": ids if body.get("return_token_ids") else None,
@@ -54,8 +77,8 @@ def _reply(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     return {
         "id": f"stub-{time.monotonic_ns()}", "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()), "model": body.get("model", MODEL), "choices": [choice],
-        "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": n, "total_tokens": len(PROMPT_IDS) + n},
-        "prompt_token_ids": PROMPT_IDS if body.get("return_token_ids") else None,
+        "usage": {"prompt_tokens": len(ids_in), "completion_tokens": n, "total_tokens": len(ids_in) + n},
+        "prompt_token_ids": ids_in if body.get("return_token_ids") else None,
         "system_fingerprint": "stub",
     }  # fmt: skip
 
@@ -83,7 +106,7 @@ async def _stream(request: web.Request, body: dict[str, Any], chat: bool) -> web
     first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
     STATS["streams"] += 1
     try:
-        await resp.write(chunk([first], prompt_token_ids=PROMPT_IDS if want_ids else None))
+        await resp.write(chunk([first], prompt_token_ids=prompt_ids(body) if want_ids else None))
         await _tokens(request, resp, body, chat, chunk, n, gap, fault, want_ids, want_lp)
     except (ConnectionResetError, asyncio.CancelledError):
         STATS["cancelled"] += 1  # the proxy closed the connection: the "engine" stops generating
@@ -127,7 +150,8 @@ async def _tokens(
         await resp.write(chunk([c]))
     options = body.get("stream_options") or {}
     if options.get("include_usage"):
-        usage = {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": n, "total_tokens": len(PROMPT_IDS) + n}
+        k = len(prompt_ids(body))
+        usage = {"prompt_tokens": k, "completion_tokens": n, "total_tokens": k + n}
         await resp.write(chunk([], usage=usage, system_fingerprint="stub"))
     await resp.write(b"data: [DONE]\n\n")
 

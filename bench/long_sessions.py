@@ -18,7 +18,7 @@ Printed:
 - req/s at c=16 for the call of ``--late-turn`` (default: three quarters in), proxy vs pass-through
   (measured last: those calls are recorded too, as siblings).
 
-Run: ``.venv/bin/python -m bench.long_sessions [--turns 200] [--sessions 4]`` (Postgres on
+Run: ``[ONTHEJOB_STORED_FORM=delta] .venv/bin/python -m bench.long_sessions [--turns 200] [--sessions 4]`` (Postgres on
 127.0.0.1:5432, the stub engine, nothing pinned). A quick run: ``--turns 40 --sessions 2``.
 """
 

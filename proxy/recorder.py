@@ -31,6 +31,7 @@ from storage.deletion import Deleted, tombstoned_async
 from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
 from storage.records import CallRecord
+from storage.stored_form import Encoder, delta_enabled
 
 log = logging.getLogger("onthejob.recorder")
 # Errors about a record's content (not about reaching the database): retrying will not help.
@@ -49,6 +50,8 @@ class Recorder:
         self.db_ok = True
         self.written = 0
         self._projects: set[str] = set()
+        # The delta form (storage/stored_form.py): children of calls this recorder committed store what is new.
+        self.stored = Encoder() if delta_enabled() else None
         # On Postgres the recorder writes through its own psycopg connection (storage/bulk.py).
         url = getattr(sessionmaker.kw.get("bind"), "url", None)
         self._pg_url: str | None = (
@@ -138,9 +141,12 @@ class Recorder:
         sessions = list({(r.project_id, r.session_id): r for r in records}.values())
         projects = {r.project_id for r in records}
         pg_url = self._pg_url
-        if not (pg_url and await self._write_pg(pg_url, records, sessions, projects)):
-            await self._write_portable(records, sessions, projects)
+        rows = self.stored.encode(records) if self.stored is not None else records
+        if not (pg_url and await self._write_pg(pg_url, rows, sessions, projects)):
+            await self._write_portable(rows, sessions, projects)
         self._projects |= projects
+        if self.stored is not None:
+            self.stored.committed()
 
     async def _write_pg(
         self, url: str, completions: list[CallRecord], sessions: list[CallRecord], projects: set[str]

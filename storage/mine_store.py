@@ -32,8 +32,19 @@ from storage.grading import MASKED
 from storage.loaders import rule_for, settings_stmt
 from storage.mining import MODES, Found, MineConfig, call_modes, grade_modes, tool_errors
 from storage.models import Completion, CompletionFlag, Feedback
+from storage.stored_form import expand_requests, is_delta
 
 CONSUMER = "mine"
+
+
+def expanded(db: DbSession, rows: list[Any]) -> list[Any]:
+    """The rows with each request in full (storage/stored_form.py); rows already full as they are."""
+    if not any(is_delta(r.request) for r in rows):
+        return rows
+    full = expand_requests(db.connection(), {r.id: r.request for r in rows})
+    return [{**r._mapping, "request": full[r.id]} for r in rows]
+
+
 _CALL_COLUMNS = (Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version,
                  Completion.termination, Completion.status_code, Completion.request, Completion.choices,
                  Completion.parent_id)  # fmt: skip
@@ -64,7 +75,7 @@ def mine(db: DbSession, project: str, *, page: int = 2000, settle_s: float = 10.
         found = Found()
         calls = [c.ref_id for c in changes if c.kind == "call"]
         stmt = select(*_CALL_COLUMNS).where(Completion.project_id == project, among(db, Completion.id, calls))
-        rows = list(db.execute(stmt))
+        rows = expanded(db, list(db.execute(stmt)))
         for row in rows:
             found.add(row.id, call_modes(row, cfg))
             if row.parent_id and (errors := tool_errors(row, cfg)):

@@ -148,3 +148,16 @@ class Feedback(Base):
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     attached_at: Mapped[datetime | None] = mapped_column(default=None)  # None: pending
+
+
+def _install_stored_form() -> None:
+    """Rows stored as their parent plus what is new load in full (storage/stored_form.py)."""
+    from sqlalchemy import event
+
+    from storage.stored_form import on_load
+
+    event.listen(Completion, "load", on_load)
+    event.listen(Completion, "refresh", on_load)
+
+
+_install_stored_form()

@@ -1,0 +1,173 @@
+"""The delta form (storage/stored_form.py) reads back exactly what the full form stores, and stores less.
+
+One corpus of call records, as ``ProxiedCall.save`` writes them, goes through the recorder twice:
+once with ``ONTHEJOB_STORED_FORM=delta``, once in full (the default), each into its own database
+(Postgres; SQLite through the portable path). The corpus: a 40-call chain (past two checkpoints),
+a branch (two children of one parent), a call with n=2 choices, streamed calls, a redacted call
+(no prompt ids), a call whose history was edited (a mismatch), a Responses-dialect chain (stored
+in full), and a session deleted mid-way (its later calls dropped by the recorder). Every read
+path is compared: the ORM rows (load event), a refresh, the GET view, the miner's column read,
+trajectories and the SFT export.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+from sqlalchemy.orm import Session
+
+from proxy.metrics import Metrics
+from proxy.recorder import Recorder
+from proxy.routes_openai import completion_view
+from proxy.spool import Spool
+from storage.db import async_engine, sync_engine
+from storage.export import sft_rows
+from storage.migrate import upgrade
+from storage.mine_store import _CALL_COLUMNS, expanded
+from storage.models import Completion
+from storage.records import CallRecord
+from storage.stored_form import CHECKPOINT, MARK, is_delta
+from storage.trajectories import assemble, trajectory_to_dict
+from tests.proxy.records import record
+
+pytestmark = pytest.mark.anyio
+
+TOOLS = [{"type": "function", "function": {"name": f"t{i}", "description": "d" * 300}} for i in range(4)]
+
+
+def chain(session: str, turns: int, *, dialect: str = "chat", start: int = 0) -> list[CallRecord]:
+    """One conversation: each call resends the history plus a tool output; prompt ids grow with it."""
+    out: list[CallRecord] = []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys " * 200}]
+    ids: list[int] = list(range(1, 300))
+    parent = None
+    for t in range(turns):
+        messages = [*messages, {"role": "user", "content": f"tool output {session} {t} " + "o" * 500}]
+        ids = [*ids, *range(1000 + t * 10, 1010 + t * 10)]
+        over: dict[str, Any] = {"stream": t % 3 == 0, "dialect": dialect}
+        if dialect == "chat":
+            over |= {"client_request": None, "client_response": None}
+        r = record(start + t, session=session, request={"model": "m", "messages": messages, "tools": TOOLS,
+                   "temperature": 0.5}, prompt_token_ids=ids, parent_id=parent, **over)  # fmt: skip
+        out.append(r)
+        parent = r.id
+        messages = [*messages, {"role": "assistant", "content": "ok\u0000"}]
+        ids = [*ids, 7, 8]
+    return out
+
+
+def corpus() -> list[CallRecord]:
+    main = chain("ses_long", 2 * CHECKPOINT + 8)
+    branch = chain("ses_branch", 4)
+    fork = record(90, session="ses_branch", parent_id=branch[1].id, client_request=None, client_response=None,
+                  dialect="chat", request={"model": "m", "messages": [{"role": "system", "content": "sys " * 200},
+                  {"role": "user", "content": "another way"}], "tools": TOOLS, "n": 2}, prompt_token_ids=[1, 2],
+                  choices=[{"index": 0, "token_ids": [7]}, {"index": 1, "token_ids": [8]}])  # fmt: skip
+    redacted = chain("ses_redacted", 3)
+    redacted[2] = record(91, session="ses_redacted", id=redacted[2].id, parent_id=redacted[1].id, dialect="chat",
+                         client_request=None, client_response=None, prompt_token_ids=None,
+                         request={"model": "m", "messages": [{"role": "user", "content": "[redacted]"}]})  # fmt: skip
+    responses = chain("ses_responses", 5, dialect="responses", start=100)
+    return [*main, *branch, fork, *redacted, *responses]
+
+
+async def drain(engine: AsyncEngine, folder: Path, records: list[CallRecord], batch: int) -> None:
+    """Spool and drain in batches of ``batch`` records, as a proxy drains turn by turn."""
+    spool = Spool(folder, 10**9)
+    recorder = Recorder(spool, async_sessionmaker(engine, expire_on_commit=False), Metrics(), batch=500)
+    for start in range(0, len(records), batch):
+        await asyncio.gather(*(spool.append(r) for r in records[start : start + batch]))
+        while spool.depth:
+            await recorder.drain_once()
+    await recorder.close()
+    spool.close()
+
+
+def record_both(url_full: str, url_delta: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    records = corpus()
+    for url, form in ((url_full, "full"), (url_delta, "delta")):
+        monkeypatch.setenv("ONTHEJOB_STORED_FORM", form)
+        engine = async_engine(url)
+
+        async def go(engine: AsyncEngine = engine, form: str = form) -> None:
+            await drain(engine, tmp / form, records, batch=3)
+            await engine.dispose()
+
+        asyncio.run(go())
+
+
+def reads(url: str) -> dict[str, Any]:
+    """What every read path returns, from one database."""
+    eng = sync_engine(url)
+    with Session(eng) as db:
+        calls = db.scalars(select(Completion).order_by(Completion.id)).all()
+        out: dict[str, Any] = {
+            "rows": [(c.id, c.request, c.prompt_token_ids, c.choices, c.parent_id, c.dialect) for c in calls],
+            "views": [{k: v for k, v in completion_view(c).items() if k != "created"} for c in calls],
+        }
+        for c in calls[:5]:
+            db.expire(c)
+            db.refresh(c)
+        out["refreshed"] = [(c.request, c.prompt_token_ids) for c in calls[:5]]
+        out["mined"] = [dict(getattr(r, "_mapping", r)) for r in expanded(db, list(db.execute(
+            select(*_CALL_COLUMNS).order_by(Completion.id))))]  # fmt: skip
+        trajectories = assemble(calls)
+        out["trajectories"] = [trajectory_to_dict(t) for t in trajectories]
+        out["sft"] = [r for r in sft_rows(trajectories, {c.id: c for c in calls}, None)]
+        stored = db.execute(select(Completion.request)).scalars().all()
+        out["deltas"] = sum(is_delta(r) for r in stored)
+        size = "sum(length(CAST(request AS TEXT)) + coalesce(length(CAST(prompt_token_ids AS TEXT)), 0))"
+        out["bytes"] = db.execute(text(f"SELECT {size} FROM completions")).scalar()
+    eng.dispose()
+    return out
+
+
+def compare(full: dict[str, Any], delta: dict[str, Any]) -> None:
+    assert full["deltas"] == 0
+    assert delta["deltas"] > 0
+    for path in ("rows", "views", "refreshed", "mined", "trajectories", "sft"):
+        assert delta[path] == full[path], path
+        assert repr(delta[path]) == repr(full[path]), path  # key order too
+    assert delta["bytes"] < full["bytes"] / 4
+
+
+def test_every_read_path_sees_the_full_form_postgres(
+    pg_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url_full, url_delta = pg_factory(), pg_factory()
+    record_both(url_full, url_delta, tmp_path, monkeypatch)
+    compare(reads(url_full), reads(url_delta))
+
+
+def test_every_read_path_sees_the_full_form_sqlite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url_full, url_delta = f"sqlite:///{tmp_path / 'full.db'}", f"sqlite:///{tmp_path / 'delta.db'}"
+    upgrade(url_full)
+    upgrade(url_delta)
+    record_both(url_full, url_delta, tmp_path, monkeypatch)
+    compare(reads(url_full), reads(url_delta))
+
+
+def test_checkpoints_and_what_stays_full(pg_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url_full, url_delta = pg_factory(), pg_factory()
+    record_both(url_full, url_delta, tmp_path, monkeypatch)
+    eng = sync_engine(url_delta)
+    with Session(eng) as db:
+        rows = {r.id: r for r in db.execute(select(Completion.id, Completion.session_id, Completion.dialect,
+                Completion.request, Completion.parent_id).order_by(Completion.created_at, Completion.id))}  # fmt: skip
+    eng.dispose()
+    by_session: dict[str, list[Any]] = {}
+    for r in rows.values():
+        by_session.setdefault(r.session_id, []).append(r)
+    assert all(not is_delta(r.request) for r in by_session["ses_responses"])  # other dialects: in full
+    for r in rows.values():
+        depth, at = 0, r
+        while is_delta(at.request):
+            assert at.request[MARK]["parent"] == at.parent_id
+            at, depth = rows[at.parent_id], depth + 1
+        assert depth < CHECKPOINT  # reading any call touches at most CHECKPOINT rows
+    assert not is_delta(by_session["ses_long"][0].request)  # a session's first call: in full

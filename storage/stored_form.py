@@ -55,7 +55,7 @@ def delta_enabled() -> bool:
 @dataclass(slots=True)
 class _Full:
     request: dict[str, Any]
-    ids: list[int] | None
+    ids: bytes  # the prompt ids' JSON text, as recorded
     depth: int  # rows behind this one to its checkpoint
 
 
@@ -86,30 +86,44 @@ class Encoder:
         if r.request[:1] != b"{" or r.dialect != "chat":
             return r  # other dialects are read by id as columns (proxy/dialects/lookup.py): kept whole
         request = orjson.loads(r.request)
-        ids = orjson.loads(r.prompt_token_ids)
         parent = (self._pending.get(r.parent_id) or self._recent.get(r.parent_id)) if r.parent_id else None
-        stored = _delta_of(request, ids, parent) if parent is not None and parent.depth + 1 < CHECKPOINT else None
-        self._pending[r.id] = _Full(request, ids if isinstance(ids, list) else None,
-                                    0 if stored is None or parent is None else parent.depth + 1)  # fmt: skip
+        stored = None
+        if parent is not None and parent.depth + 1 < CHECKPOINT:
+            stored = _delta_of(request, r.prompt_token_ids, parent)
+        self._pending[r.id] = _Full(request, r.prompt_token_ids, 0 if stored is None or parent is None
+                                    else parent.depth + 1)  # fmt: skip
         if stored is None:
             return r
         stored_request, stored_ids = stored
         stored_request[MARK]["parent"] = r.parent_id
-        return replace(r, request=dump_json(stored_request), prompt_token_ids=dump_json(stored_ids))
+        return replace(r, request=dump_json(stored_request), prompt_token_ids=stored_ids)
 
 
-def _delta_of(request: Any, ids: Any, parent: _Full) -> tuple[dict[str, Any], Any] | None:
-    """(stored request, stored ids) of ``request``/``ids`` against ``parent``, or None: store in full."""
+def _ids_suffix(ids: bytes, before: bytes) -> tuple[int, bytes] | None:
+    """(how many ids ``before`` holds, the JSON of the ids after them) when the list ``ids`` starts
+    with the list ``before`` (both JSON text as orjson writes it: compared as bytes, never parsed)."""
+    if before[:1] != b"[" or ids[:1] != b"[" or len(before) < 3:
+        return None  # null, or an empty list: nothing to share
+    head = before[:-1]  # "[1,2,3"
+    if not ids.startswith(head):
+        return None
+    after = ids[len(head) : len(head) + 1]
+    if after == b"]":
+        return head.count(b",") + 1, b"[]"
+    if after == b",":
+        return head.count(b",") + 1, b"[" + ids[len(head) + 1 :]
+    return None  # "[1,2,3" then a digit: 33 is not 3
+
+
+def _delta_of(request: Any, ids: bytes, parent: _Full) -> tuple[dict[str, Any], bytes] | None:
+    """(stored request, stored ids' JSON) of ``request``/``ids`` against ``parent``, or None: in full."""
     if not isinstance(request, dict) or MARK in request:
         return None
     messages, before = request.get("messages"), parent.request.get("messages")
     if not isinstance(messages, list) or not isinstance(before, list) or messages[: len(before)] != before:
         return None
-    n_ids = None
-    if isinstance(ids, list) and parent.ids is not None and ids[: len(parent.ids)] == parent.ids:
-        n_ids = len(parent.ids)
-    elif ids is not None and not isinstance(ids, list):
-        return None
+    suffix = _ids_suffix(ids, parent.ids)
+    n_ids = suffix[0] if suffix is not None else None
     out: dict[str, Any] = {}
     same = []
     for key, value in request.items():
@@ -120,7 +134,7 @@ def _delta_of(request: Any, ids: Any, parent: _Full) -> tuple[dict[str, Any], An
         else:
             out[key] = value
     out[MARK] = {"parent": None, "messages": len(before), "same": same, "order": list(request), "ids": n_ids}
-    return out, (ids[n_ids:] if n_ids is not None else ids)
+    return out, (suffix[1] if suffix is not None else ids)
 
 
 def is_delta(request: Any) -> bool:

@@ -171,3 +171,14 @@ def test_checkpoints_and_what_stays_full(pg_factory: Any, tmp_path: Path, monkey
             at, depth = rows[at.parent_id], depth + 1
         assert depth < CHECKPOINT  # reading any call touches at most CHECKPOINT rows
     assert not is_delta(by_session["ses_long"][0].request)  # a session's first call: in full
+
+
+def test_prompt_ids_are_shared_only_when_the_parents_are_a_prefix() -> None:
+    from storage.stored_form import _ids_suffix
+
+    assert _ids_suffix(b"[1,2,3,4]", b"[1,2,3]") == (3, b"[4]")
+    assert _ids_suffix(b"[1,2,3]", b"[1,2,3]") == (3, b"[]")
+    assert _ids_suffix(b"[1,2,33]", b"[1,2,3]") is None  # a longer last id is not the same id
+    assert _ids_suffix(b"[1,2]", b"[1,2,3]") is None
+    assert _ids_suffix(b"[1]", b"[]") is None and _ids_suffix(b"null", b"[1]") is None
+    assert _ids_suffix(b"[1]", b"null") is None

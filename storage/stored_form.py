@@ -24,9 +24,10 @@ else through :func:`expand_pairs`. The result is the full form: the result is th
 form stores, key order included (the columns are plain JSON: text as written). The delta form is written only with
 ``ONTHEJOB_STORED_FORM=delta`` (default ``full``) while the readers are brought over.
 
-Deleting: a session's calls go together (retention and the session delete take whole sessions),
-so a chain never loses a link to a delete of its own session; a single call's parent is always in
-its own session (proxy/sessions.py links within one).
+Deleting: a session delete (storage/deletion.py) takes a session's calls together, so a chain never
+loses a link to it. Retention takes calls by age, a live session's oldest among them: before a batch
+goes, each kept call stored as a delta of one of them is rewritten in full
+(:func:`rewrite_children_in_full`).
 """
 
 from __future__ import annotations
@@ -267,3 +268,23 @@ def full_columns_sync(conn: Any, call_id: str) -> dict[str, str]:
 
     request, ids = asyncio.run(expand_pairs(fetch_now([call_id]), fetch))[call_id]
     return {"request": dump_json(request).decode(), "prompt_token_ids": dump_json(ids).decode()}
+
+
+def rewrite_children_in_full(db: Any, project: str, doomed: list[str]) -> int:
+    """Before ``doomed`` calls are deleted (retention, storage/retention.py): every kept call stored as
+    a delta of one of them is rewritten in full, so no chain loses a link. A kept call further down
+    only references kept calls, so the direct children are all. How many were rewritten."""
+    from sqlalchemy import select, update
+
+    from storage.models import Completion
+
+    t = Completion.__table__.c
+    conn = db.connection()
+    rows = conn.execute(select(t.id, t.request, t.prompt_token_ids).where(
+        t.project_id == project, t.parent_id.in_(doomed), t.id.not_in(doomed))).all()  # fmt: skip
+    deltas = {r[0]: (r[1], r[2]) for r in rows if is_delta(r[1])}
+    if not deltas:
+        return 0
+    for call_id, (request, ids) in expand_pairs_sync(deltas, _fetch_with(conn)).items():
+        conn.execute(update(Completion).where(Completion.id == call_id).values(request=request, prompt_token_ids=ids))
+    return len(deltas)

@@ -182,3 +182,24 @@ def test_prompt_ids_are_shared_only_when_the_parents_are_a_prefix() -> None:
     assert _ids_suffix(b"[1,2]", b"[1,2,3]") is None
     assert _ids_suffix(b"[1]", b"[]") is None and _ids_suffix(b"null", b"[1]") is None
     assert _ids_suffix(b"[1]", b"null") is None
+
+
+def test_retention_mid_session_rewrites_the_oldest_kept_call_in_full(
+    pg_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import UTC, datetime
+
+    from storage.retention import expire
+
+    url_full, url_delta = pg_factory(), pg_factory()
+    record_both(url_full, url_delta, tmp_path, monkeypatch)
+    cutoff = datetime(2026, 11, 30, 12, 0, 5, 0, UTC)  # the first five calls of each chat session go
+    for url in (url_full, url_delta):
+        eng = sync_engine(url)
+        with Session(eng) as db:
+            assert expire(db, "p", cutoff)["calls"] > 0
+        eng.dispose()
+    full, delta = reads(url_full), reads(url_delta)
+    assert delta["deltas"] > 0
+    for path in ("rows", "views", "mined", "trajectories", "sft"):
+        assert repr(delta[path]) == repr(full[path]), path

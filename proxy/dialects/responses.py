@@ -278,7 +278,7 @@ def _text(content: Any, where: str) -> str:
                 param=f"{where}[{j}]",
             )
         texts.append(_part_text(part))
-    return "".join(texts)
+    return "\n".join(texts)  # as vLLM's chat renderer joins a message's text parts
 
 
 def _part_text(part: Any) -> str:

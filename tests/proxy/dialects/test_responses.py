@@ -137,7 +137,7 @@ def test_items_tools_and_forced_choice() -> None:
     }
     chat = D.to_chat(body, None)
     assert chat["messages"] == [
-        {"role": "user", "content": "weather ?"},
+        {"role": "user", "content": "weather \n?"},  # parts joined as vLLM joins them
         {
             "role": "assistant",
             "content": "Let me look.",

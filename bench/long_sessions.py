@@ -18,14 +18,18 @@ Printed:
 - req/s at c=16 for the call of ``--late-turn`` (default: three quarters in), proxy vs pass-through
   (measured last: those calls are recorded too, as siblings).
 
-Run: ``[ONTHEJOB_STORED_FORM=delta] .venv/bin/python -m bench.long_sessions [--turns 200] [--sessions 4]`` (Postgres on
-127.0.0.1:5432, the stub engine, nothing pinned). A quick run: ``--turns 40 --sessions 2``.
+Both stored forms (``--forms full,delta``: ONTHEJOB_STORED_FORM, storage/stored_form.py) run one after
+the other, each with its own proxy and database, and print side by side.
+
+Run: ``.venv/bin/python -m bench.long_sessions [--turns 200] [--sessions 4] [--forms full,delta]`` (Postgres
+on 127.0.0.1:5432, the stub engine, nothing pinned). A quick run: ``--turns 40 --sessions 2``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import tempfile
 import time
@@ -185,7 +189,27 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rate-seconds", type=float, default=8.0)
     args = parser.parse_args()
+    parser.add_argument(
+        "--forms",
+        default="full,delta",
+        help="the stored forms to run, one after the other (ONTHEJOB_STORED_FORM of the proxy)",
+    )
+    args = parser.parse_args()
+    if args.turns < 20:
+        parser.error("--turns: at least 20 (the first ten turns and the last ten are measured apart)")
     args.late_turn = min(args.turns - 1, args.late_turn if args.late_turn is not None else args.turns * 3 // 4)
+    out = {form: one(args, form) for form in args.forms.split(",")}
+    print(f"\n{args.sessions} sessions x {args.turns} turns, tool outputs of {args.tool_chars} characters, "
+          f"a {args.system_chars:,}-character shared prefix:")  # fmt: skip
+    print("| figure | " + " | ".join(out) + " |")
+    print("|---|" + "---:|" * len(out))
+    for name in out[next(iter(out))]:
+        print(f"| {name} | " + " | ".join(o[name] for o in out.values()) + " |")
+
+
+def one(args: argparse.Namespace, form: str) -> dict[str, str]:
+    """One run with the proxy storing ``form``; its figures as printed."""
+    os.environ["ONTHEJOB_STORED_FORM"] = form  # the proxy inherits it (bench/harness.py start_server)
     logdir = Path(tempfile.mkdtemp(prefix="onthejob-long-sessions-"))
     with throwaway_database() as db_url:
         stub = peers.stub(logdir, None)
@@ -202,24 +226,20 @@ def main() -> None:
         finally:
             for server in (proxy, bare, stub):
                 server.stop()
-    first, last = run["extra_ms"]["first"], run["extra_ms"]["last"]
-    print(f"\n{args.sessions} sessions x {args.turns} turns, tool outputs of {args.tool_chars} characters, "
-          f"a {args.system_chars:,}-character shared prefix; {wall:.0f} s; sessions a conversation: "
-          f"{run['sessions_per_conversation']}")  # fmt: skip
-    print("| figure | value |")
-    print("|---|---:|")
-    print(f"| calls a session | {st['calls']:.0f} |")
-    print(f"| full record of the last call (logical) | {st['full_last'] / 1e3:,.1f} kB |")
-    print(f"| stored a session, logical | {st['logical'] / 1e6:,.2f} MB = {st['logical'] / st['full_last']:.2f}x |")
-    print(f"| stored a session, pg_column_size | {st['packed'] / 1e6:,.2f} MB = "
-          f"{st['packed'] / st['full_last']:.2f}x |")  # fmt: skip
-    print(f"| stored a session, on disk ({st['tables']} tables) | {st['disk'] / 1e6:,.2f} MB = "
-          f"{st['disk'] / st['full_last']:.2f}x |")  # fmt: skip
-    print(f"| proxy CPU a call beyond the pass-through, turns 1-10 | {first:.2f} ms |")
-    print(f"| the same, the last ten turns | {last:.2f} ms |")
-    print(f"| last ten ÷ first ten | {last / first:.2f}x |")
-    print(f"| req/s at c={args.concurrency}, turn {args.late_turn + 1}: proxy / pass-through | "
-          f"{rates['proxy']:.1f} / {rates['bare']:.1f} = {rates['proxy'] / rates['bare']:.2f}x |")  # fmt: skip
+    first, last, full = run["extra_ms"]["first"], run["extra_ms"]["last"], st["full_last"]
+    print(f"  {form}: {wall:.0f} s; sessions a conversation: {run['sessions_per_conversation']}", flush=True)
+    return {
+        "calls a session": f"{st['calls']:.0f}",
+        "full record of the last call (logical)": f"{full / 1e3:,.1f} kB",
+        "stored a session, logical": f"{st['logical'] / 1e6:,.2f} MB = {st['logical'] / full:.2f}x",
+        "stored a session, pg_column_size": f"{st['packed'] / 1e6:,.2f} MB = {st['packed'] / full:.2f}x",
+        f"stored a session, on disk ({st['tables']} tables)": f"{st['disk'] / 1e6:,.2f} MB = {st['disk'] / full:.2f}x",
+        "proxy CPU a call beyond the pass-through, turns 1-10": f"{first:.2f} ms",
+        "the same, the last ten turns": f"{last:.2f} ms",
+        "last ten ÷ first ten": f"{last / first:.2f}x",
+        f"req/s at c={args.concurrency}, turn {args.late_turn + 1}: proxy / pass-through":
+            f"{rates['proxy']:.1f} / {rates['bare']:.1f} = {rates['proxy'] / rates['bare']:.2f}x",
+    }  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select
@@ -42,7 +43,7 @@ def expanded(db: DbSession, rows: list[Any]) -> list[Any]:
     if not any(is_delta(r.request) for r in rows):
         return rows
     full = expand_requests(db.connection(), {r.id: r.request for r in rows})
-    return [{**r._mapping, "request": full[r.id]} for r in rows]
+    return [SimpleNamespace(**{**r._mapping, "request": full[r.id]}) for r in rows]
 
 
 _CALL_COLUMNS = (Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version,

@@ -28,8 +28,8 @@ from proxy.spool import Spool
 from storage.db import async_engine, sync_engine
 from storage.export import sft_rows
 from storage.migrate import upgrade
-from storage.mine_store import _CALL_COLUMNS, expanded
-from storage.models import Completion
+from storage.mine_store import _CALL_COLUMNS, expanded, mine
+from storage.models import Completion, CompletionFlag
 from storage.records import CallRecord
 from storage.stored_form import CHECKPOINT, MARK, is_delta
 from storage.trajectories import assemble, trajectory_to_dict
@@ -114,8 +114,13 @@ def reads(url: str) -> dict[str, Any]:
             db.expire(c)
             db.refresh(c)
         out["refreshed"] = [(c.request, c.prompt_token_ids) for c in calls[:5]]
-        out["mined"] = [dict(getattr(r, "_mapping", r)) for r in expanded(db, list(db.execute(
-            select(*_CALL_COLUMNS).order_by(Completion.id))))]  # fmt: skip
+        mined = expanded(db, list(db.execute(select(*_CALL_COLUMNS).order_by(Completion.id))))
+        out["mined"] = [(r.id, r.parent_id, r.request, r.choices) for r in mined]  # as storage/mine_store.py reads
+        passed = mine(db, "p", settle_s=0)
+        db.commit()
+        flags = db.execute(select(CompletionFlag.completion_id, CompletionFlag.mode).order_by(
+            CompletionFlag.completion_id, CompletionFlag.mode)).all()  # fmt: skip
+        out["flags"] = (passed.calls, [tuple(f) for f in flags])
         trajectories = assemble(calls)
         out["trajectories"] = [trajectory_to_dict(t) for t in trajectories]
         out["sft"] = [r for r in sft_rows(trajectories, {c.id: c for c in calls}, None)]
@@ -130,7 +135,8 @@ def reads(url: str) -> dict[str, Any]:
 def compare(full: dict[str, Any], delta: dict[str, Any]) -> None:
     assert full["deltas"] == 0
     assert delta["deltas"] > 0
-    for path in ("rows", "views", "refreshed", "mined", "trajectories", "sft"):
+    assert full["flags"][0] > 0  # the miner read the calls
+    for path in ("rows", "views", "refreshed", "mined", "flags", "trajectories", "sft"):
         assert delta[path] == full[path], path
         assert repr(delta[path]) == repr(full[path]), path  # key order too
     assert delta["bytes"] < full["bytes"] / 4

@@ -4,10 +4,10 @@ One corpus of call records, as ``ProxiedCall.save`` writes them, goes through th
 once with ``ONTHEJOB_STORED_FORM=delta``, once in full (the default), each into its own database
 (Postgres; SQLite through the portable path). The corpus: a 40-call chain (past two checkpoints),
 a branch (two children of one parent), a call with n=2 choices, streamed calls, a redacted call
-(no prompt ids), a call whose history was edited (a mismatch), a Responses-dialect chain (stored
-in full), and a session deleted mid-way (its later calls dropped by the recorder). Every read
-path is compared: the ORM rows (load event), a refresh, the GET view, the miner's column read,
-trajectories and the SFT export.
+(no prompt ids, another history: a mismatch), and a Responses-dialect chain (stored in full);
+retention mid-session in its own test. Every read path is compared: the ORM rows (load event), a
+refresh, the GET view, the miner's column read and its real pass (flags), trajectories and the SFT
+export. Not here yet: a session deleted mid-way (storage/deletion.py takes whole sessions).
 """
 
 from __future__ import annotations

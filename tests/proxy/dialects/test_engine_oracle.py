@@ -1,13 +1,16 @@
-"""The engine is the oracle: what vLLM's own /v1/messages and /v1/responses serve, we serve, token for token.
+"""The engine is the oracle: what vLLM's own /v1/messages, /v1/responses and /v1/chat/completions serve, we serve.
 
-Each case is a request shaped like what a harness sends (Claude Code 2.1's system messages
-inside ``messages``, Codex 0.171's namespace and hosted tools, tool-result turns, the fields
-both send that change nothing here). It goes to the engine's own route and to the proxy, at
-temperature 0 with at most 32 tokens out: same status class; for a 200, the prompt token ids
-the proxy recorded equal the ones the engine's ``/render`` of the same request gives, and the
-text and tool calls are the same. A request the engine refuses we refuse, in our dialect's
-error shape. The cases live in tests/proxy/corpus/<dialect>/*.json: a harness bug report
-becomes one more file there.
+The cases live in tests/proxy/corpus/<dialect>/*.json (at least 40 a dialect): ``cli_*`` are
+Claude Code's and Codex's own requests, captured by tests/proxy/corpus/capture.py against a
+scripted stub and scrubbed (first calls, tool-result turns, a namespaced call, continued
+sessions); ``sdk_*`` the shapes the openai and anthropic SDKs send; ``refused_*`` bad input
+the engine refuses. Each goes to the engine's own route and to the proxy, at temperature 0
+with at most 32 tokens out: same status class; for a 200, the prompt token ids the proxy
+recorded equal the ones the engine's ``/render`` of the same request gives, and the text and
+tool calls are the same (a streamed case once more as a stream). A request the engine
+refuses we refuse, in our dialect's error shape. The CLIs' requests (20-80 KB) need the
+long-context tiny model. A table per dialect is printed at the end. A harness bug report
+becomes one more file in the corpus.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ CASES = sorted((d.name, f) for d in CORPUS.iterdir() if d.name in ROUTES for f i
 # 2,048 tokens, so those (the CLIs' own, 40-80 KB) go to the long-context tiny model (60,000).
 LONG_BYTES = 6000
 LONG = {p for _, p in CASES if p.stat().st_size > LONG_BYTES}
-TALLY: dict[str, dict[str, int]] = {d: dict.fromkeys(("requests", "status", "prompt_ids", "answer"), 0) for d in ROUTES}
+TALLY: dict[str, dict[str, int]] = {
+    d: dict.fromkeys(("requests", "status", "prompt_ids", "answer", "refused"), 0) for d in ROUTES
+}
 
 
 def streamed(dialect: str, url: str, body: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -151,9 +156,10 @@ def long_render(tiny_long_model: ModelInfo, tmp_path_factory: pytest.TempPathFac
 def table() -> Iterator[None]:
     """The replay's table per dialect, printed (``-s``) and written to $ONTHEJOB_ORACLE_TABLE when set."""
     yield
-    rows = ["| dialect | requests | same status | same prompt ids | same text and tool calls |", "|---" * 5 + "|"]
-    rows += [f"| {d} | {t['requests']} | {t['status']} | {t['prompt_ids']} | {t['answer']} |" for d, t in TALLY.items()
-             if t["requests"]]  # fmt: skip
+    head = "| dialect | requests | same status | same prompt ids | same text and tool calls | refused by both |"
+    rows = [head, "|---" * 6 + "|"]
+    rows += [f"| {d} | {t['requests']} | {t['status']} | {t['prompt_ids']} | {t['answer']} | {t['refused']} |"
+             for d, t in TALLY.items() if t["requests"]]  # fmt: skip
     print("\n" + "\n".join(rows))
     if os.environ.get("ONTHEJOB_ORACLE_TABLE"):
         Path(os.environ["ONTHEJOB_ORACLE_TABLE"]).write_text("\n".join(rows) + "\n")
@@ -168,8 +174,10 @@ def replay(dialect: str, path: Path, proxy: Proxy, engine: Engine, render: str |
     theirs = httpx.post(f"{engine.url}{route}", json=body, timeout=300)
     ours = httpx.post(f"{proxy.url}{route}", json=body, timeout=300)
     assert ours.status_code // 100 == theirs.status_code // 100, (theirs.text, ours.text)
+    assert (theirs.status_code != 200) == path.stem.startswith("refused_"), theirs.text  # named for what it is
     if theirs.status_code != 200:
         error_shape(dialect, ours.json())
+        tally["refused"] += 1
         tally["status"] += ours.status_code == theirs.status_code
         tally["prompt_ids"] += 1  # nothing rendered either side
         tally["answer"] += 1
@@ -196,6 +204,8 @@ def replay(dialect: str, path: Path, proxy: Proxy, engine: Engine, render: str |
 DIFFERS = {
     "anthropic/sdk_assistant_prefill": "a final assistant turn is continued (Anthropic's prefill); vLLM's "
     "/v1/messages closes it and opens a new assistant turn",
+    "anthropic/sdk_thinking_budget_over_max_tokens": "served (Anthropic's models serve it); the engine 400s",
+    "anthropic/sdk_tool_result_without_tool_use": "a 400 (a trajectory cannot be built from it); the engine renders it",
 }
 
 

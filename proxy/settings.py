@@ -6,6 +6,7 @@ The proxy process reads its environment here and nowhere else (``DATABASE_URL`` 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,9 @@ class Settings:
     upstreams: list[str] = field(default_factory=lambda: _env("UPSTREAM", "http://127.0.0.1:8001").split(","))
     database_url: str | None = None  # None: $DATABASE_URL or sqlite:///onthejob.db, resolved at construction
     spool_dir: Path = field(default_factory=lambda: Path(_env("SPOOL", "spool")))
+    # One id per `serve` process tree (all its workers share it): several proxy hosts on one database tell
+    # their rate-limit leases, link-index rows and spools apart by it. The machine's name unless set.
+    host_id: str = field(default_factory=lambda: _env("HOST_ID", "") or socket.gethostname())
     auth: bool = field(default_factory=lambda: _env("AUTH", "1") not in ("0", "false", "no"))
     default_project: str = "default"
     max_body_bytes: int = field(default_factory=lambda: int(_env("MAX_BODY_BYTES", str(32 * 1024 * 1024))))

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool", default=None, help="spool folder (default: ./spool)")
     p.add_argument("--no-auth", action="store_true", help="accept calls without an API key (development only)")
     p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--host-id", default=None,
+                   help="this host among proxies on one database (default: $ONTHEJOB_HOST_ID, hostname)")  # fmt: skip
     p.add_argument("--no-housekeep", action="store_true",
                    help="leave the feedback sweep, retention and pruning to `onthejob housekeep`")  # fmt: skip
     p.add_argument("--no-migrate", action="store_true",

@@ -64,6 +64,8 @@ def proxy_settings(args: argparse.Namespace) -> ProxySettings:
         kwargs["upstreams"] = [u for item in args.upstream for u in item.split(",")]
     if args.spool:
         kwargs["spool_dir"] = Path(args.spool)
+    if getattr(args, "host_id", None):
+        kwargs["host_id"] = args.host_id
     try:
         return Settings(**kwargs)
     except ValueError as exc:

@@ -23,17 +23,20 @@ def worker_env(settings: Settings, workers: int) -> dict[str, str]:
 
     Each worker has its own spool folder (see proxy.spool_folders.claim), so the quota is split
     between them: ``ONTHEJOB_SPOOL_MAX_BYTES`` bounds the proxy's disk use, not one worker's.
-    Rate limits likewise: each worker keeps its own token buckets (sharing them would put a
-    lock or a round trip on every call), so each gets an even share of the rate and the
-    burst, and the configured limit holds for the host, not 4x it under ``--workers 4``.
+    Rate limits are not split here: each worker keeps its own token buckets and leases its share
+    of each key's limit through the database with every other worker of every host
+    (proxy/ratelimit.py), so the configured limit holds for all hosts together; ``workers`` is
+    what a worker's share is before its first lease, and the host id is the same for all of them.
     """
     env = {
         "ONTHEJOB_UPSTREAM": ",".join(settings.upstreams),
         "ONTHEJOB_SPOOL": str(settings.spool_dir),
         "ONTHEJOB_AUTH": "1" if settings.auth else "0",
         "ONTHEJOB_SPOOL_MAX_BYTES": str(settings.spool_max_bytes // workers),
-        "ONTHEJOB_RATE_LIMIT_RPS": repr(settings.rate_limit_rps / workers),
-        "ONTHEJOB_RATE_LIMIT_BURST": str(max(1, settings.rate_limit_burst // workers)),
+        "ONTHEJOB_RATE_LIMIT_RPS": repr(settings.rate_limit_rps),
+        "ONTHEJOB_RATE_LIMIT_BURST": str(settings.rate_limit_burst),
+        "ONTHEJOB_HOST_ID": settings.host_id,
+        "ONTHEJOB_WORKERS": str(workers),
     }
     if settings.database_url:
         env["DATABASE_URL"] = settings.database_url

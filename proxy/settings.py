@@ -28,6 +28,9 @@ class Settings:
     # One id per `serve` process tree (all its workers share it): several proxy hosts on one database tell
     # their rate-limit leases, link-index rows and spools apart by it. The machine's name unless set.
     host_id: str = field(default_factory=lambda: _env("HOST_ID", "") or socket.gethostname())
+    # How many worker processes this host's `serve` runs (``--workers``): before its first rate-limit lease
+    # each worker takes 1/workers of the host's share (proxy/ratelimit.py).
+    workers: int = field(default_factory=lambda: int(_env("WORKERS", "1")))
     auth: bool = field(default_factory=lambda: _env("AUTH", "1") not in ("0", "false", "no"))
     default_project: str = "default"
     max_body_bytes: int = field(default_factory=lambda: int(_env("MAX_BODY_BYTES", str(32 * 1024 * 1024))))

@@ -19,7 +19,7 @@ from proxy.auth import Auth
 from proxy.metrics import Metrics
 from proxy.policies import Policies
 from proxy.promotion import Promotion
-from proxy.ratelimit import RateLimiter
+from proxy.ratelimit import LeaseKeeper, RateLimiter, fallback_share
 from proxy.recorder import Recorder
 from proxy.recording import Recording
 from proxy.routing import Router
@@ -54,6 +54,7 @@ class AppState:
     recording: Recording
     promotion: Promotion
     spool_lock: int = -1
+    leases: LeaseKeeper | None = None  # this worker's rate-limit leases (proxy/ratelimit.py); None: no limit
     housekeeper: Housekeeper | None = None  # storage/housekeep.py, in a thread (settings.housekeep)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
@@ -79,6 +80,12 @@ class AppState:
         policies.load()
         router = Router(maker, upstream, metrics, settings.default_project)
         attestor = Attestor(maker, router, metrics)
+        limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
+        leases = None
+        if settings.auth and settings.rate_limit_rps > 0 and not _sqlite(settings):
+            leases = LeaseKeeper(limiter, maker, settings.host_id, str(os.getpid()), workers=settings.workers)
+        else:  # SQLite is one host: its workers split the limit evenly, no leases (no writer beside the recorder)
+            limiter.fallback = fallback_share(settings.rate_limit_rps, 1, settings.workers)
         return cls(
             settings=settings,
             engine=engine,
@@ -92,7 +99,7 @@ class AppState:
                 enabled=settings.auth,
                 default_project=settings.default_project,
                 ttl_s=settings.key_cache_ttl_s,
-                ratelimiter=RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst),
+                ratelimiter=limiter,
             ),
             metrics=metrics,
             linker=linker,
@@ -108,6 +115,7 @@ class AppState:
             ),
             promotion=Promotion(maker, router, attestor, metrics),
             spool_lock=lock_fd,
+            leases=leases,
         )
 
     @property
@@ -131,6 +139,8 @@ class AppState:
         self.tasks.append(asyncio.create_task(self._follow(), name="follow"))
         self.tasks.append(asyncio.create_task(self.linker.deletes.follow(), name="deletions"))  # proxy/link_deletes.py
         self.tasks.append(asyncio.create_task(self.router.watch(self.settings.probe_every_s), name="probes"))
+        if self.leases is not None:
+            self.tasks.append(asyncio.create_task(self.leases.run(), name="rate-leases"))
         if self.settings.housekeep:
             self.start_housekeeper()
 

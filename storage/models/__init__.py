@@ -11,6 +11,7 @@ from storage.models.base import NO_NUL, PENDING, Base, Json, utcnow
 from storage.models.datasets import Dataset, DatasetItem
 from storage.models.ops import Alert, Change, ChangeCursor, CompletionFlag, EndUserTombstone, Tombstone
 from storage.models.promotion import Attestation, Eval, PromotionEvent, PromotionPolicy
+from storage.models.rate_leases import RateLease
 from storage.models.record import Alias, ApiKey, Completion, Feedback, Project, Session
 from storage.models.training import (
     Adapter,
@@ -53,4 +54,5 @@ __all__ = [
     "Attestation",
     "Dataset",
     "DatasetItem",
+    "RateLease",
 ]

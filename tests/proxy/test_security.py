@@ -36,15 +36,19 @@ def test_token_bucket_refuses_with_openai_headers() -> None:
 
 
 def test_workers_share_the_hosts_rate_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each worker keeps its own buckets: under --workers 4 each enforces a quarter, so the host allows 1x."""
+    """Each worker keeps its own buckets and leases its share (proxy/ratelimit.py): before its first lease,
+    under --workers 4, each enforces a quarter, so the host allows 1x."""
     from proxy.main import worker_env
+    from proxy.ratelimit import fallback_share
     from proxy.settings import Settings
 
     settings = Settings(upstreams=["http://a:1"], spool_dir=tmp_path, rate_limit_rps=50.0, rate_limit_burst=100)
     for name, value in worker_env(settings, 4).items():
         monkeypatch.setenv(name, value)
     worker = Settings()  # what each worker process builds
-    assert (worker.rate_limit_rps * 4, worker.rate_limit_burst * 4) == (50.0, 100)
+    assert (worker.rate_limit_rps, worker.rate_limit_burst, worker.workers) == (50.0, 100, 4)
+    assert worker.host_id == settings.host_id  # one id for the process tree
+    assert fallback_share(worker.rate_limit_rps, 1, worker.workers) * 4 == 50.0
 
 
 def test_redaction_reaches_every_text_field_and_keeps_token_ids() -> None:

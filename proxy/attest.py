@@ -184,6 +184,9 @@ class Attestor:
             body = probe_body(served_model, kind)
             status, reply = await self.router.upstream.post_json(base, "/v1/completions", body, timeout=60.0)
             if status != 200:
+                log.warning(
+                    "attestation probe of %s on %s answered %s: %s", served_model, base, status, str(reply)[:300]
+                )
                 return None
             return parse_probe(reply, kind)
         except Exception as exc:  # noqa: BLE001 - an unreachable or busy replica is not a mismatch
@@ -244,6 +247,7 @@ class Attestor:
                         await db.commit()
                         break
             if row is None:
+                log.warning("%s was not attested: no replica answered its probes", lora_name(project, alias, version))
                 return None
             expected = dict(row.fingerprint)
         await self.check(project, alias, version, expected)

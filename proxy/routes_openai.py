@@ -13,9 +13,11 @@ from sqlalchemy import select
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
-from proxy.deps import MAX_ID, DbDep, PathId, PrincipalDep, QueryId, StateDep
+from proxy.deps import MAX_ID, DbDep, PathId, PrincipalDep, QueryId, StateDep, current_principal
 from proxy.dialects import ROUTES as DIALECT_ROUTES
 from proxy.dialects.base import Dialect
+from proxy.dialects.gemini import GeminiDialect
+from proxy.dialects.gemini_routes import PageSize, PageToken, google_client, model_answer, models_page
 from proxy.errors import DATABASE_DOWN, ApiError, DatabaseUnavailable, NotFound, UpstreamError
 from proxy.handle import handle
 from proxy.request_body import read_json
@@ -92,13 +94,22 @@ async def serve_call(
     await response(scope, receive, send)
 
 
+GEMINI = GeminiDialect()  # Google's error shape, for the Gemini paths below (a call binds its own instance)
+
+
 def dialect_of(path: str) -> Dialect | None:
-    """The dialect whose API a path belongs to (its routes and their sub-routes, under /s/{id}/ too), or None."""
+    """The dialect whose API a path belongs to (its routes and their sub-routes, under /s/{id}/ too), or None.
+
+    Everything under ``/v1beta/`` is Google's, as is a ``/v1/models/{model}:{method}`` path (the
+    google-genai SDK's version); ``GET /v1/models`` and the rest of ``/v1/`` stay OpenAI's.
+    """
     if path.startswith("/s/"):
         path = "/" + path[3:].partition("/")[2]
     for prefix, dialect in DIALECT_ROUTES.items():
         if path == prefix or path.startswith(prefix + "/"):
             return dialect
+    if path.startswith("/v1beta/") or path == "/v1beta" or (path.startswith("/v1/models/") and ":" in path):
+        return GEMINI
     return None
 
 
@@ -137,15 +148,36 @@ async def session_completions(request: Request, session_id: PathId) -> Any:
     return await handle(request, "completions", path_session=session_id)
 
 
+def _model(name: str, project: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": project}
+
+
 @router.get("/v1/models", tags=["openai"])
 @router.get("/s/{session_id}/v1/models", tags=["openai"], include_in_schema=False)
-async def list_models(principal: PrincipalDep, st: StateDep) -> dict[str, Any]:
-    """The aliases this key may use."""
-    data = [
-        {"id": name, "object": "model", "created": 0, "owned_by": principal.project_id}
-        for name in st.router.visible(principal.project_id)
-    ]
-    return {"object": "list", "data": data}
+async def list_models(request: Request, st: StateDep, page_size: PageSize = 50, page_token: PageToken = None) -> Any:
+    """The aliases this key may use (a client with a Google key, ``x-goog-api-key`` or ``?key=``, gets
+    Gemini's ``models.list`` answer: google-genai calls this path)."""
+    if google_client(request):
+        return await models_page(request, page_size, page_token)
+    principal = await current_principal(request)
+    names = st.router.visible(principal.project_id)
+    return {"object": "list", "data": [_model(n, principal.project_id) for n in names]}
+
+
+@router.get("/v1/models/{model}", tags=["openai"])
+@router.get("/s/{session_id}/v1/models/{model}", tags=["openai"], include_in_schema=False)
+async def get_model(request: Request, st: StateDep, model: PathId) -> Any:
+    """One alias this key may use (OpenAI's ``models.retrieve``; Gemini's ``models.get`` with a Google key)."""
+    if google_client(request):
+        return await model_answer(request, model)
+    principal = await current_principal(request)
+    if model not in st.router.visible(principal.project_id):
+        raise NotFound(
+            f"model {model!r} is not an alias this key may use (GET /v1/models lists them)",
+            param="model",
+            code="model_not_found",
+        )
+    return _model(model, principal.project_id)
 
 
 async def _passthrough(request: Request, st: Any, principal: Any, path: str) -> Response:

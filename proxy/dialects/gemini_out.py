@@ -17,6 +17,7 @@ GOOGLE_ERRORS = {  # our status -> (the status Google answers, its canonical sta
     401: (401, "UNAUTHENTICATED"),
     403: (403, "PERMISSION_DENIED"),
     404: (404, "NOT_FOUND"),
+    405: (405, "UNIMPLEMENTED"),  # a served path asked with another method
     409: (409, "ABORTED"),
     413: (413, "INVALID_ARGUMENT"),
     429: (429, "RESOURCE_EXHAUSTED"),

@@ -8,9 +8,9 @@ translation to chat messages and tools) through the engine's tokenizer, so the c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -161,6 +161,98 @@ for version in VERSIONS:
                          include_in_schema=False)  # fmt: skip
 
 
+# models.list and models.get, as the google-genai SDK calls them: ``GET /v1beta/models`` and
+# ``.../models/{model}``, and under ``/v1/`` (the SDK's default version). ``GET /v1/models`` is OpenAI's
+# too: a client that authenticates the Google way (``x-goog-api-key`` or ``?key=``, no Bearer and no
+# ``x-api-key``) gets Google's answer there (proxy/routes_openai.py asks :func:`google_client`).
+METHODS_SERVED = ["generateContent", "streamGenerateContent", "countTokens"]
+MAX_PAGE = 1000  # Google's own cap on pageSize
+PageSize = Annotated[int, Query(alias="pageSize", ge=0, le=MAX_PAGE)]
+PageToken = Annotated[str | None, Query(alias="pageToken", max_length=20, pattern=r"^[0-9]*$")]
+
+
+def google_client(request: Request) -> bool:
+    """Whether a request authenticates as Google's SDK does (so it expects Google's shapes)."""
+    headers = request.headers
+    if "authorization" in headers or "x-api-key" in headers:
+        return False
+    return "x-goog-api-key" in headers or "key" in request.query_params
+
+
+def model_view(alias: str) -> dict[str, Any]:
+    """A ``Model`` as the Gemini API describes one: an alias this key may call, by the methods served here."""
+    return {
+        "name": f"models/{alias}",
+        "baseModelId": alias,
+        "version": "1",
+        "displayName": alias,
+        "description": "an onthejob alias",
+        "supportedGenerationMethods": METHODS_SERVED,
+    }
+
+
+async def _visible(request: Request) -> list[str]:
+    st: Any = request.app.state.onthejob
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    dialect = GeminiDialect(key=request.query_params.get("key"))
+    client = request.client.host if request.client else None
+    principal = await st.auth.admit(dialect.credentials(headers), headers.get("x-api-key"), client)
+    visible: list[str] = st.router.visible(principal.project_id)
+    return visible
+
+
+def _google_error(exc: ApiError) -> Response:
+    return ORJSONResponse(error_body(exc), status_code=error_status(exc), headers=exc.headers)
+
+
+async def models_page(request: Request, page_size: int = 50, page_token: str | None = None) -> Response:
+    """``models.list``: the aliases this key may use, as Gemini ``Model``s; ``pageToken`` is the next offset.
+    Errors in Google's shape, whatever the path."""
+    try:
+        names = await _visible(request)
+    except ApiError as exc:
+        return _google_error(exc)
+    start, size = int(page_token or 0), page_size or 50
+    out: dict[str, Any] = {"models": [model_view(n) for n in names[start : start + size]]}
+    if start + size < len(names):
+        out["nextPageToken"] = str(start + size)
+    return ORJSONResponse(out)
+
+
+async def model_answer(request: Request, model: str) -> Response:
+    """``models.get``: one alias this key may use, as a Gemini ``Model``; 404 in Google's shape otherwise."""
+    try:
+        if ":" in model:  # a method of a model (``:generateContent``): served as POST only
+            wrong = ApiError(f"GET {request.url.path} is not served: {model.partition(':')[2]} takes POST")
+            wrong.status, wrong.type = 405, "invalid_request_error"
+            raise wrong
+        if model.removeprefix("models/") not in await _visible(request):
+            raise NotFound(
+                f"model {model!r} is not an alias this key may use (GET /v1beta/models lists them)",
+                param="model",
+                code="model_not_found",
+            )
+    except ApiError as exc:
+        return _google_error(exc)
+    return ORJSONResponse(model_view(model.removeprefix("models/")))
+
+
+@router.get("/v1beta/models", responses=ERRORS, tags=["gemini"])
+@router.get("/s/{session_id}/v1beta/models", include_in_schema=False)
+async def list_models(request: Request, page_size: PageSize = 50, page_token: PageToken = None) -> Response:
+    """The aliases this key may use, as Gemini ``Model``s (``models.list``; also ``GET /v1/models`` with a
+    Google key)."""
+    return await models_page(request, page_size, page_token)
+
+
+@router.get("/v1beta/models/{model}", responses=ERRORS, tags=["gemini"])
+@router.get("/s/{session_id}/v1beta/models/{model}", include_in_schema=False)
+async def get_model(request: Request, model: str) -> Response:
+    """One alias this key may use, as a Gemini ``Model`` (``models.get``; also ``GET /v1/models/{model}``
+    with a Google key)."""
+    return await model_answer(request, model)
+
+
 async def _count(request: Request, model: str) -> int:
     st: Any = request.app.state.onthejob
     headers = {k.lower(): v for k, v in request.headers.items()}
@@ -170,3 +262,15 @@ async def _count(request: Request, model: str) -> int:
     payload = count_tokens_body(await read_json(request, st.settings.max_body_bytes), model)
     payload["model"] = st.router.resolve(principal.project_id, model).served_model
     return await engine_token_count(st, payload)
+
+
+@router.post("/v1beta/models/{model}", include_in_schema=False)
+@router.post("/v1/models/{model}", include_in_schema=False)
+async def unserved_method(model: str) -> Response:
+    """A model method not served here (``:embedContent``, ``:batchGenerateContent``...): 404 in Google's shape
+    naming the ones that are (after the served methods' own routes, above)."""
+    if ":" not in model:  # not a model method: the path's own API answers (proxy/routes_openai.dialect_of)
+        raise NotFound(f"POST {model!r}: no such route")
+    method = model.partition(":")[2]
+    served = ", ".join(METHODS_SERVED)
+    return _google_error(NotFound(f"the model method {method!r} is not served here; served: {served}"))

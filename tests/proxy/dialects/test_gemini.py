@@ -224,3 +224,34 @@ def test_bad_input_gets_google_errors_and_nothing_is_recorded_as_success(
     listed = httpx.get(f"{proxy.v1}/chat/completions", headers={"x-api-key": key}, timeout=10).json()["data"]
     assert [r["id"] for r in listed if r["onthejob"]["status_code"] == 200] == [ok.json()["responseId"]]
     assert listed[-1]["onthejob"]["dialect"] == "gemini"
+
+
+def test_models_list_and_get_through_the_sdk_and_googles_shape_off_the_routes(
+    start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any
+) -> None:
+    """``models.list``/``models.get`` answer the aliases this key may use; a path or method under
+    ``/v1beta/`` we do not serve answers 404/405 in Google's error shape, not OpenAI's."""
+    db_url = pg_factory()
+    proxy, key = start_proxy(stub_upstream, db_url, auth=True), make_key(db_url)
+    client = genai.Client(api_key=key, http_options=types.HttpOptions(base_url=proxy.url))
+    listed = [m.name for m in client.models.list()]
+    assert "models/stub-model" in listed, listed
+    one = client.models.get(model="stub-model")
+    assert one.name == "models/stub-model" and "generateContent" in (one.supported_actions or [])
+    with pytest.raises(errors.ClientError) as info:
+        client.models.get(model="no-such-model")
+    assert info.value.code == 404 and info.value.status == "NOT_FOUND"
+    paged = httpx.get(f"{proxy.url}/v1beta/models", params={"key": key, "pageSize": 1}, timeout=10).json()
+    assert len(paged["models"]) == 1
+    unauthorised = httpx.get(f"{proxy.url}/v1beta/models", timeout=10)
+    assert unauthorised.status_code == 401 and unauthorised.json()["error"]["status"] == "UNAUTHENTICATED"
+    for method, path, status in [
+        ("POST", "/v1beta/models/stub-model:embedContent", 404),
+        ("GET", "/v1beta/cachedContents", 404),
+        ("GET", "/v1beta/models/stub-model:generateContent", 405),
+    ]:
+        got = httpx.request(method, f"{proxy.url}{path}", params={"key": key}, timeout=10)
+        assert got.status_code == status, (path, got.text)
+        error = got.json()["error"]
+        assert error["code"] == status and error["status"] in ("NOT_FOUND", "UNIMPLEMENTED", "INVALID_ARGUMENT"), error
+    assert httpx.get(f"{proxy.v1}/models", headers={"x-api-key": key}, timeout=10).json()["object"] == "list"

@@ -43,6 +43,7 @@ from proxy.replicas import Replica
 from proxy.routing import Router
 from proxy.served import lora_name
 from storage.alerts import raise_alert
+from storage.db import insert_for
 from storage.models import Adapter, Alias, Attestation
 
 log = logging.getLogger("onthejob.attest")
@@ -228,30 +229,48 @@ class Attestor:
 
     async def record(self, project: str, alias: str, version: int) -> dict[str, Any] | None:
         """Store the version's fingerprint if it has none (measured on the first replica that answers),
-        then check every replica against it. Returns the stored fingerprint."""
+        then check every replica against it. Returns the stored fingerprint.
+
+        No database session is held while probing (seconds on a busy engine): the row is read, the
+        probes run, and the fingerprint is inserted in a fresh session; when another worker stored one
+        meanwhile, that one is kept and used.
+        """
+        name = lora_name(project, alias, version)
         async with self.sessionmaker() as db:
             row = await db.get(Attestation, (project, alias, version))
+            expected = dict(row.fingerprint) if row is not None else None
+            adapter = None
             if row is None:
                 adapter = (await db.execute(
                     select(Adapter.sha256, Adapter.base_model).where(
                         Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
                     )
                 )).first()  # fmt: skip
-                sha, base_model = (adapter[0], adapter[1]) if adapter is not None else ("", None)
-                for base in self.router.upstream.urls:
-                    fingerprint = await self.calibrated(base, project, alias, version, base_model)
-                    if fingerprint is not None:
-                        row = Attestation(project_id=project, alias=alias, version=version, sha256=sha or "",
-                                          fingerprint=fingerprint, replica=base)  # fmt: skip
-                        db.add(row)
-                        await db.commit()
-                        break
-            if row is None:
-                log.warning("%s was not attested: no replica answered its probes", lora_name(project, alias, version))
-                return None
-            expected = dict(row.fingerprint)
+        if expected is None:
+            sha, base_model = (adapter[0] or "", adapter[1]) if adapter is not None else ("", None)
+            for base in self.router.upstream.urls:
+                fingerprint = await self.calibrated(base, project, alias, version, base_model)
+                if fingerprint is not None:
+                    expected = await self._store(project, alias, version, sha, fingerprint, base)
+                    break
+        if expected is None:
+            log.warning("%s was not attested: no replica answered its probes", name)
+            return None
         await self.check(project, alias, version, expected)
         return expected
+
+    async def _store(
+        self, project: str, alias: str, version: int, sha: str, fingerprint: dict[str, Any], base: str
+    ) -> dict[str, Any]:
+        """Insert the fingerprint unless one is there already; the one stored (the first wins)."""
+        async with self.sessionmaker() as db:
+            stmt = insert_for(db.get_bind().dialect.name)(Attestation).values(
+                project_id=project, alias=alias, version=version, sha256=sha, fingerprint=fingerprint, replica=base
+            )
+            await db.execute(stmt.on_conflict_do_nothing())
+            await db.commit()
+            row = await db.get(Attestation, (project, alias, version), populate_existing=True)
+            return dict(row.fingerprint) if row is not None else fingerprint
 
     async def _previous_attested(self, project: str, alias: str, version: int) -> int | None:
         """The newest earlier attested version of the alias that a replica may serve now."""

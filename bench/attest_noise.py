@@ -71,8 +71,12 @@ async def load(client: httpx.AsyncClient, url: str, models: list[str], stop: asy
     """One of the concurrent callers: chat-like completions to random models until ``stop``."""
     rng = random.Random(id(calls) + len(calls))
     while not stop.is_set():
-        body = {"model": rng.choice(models), "prompt": f"Question {rng.randint(1, 10**6)}: what is 12 + 30?",
-                "max_tokens": 32, "temperature": 0.8}  # fmt: skip
+        body = {
+            "model": rng.choice(models),
+            "prompt": f"Question {rng.randint(1, 10**6)}: what is 12 + 30?",
+            "max_tokens": 32,
+            "temperature": 0.8,
+        }
         try:
             await client.post(f"{url}/v1/completions", json=body, timeout=600)
         finally:
@@ -107,8 +111,12 @@ async def bench(
         finally:
             stop.set()
             await asyncio.gather(*callers, return_exceptions=True)
-        return {"fingerprints": fps, "counts": counts, "load_calls": len(calls),
-                "seconds": round(time.monotonic() - started, 1)}  # fmt: skip
+        return {
+            "fingerprints": fps,
+            "counts": counts,
+            "load_calls": len(calls),
+            "seconds": round(time.monotonic() - started, 1),
+        }
 
 
 def table(result: dict[str, Any], names: list[str], tries: int) -> str:
@@ -125,7 +133,7 @@ def table(result: dict[str, Any], names: list[str], tries: int) -> str:
             f"{fp['verdict']:>12} {max(c['dist']):>11.4f} {c['false']:>9}/{tries:<2} "
             f"{(str(c['prev']) + '/' + str(tries)) if i else '-':>11} {c['base']:>8}/{tries:<2} "
             f"{c['other']:>9}/{tries:<2}"
-        )  # fmt: skip
+        )
     return "\n".join(rows)
 
 
@@ -153,15 +161,18 @@ def main() -> None:
         other = light_adapter(model, tmp / "adapters" / "other", seed=args.seed + 100, scale=args.scale)
         names = [f"bench@v{i + 1}" for i in range(args.versions)]
         for name, path in [*zip(names, paths, strict=True), ("otheralias@v1", other)]:
-            httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)},
-                       timeout=300).raise_for_status()  # fmt: skip
+            httpx.post(
+                f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=300
+            ).raise_for_status()
         result = asyncio.run(bench(url, model, names, "otheralias@v1", args.tries, args.load))
     finally:
         if engine is not None:
             engine.stop()
-    print(f"model {model.name}; {args.versions} versions (v1 B~N(0,{args.scale}), steps N(0,{args.step})); "
-          f"{args.tries} tries, each model probed with {args.load} calls in flight; {result['load_calls']} load "
-          f"calls in {result['seconds']} s")  # fmt: skip
+    print(
+        f"model {model.name}; {args.versions} versions (v1 B~N(0,{args.scale}), steps N(0,{args.step})); "
+        f"{args.tries} tries, each model probed with {args.load} calls in flight; {result['load_calls']} load "
+        f"calls in {result['seconds']} s"
+    )
     print(table(result, names, args.tries))
     if args.json:
         counts = {n: {k: v for k, v in c.items() if k != "dist"} for n, c in result["counts"].items()}

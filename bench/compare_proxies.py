@@ -57,8 +57,12 @@ class Fidelity:
 
 
 def body(port: int, stream: bool, max_tokens: int, gap_ms: float = 0) -> bytes:
-    obj: dict[str, object] = {"model": peers.MODEL, "messages": [{"role": "user", "content": "Say hello."}],
-                              "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+    obj: dict[str, object] = {
+        "model": peers.MODEL,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
     if gap_ms:
         obj["stub_gap_ms"] = gap_ms  # the stub's knob; every peer here passes unknown fields through
     return build_request("127.0.0.1", port, "/v1/chat/completions", orjson.dumps(obj))
@@ -73,8 +77,10 @@ async def run(args: argparse.Namespace) -> str:
     out: list[str] = [f"machine: {machine_description()}"]
     split = "load generator + stub on core 0, peer under test on core 1" if args.pin else "unpinned"
     litellm_workers = args.litellm_workers or args.workers
-    out.append(f"CPU split: {split}; workers per peer: onthejob {args.workers}, pass-through {args.workers}, "
-               f"LiteLLM {litellm_workers}")  # fmt: skip
+    out.append(
+        f"CPU split: {split}; workers per peer: onthejob {args.workers}, pass-through {args.workers}, "
+        f"LiteLLM {litellm_workers}"
+    )
     out.append("versions: " + ", ".join(f"{k} {v}" for k, v in peers.versions().items()))
     fs50, fs99 = fsync_probe(logdir)
     out.append(f"one append+fsync on this disk now: p50 {fs50:.2f} ms, p99 {fs99:.2f} ms")
@@ -87,10 +93,19 @@ async def run(args: argparse.Namespace) -> str:
             stub = servers["stub"] = peers.stub(logdir, load_cores)
             w = args.workers
             servers["passthrough"] = peers.passthrough(stub.url, logdir, peer_cores, workers=w)
-            servers["onthejob"] = peers.onthejob(stub.url, db_url, logdir / "spool-on", logdir, peer_cores,
-                                                 record=True, name="onthejob", workers=w)  # fmt: skip
-            servers["onthejob-rec-off"] = peers.onthejob(stub.url, db_url, logdir / "spool-off", logdir, peer_cores,
-                                                         record=False, name="onthejob-rec-off", workers=w)  # fmt: skip
+            servers["onthejob"] = peers.onthejob(
+                stub.url, db_url, logdir / "spool-on", logdir, peer_cores, record=True, name="onthejob", workers=w
+            )
+            servers["onthejob-rec-off"] = peers.onthejob(
+                stub.url,
+                db_url,
+                logdir / "spool-off",
+                logdir,
+                peer_cores,
+                record=False,
+                name="onthejob-rec-off",
+                workers=w,
+            )
             if not args.skip_litellm:
                 servers["litellm"] = peers.litellm(stub.url, logdir, peer_cores, workers=litellm_workers)
             order = ["direct", "passthrough", "onthejob", "onthejob-rec-off", "litellm"]
@@ -102,9 +117,17 @@ async def run(args: argparse.Namespace) -> str:
                         for peer in rotated(order, i):
                             server = servers.get(peer) if peer != "direct" else None
                             port = stub.port if server is None else server.port
-                            row = await measure(peer, server, stub, port, body(port, stream, args.max_tokens),
-                                            stream=stream, concurrency=conc, duration_s=args.duration,
-                                            warmup_s=args.warmup)  # fmt: skip
+                            row = await measure(
+                                peer,
+                                server,
+                                stub,
+                                port,
+                                body(port, stream, args.max_tokens),
+                                stream=stream,
+                                concurrency=conc,
+                                duration_s=args.duration,
+                                warmup_s=args.warmup,
+                            )
                             rows.append(row)
                             if peer == "onthejob":
                                 returned += row.result.all_ids
@@ -116,15 +139,28 @@ async def run(args: argparse.Namespace) -> str:
             for peer in order:
                 server = servers.get(peer) if peer != "direct" else None
                 port = stub.port if server is None else server.port
-                row = await measure(peer, server, stub, port, body(port, True, args.gap_tokens, args.gap_ms),
-                                    stream=True, concurrency=args.gap_concurrency, duration_s=args.gap_duration,
-                                    warmup_s=args.warmup, want_events=True, marker=b'"x"')  # fmt: skip
+                row = await measure(
+                    peer,
+                    server,
+                    stub,
+                    port,
+                    body(port, True, args.gap_tokens, args.gap_ms),
+                    stream=True,
+                    concurrency=args.gap_concurrency,
+                    duration_s=args.gap_duration,
+                    warmup_s=args.warmup,
+                    want_events=True,
+                    marker=b'"x"',
+                )
                 if peer == "onthejob":
                     returned += row.result.all_ids
                 gaps = row.result.gaps_ms()
                 devs = [abs(g - args.gap_ms) for g in gaps]
-                fidelity.append(Fidelity(peer, len(gaps), sum(gaps) / max(1, len(gaps)), pct(devs, 50),
-                                         pct(devs, 99), row.ttfb_p50_ms))  # fmt: skip
+                fidelity.append(
+                    Fidelity(
+                        peer, len(gaps), sum(gaps) / max(1, len(gaps)), pct(devs, 50), pct(devs, 99), row.ttfb_p50_ms
+                    )
+                )
                 print(
                     f"  fidelity {peer:16s} {len(gaps)} gaps, p99 |gap-{args.gap_ms:g}| {pct(devs, 99):.3f} ms, "
                     f"first chunk p50 {row.ttfb_p50_ms:.3f} ms",
@@ -142,22 +178,33 @@ async def run(args: argparse.Namespace) -> str:
     for f in fidelity:
         f.added_ttfb_ms = f.ttfb_p50_ms - base_ttfb
     out += ["", "## Throughput and added latency", "", table(rows), ""]
-    out += ["## Streaming fidelity", "",
-            f"stub gap {args.gap_ms:g} ms, {args.gap_tokens} tokens a stream, concurrency {args.gap_concurrency}, "
-            f"{args.gap_duration:g} s per peer; gaps between token-bearing chunks as the client received them; "
-            "first chunk = the first SSE data event", "",
-            "| peer | gaps | mean gap ms | p50 \\|gap − sent\\| ms | p99 \\|gap − sent\\| ms | first chunk p50 ms "
-            "| added first chunk ms |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    out += [
+        "## Streaming fidelity",
+        "",
+        f"stub gap {args.gap_ms:g} ms, {args.gap_tokens} tokens a stream, concurrency {args.gap_concurrency}, "
+        f"{args.gap_duration:g} s per peer; gaps between token-bearing chunks as the client received them; "
+        "first chunk = the first SSE data event",
+        "",
+        "| peer | gaps | mean gap ms | p50 \\|gap − sent\\| ms | p99 \\|gap − sent\\| ms | first chunk p50 ms "
+        "| added first chunk ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for f in fidelity:
-        out.append(f"| {f.peer} | {f.gaps} | {fmt(f.mean_gap_ms, 3)} | {fmt(f.p50_dev_ms, 3)} | {fmt(f.p99_dev_ms, 3)} "
-                   f"| {fmt(f.ttfb_p50_ms, 3)} | {fmt(f.added_ttfb_ms, 3)} |")  # fmt: skip
+        out.append(
+            f"| {f.peer} | {f.gaps} | {fmt(f.mean_gap_ms, 3)} | {fmt(f.p50_dev_ms, 3)} | {fmt(f.p99_dev_ms, 3)} "
+            f"| {fmt(f.ttfb_p50_ms, 3)} | {fmt(f.added_ttfb_ms, 3)} |"
+        )
     lost = len(unique) - landed
-    out += ["", "## Recording", "",
-            f"- onthejob returned {len(returned)} x-request-ids ({len(unique)} distinct); {landed} rows in Postgres "
-            f"after the spool drained -> **records lost: {lost}**",
-            f"- drain rate (spool → Postgres, the proxy's Recorder alone, pinned like the proxy): "
-            f"{drained['records']:,.0f} records, {drained['bytes'] / max(1, drained['records']):,.0f} bytes mean, in "
-            f"{drained['seconds']:.2f} s = **{drained['records_per_s']:,.0f} records/s**"]  # fmt: skip
+    out += [
+        "",
+        "## Recording",
+        "",
+        f"- onthejob returned {len(returned)} x-request-ids ({len(unique)} distinct); {landed} rows in Postgres "
+        f"after the spool drained -> **records lost: {lost}**",
+        f"- drain rate (spool → Postgres, the proxy's Recorder alone, pinned like the proxy): "
+        f"{drained['records']:,.0f} records, {drained['bytes'] / max(1, drained['records']):,.0f} bytes mean, in "
+        f"{drained['seconds']:.2f} s = **{drained['records_per_s']:,.0f} records/s**",
+    ]
     out += ["", "## Targets (ratios from this run)", ""] + targets(rows, fidelity, lost, drained["records_per_s"])
     return "\n".join(out)
 
@@ -215,22 +262,42 @@ def targets(rows: list[Row], fidelity: list[Fidelity], lost: int, drain_rps: flo
         out.append(line("added p50 <= 1 ms at concurrency 1", on1.added_p50_ms <= 1, f"{fmt(on1.added_p50_ms, 3)} ms"))
     if on64 and ll64:
         ratio = on64.rps / ll64.rps
-        out.append(line("req/s at 64 >= 20x LiteLLM's", ratio >= 20,
-                        f"{on64.rps:,.0f} / {ll64.rps:,.0f} = {ratio:.1f}x{by_cpu(on64, ll64)}"))  # fmt: skip
+        out.append(
+            line(
+                "req/s at 64 >= 20x LiteLLM's",
+                ratio >= 20,
+                f"{on64.rps:,.0f} / {ll64.rps:,.0f} = {ratio:.1f}x{by_cpu(on64, ll64)}",
+            )
+        )
     if on64 and pass64:
         ratio = on64.rps / pass64.rps
-        out.append(line("req/s at 64 >= 0.5x the bare pass-through's", ratio >= 0.5,
-                        f"{on64.rps:,.0f} / {pass64.rps:,.0f} = {ratio:.2f}x{by_cpu(on64, pass64)}"))  # fmt: skip
+        out.append(
+            line(
+                "req/s at 64 >= 0.5x the bare pass-through's",
+                ratio >= 0.5,
+                f"{on64.rps:,.0f} / {pass64.rps:,.0f} = {ratio:.2f}x{by_cpu(on64, pass64)}",
+            )
+        )
     if on64 and off64:
         ratio = on64.rps / off64.rps
-        out.append(line("recording-on >= 0.8x recording-off (64)", ratio >= 0.8,
-                        f"{on64.rps:,.0f} / {off64.rps:,.0f} = {ratio:.2f}x{by_cpu(on64, off64)}"))  # fmt: skip
+        out.append(
+            line(
+                "recording-on >= 0.8x recording-off (64)",
+                ratio >= 0.8,
+                f"{on64.rps:,.0f} / {off64.rps:,.0f} = {ratio:.2f}x{by_cpu(on64, off64)}",
+            )
+        )
     out.append(line("streaming gap deviation p99 <= 2 ms", fid.p99_dev_ms <= 2, f"{fmt(fid.p99_dev_ms, 3)} ms"))
     out.append(line("time to first chunk added <= 1 ms", fid.added_ttfb_ms <= 1, f"{fmt(fid.added_ttfb_ms, 3)} ms"))
     if on64:
-        out.append(line("drain rate >= 2x the proxy's sustained rate", drain_rps >= 2 * on64.rps,
-                        f"{drain_rps:,.0f} records/s vs 2 x {on64.rps:,.0f} req/s "
-                        f"(vs 2 x its CPU-bound capacity: {capacity(on64):,.0f} req/s per core)"))  # fmt: skip
+        out.append(
+            line(
+                "drain rate >= 2x the proxy's sustained rate",
+                drain_rps >= 2 * on64.rps,
+                f"{drain_rps:,.0f} records/s vs 2 x {on64.rps:,.0f} req/s "
+                f"(vs 2 x its CPU-bound capacity: {capacity(on64):,.0f} req/s per core)",
+            )
+        )
     out.append(line("0 records lost", lost == 0, str(lost)))
     return out
 

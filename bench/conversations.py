@@ -88,8 +88,12 @@ def one(server: Server, db_url: str, args: argparse.Namespace) -> dict[str, floa
     )
     wait_spool_empty(server.url)
     cpu, (pg, _) = server.cpu_s() - cpu0, postgres_cpu(db_name)
-    return {"calls_s": calls / wall, "cpu_ms": cpu / calls * 1000, "pg_ms": (pg - pg0) / calls * 1000,
-            "linked": linked / max(1, later)}  # fmt: skip
+    return {
+        "calls_s": calls / wall,
+        "cpu_ms": cpu / calls * 1000,
+        "pg_ms": (pg - pg0) / calls * 1000,
+        "linked": linked / max(1, later),
+    }
 
 
 def main() -> None:
@@ -112,34 +116,51 @@ def main() -> None:
     runs: dict[str, list[dict[str, float]]] = {"this": [], **({"other": []} if args.checkout else {})}
     with throwaway_database() as db_url:
         stub = peers.stub(logdir, None)
-        servers = {"this": peers.onthejob(stub.url, db_url, logdir / "spool-this", logdir, None, record=True,
-                                          name="this", workers=args.workers)}  # fmt: skip
+        servers = {
+            "this": peers.onthejob(
+                stub.url, db_url, logdir / "spool-this", logdir, None, record=True, name="this", workers=args.workers
+            )
+        }
         if args.checkout:
             servers["other"] = peers.onthejob(
-                stub.url, db_url, logdir / "spool-other", logdir, None, record=True, name="other",
-                workers=args.workers, checkout=args.checkout.resolve(),
-            )  # fmt: skip
+                stub.url,
+                db_url,
+                logdir / "spool-other",
+                logdir,
+                None,
+                record=True,
+                name="other",
+                workers=args.workers,
+                checkout=args.checkout.resolve(),
+            )
         try:
             for i in range(args.rounds):
                 for name, server in rotated(list(servers.items()), i):
                     run = one(server, db_url, args)
                     runs[name].append(run)
-                    print(f"  {name:5s} {run['calls_s']:7,.0f} calls/s  CPU a call: server {run['cpu_ms']:.3f} ms, "
-                          f"Postgres {run['pg_ms']:.3f} ms  turns linked {run['linked']:.3f}", flush=True)  # fmt: skip
+                    print(
+                        f"  {name:5s} {run['calls_s']:7,.0f} calls/s  CPU a call: server {run['cpu_ms']:.3f} ms, "
+                        f"Postgres {run['pg_ms']:.3f} ms  turns linked {run['linked']:.3f}",
+                        flush=True,
+                    )
         finally:
             for server in (*servers.values(), stub):
                 server.stop()
     med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in runs.items()}
-    print(f"\n{args.users} users, {args.turns} turns of {args.turn_chars} characters, {args.think_ms:g} ms between "
-          f"turns, {args.workers} workers; medians of {args.rounds} rounds:")  # fmt: skip
+    print(
+        f"\n{args.users} users, {args.turns} turns of {args.turn_chars} characters, {args.think_ms:g} ms between "
+        f"turns, {args.workers} workers; medians of {args.rounds} rounds:"
+    )
     print("| server | calls/s | server CPU ms a call | Postgres CPU ms a call | turns linked |")
     print("|---|---:|---:|---:|---:|")
     for name, m in med.items():
         print(f"| {name} | {m['calls_s']:,.0f} | {m['cpu_ms']:.3f} | {m['pg_ms']:.3f} | {m['linked']:.3f} |")
     if "other" in med:
         t, o = med["this"], med["other"]
-        print(f"this ÷ other: calls/s {t['calls_s'] / o['calls_s']:.2f}x, server CPU a call "
-              f"{t['cpu_ms'] / o['cpu_ms']:.2f}x")  # fmt: skip
+        print(
+            f"this ÷ other: calls/s {t['calls_s'] / o['calls_s']:.2f}x, server CPU a call "
+            f"{t['cpu_ms'] / o['cpu_ms']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

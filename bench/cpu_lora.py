@@ -110,8 +110,9 @@ def engine_runs(adapter: Path | None, repeats: int, workdir: Path) -> None:
         with Engine(model, EngineConfig(port=free_port(), threads=1), log=log) as eng:
             plugin = cpu_lora.INSTALLED in log.read_text()
             print(f"\nengine with ONTHEJOB_CPU_LORA={mode}: our ops {'installed' if plugin else 'not installed'}")
-            r = httpx.post(f"{eng.url}/v1/load_lora_adapter", json={"lora_name": "probe", "lora_path": str(adapter)},
-                           timeout=120)  # fmt: skip
+            r = httpx.post(
+                f"{eng.url}/v1/load_lora_adapter", json={"lora_name": "probe", "lora_path": str(adapter)}, timeout=120
+            )
             r.raise_for_status()
             for served in ("base", "adapter"):
                 name = model.name if served == "base" else "probe"

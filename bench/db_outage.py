@@ -56,8 +56,17 @@ async def _monitor(proxy: Server, stop: asyncio.Event, tl: Timeline) -> None:
 async def _scenario(args: argparse.Namespace, proxy: Server, cluster: PgCluster, tl: Timeline) -> Tally:
     stop_load, stop_monitor = asyncio.Event(), asyncio.Event()
     monitor = asyncio.create_task(_monitor(proxy, stop_monitor, tl))
-    load = asyncio.create_task(run_clients(proxy.port, stop_load, clients=args.clients, mix="mixed",
-                                           tokens=args.tokens, gap_ms=args.gap_ms, run_id="outage"))  # fmt: skip
+    load = asyncio.create_task(
+        run_clients(
+            proxy.port,
+            stop_load,
+            clients=args.clients,
+            mix="mixed",
+            tokens=args.tokens,
+            gap_ms=args.gap_ms,
+            run_id="outage",
+        )
+    )
     tl.mark("load started")
     await asyncio.sleep(args.before)
     tl.mark("stopping Postgres")
@@ -80,8 +89,10 @@ async def _scenario(args: argparse.Namespace, proxy: Server, cluster: PgCluster,
 
 def run(args: argparse.Namespace) -> int:
     print(f"machine: {machine_description()}")
-    print(f"load: {args.clients} clients, streamed and non-streamed calls alternating, {args.tokens} tokens a reply, "
-          f"{args.gap_ms} ms between chunks; Postgres down for {args.outage:.0f} s")  # fmt: skip
+    print(
+        f"load: {args.clients} clients, streamed and non-streamed calls alternating, {args.tokens} tokens a reply, "
+        f"{args.gap_ms} ms between chunks; Postgres down for {args.outage:.0f} s"
+    )
     cluster = PgCluster()
     stub = proxy = None
     try:
@@ -111,12 +122,16 @@ def run(args: argparse.Namespace) -> int:
     cleared = next((t for t, d, _ in tl.depth if t > up and d <= steady), None)
     db_seen_down = [t for t, _, db in tl.depth if db == "down"]
     print()
-    print(f"outage               Postgres down from t={down:.1f} s to t={up:.1f} s ({up - down:.1f} s); "
-          f"/readyz said database down from t={min(db_seen_down, default=float('nan')):.1f} "
-          f"to t={max(db_seen_down, default=float('nan')):.1f} s")  # fmt: skip
+    print(
+        f"outage               Postgres down from t={down:.1f} s to t={up:.1f} s ({up - down:.1f} s); "
+        f"/readyz said database down from t={min(db_seen_down, default=float('nan')):.1f} "
+        f"to t={max(db_seen_down, default=float('nan')):.1f} s"
+    )
     print(f"requests sent        {tally.sent}")
-    print(f"responses in full    {len(tally.acked)}  ({tally.acked_stream} streamed, "
-          f"{len(tally.acked) - tally.acked_stream} not)")  # fmt: skip
+    print(
+        f"responses in full    {len(tally.acked)}  ({tally.acked_stream} streamed, "
+        f"{len(tally.acked) - tally.acked_stream} not)"
+    )
     print(f"failed calls         {tally.errors}  {dict(tally.failures) or ''}")
     for example in tally.examples:
         print(f"   e.g. {example}")
@@ -127,11 +142,15 @@ def run(args: argparse.Namespace) -> int:
     print(f"lost                 {len(rec.missing)}" + (f"  e.g. {rec.missing[:5]}" if rec.missing else ""))
     print(f"duplicated           {rec.duplicated}")
     print(f"rows no client saw   {rec.unacked_rows}")
-    print(f"spool depth          steady before the outage <= {steady}; peak {peak} at t={peak_t:.1f} s "
-          f"(max while down: {max(during, default=0)})")  # fmt: skip
+    print(
+        f"spool depth          steady before the outage <= {steady}; peak {peak} at t={peak_t:.1f} s "
+        f"(max while down: {max(during, default=0)})"
+    )
     if cleared is not None:
-        print(f"backlog cleared      {cleared - up:.1f} s after Postgres was back (depth <= {steady} again, "
-              f"load still running)")  # fmt: skip
+        print(
+            f"backlog cleared      {cleared - up:.1f} s after Postgres was back (depth <= {steady} again, "
+            f"load still running)"
+        )
     else:
         print("backlog cleared      not while the load ran")
     print(f"spool empty          {m['spool empty'] - m['load stopped']:.1f} s after the load stopped")

@@ -53,8 +53,11 @@ async def run(args: argparse.Namespace) -> None:
                 for dialect, values in per.items():
                     ratios = [v / c for v, c in zip(values, per["chat"], strict=True)]
                     rounds = ", ".join(f"{r:.2f}" for r in ratios)
-                    print(f"  {dialect:10s} {statistics.median(values):6.0f} us/call  "
-                          f"÷ chat {statistics.median(ratios):.3f}  (rounds: {rounds})", flush=True)  # fmt: skip
+                    print(
+                        f"  {dialect:10s} {statistics.median(values):6.0f} us/call  "
+                        f"÷ chat {statistics.median(ratios):.3f}  (rounds: {rounds})",
+                        flush=True,
+                    )
         finally:
             proxy.stop()
             stub.stop()

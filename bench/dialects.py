@@ -49,14 +49,26 @@ def corpus_bodies(turns: int = 12) -> dict[str, dict[str, Any]]:
     every call of an agent loop, whatever the engine answers.
     """
     system = ("You are a coding agent working in a repository. Follow the conventions you find. " * 160).strip()
-    schema = {"type": "object", "required": ["path"], "properties": {
-        "path": {"type": "string", "description": "a path inside the repository"},
-        "limit": {"type": "integer", "description": "how many lines at most"},
-        "pattern": {"type": "string", "description": "a regular expression to look for"}}}  # fmt: skip
+    schema = {
+        "type": "object",
+        "required": ["path"],
+        "properties": {
+            "path": {"type": "string", "description": "a path inside the repository"},
+            "limit": {"type": "integer", "description": "how many lines at most"},
+            "pattern": {"type": "string", "description": "a regular expression to look for"},
+        },
+    }
     tools = [(f"tool_{k}", "Reads, searches or edits files in the working tree. " * 8) for k in range(8)]
-    rounds = [(f"Please look at module {k} and tell me what it does. " * 24, f"tool_{k % 8}",
-               {"path": f"src/module_{k}.py", "limit": 200}, f"line {k}: def handler(request): ...\n" * 40,
-               f"Module {k} handles requests. " * 18) for k in range(turns)]  # fmt: skip
+    rounds = [
+        (
+            f"Please look at module {k} and tell me what it does. " * 24,
+            f"tool_{k % 8}",
+            {"path": f"src/module_{k}.py", "limit": 200},
+            f"line {k}: def handler(request): ...\n" * 40,
+            f"Module {k} handles requests. " * 18,
+        )
+        for k in range(turns)
+    ]
     last = "Now summarise what you found."
     chat: list[dict[str, Any]] = [{"role": "system", "content": system}]
     responses: list[dict[str, Any]] = []
@@ -64,43 +76,73 @@ def corpus_bodies(turns: int = 12) -> dict[str, dict[str, Any]]:
     gemini: list[dict[str, Any]] = []
     for k, (ask, name, args, result, answer) in enumerate(rounds):
         call_id, arguments = f"call_{k}", orjson.dumps(args).decode()
-        chat += [{"role": "user", "content": ask},
-                 {"role": "assistant", "content": None, "tool_calls": [
-                     {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
-                 {"role": "tool", "tool_call_id": call_id, "content": result},
-                 {"role": "assistant", "content": answer}]  # fmt: skip
-        responses += [{"role": "user", "content": ask},
-                      {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments},
-                      {"type": "function_call_output", "call_id": call_id, "output": result},
-                      {"role": "assistant", "content": answer}]  # fmt: skip
-        anthropic += [{"role": "user", "content": ask},
-                      {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name,
-                                                         "input": args}]},
-                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id,
-                                                    "content": result}]},
-                      {"role": "assistant", "content": answer}]  # fmt: skip
-        gemini += [{"role": "user", "parts": [{"text": ask}]},
-                   {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": name, "args": args}}]},
-                   {"role": "user", "parts": [{"functionResponse": {"id": call_id, "name": name,
-                                                                    "response": {"output": result}}}]},
-                   {"role": "model", "parts": [{"text": answer}]}]  # fmt: skip
+        chat += [
+            {"role": "user", "content": ask},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": result},
+            {"role": "assistant", "content": answer},
+        ]
+        responses += [
+            {"role": "user", "content": ask},
+            {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments},
+            {"type": "function_call_output", "call_id": call_id, "output": result},
+            {"role": "assistant", "content": answer},
+        ]
+        anthropic += [
+            {"role": "user", "content": ask},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": call_id, "name": name, "input": args}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": result}]},
+            {"role": "assistant", "content": answer},
+        ]
+        gemini += [
+            {"role": "user", "parts": [{"text": ask}]},
+            {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": name, "args": args}}]},
+            {
+                "role": "user",
+                "parts": [{"functionResponse": {"id": call_id, "name": name, "response": {"output": result}}}],
+            },
+            {"role": "model", "parts": [{"text": answer}]},
+        ]
     chat.append({"role": "user", "content": last})
     responses.append({"role": "user", "content": last})
     anthropic.append({"role": "user", "content": last})
     gemini.append({"role": "user", "parts": [{"text": last}]})
     return {
-        "chat": {"model": peers.MODEL, "messages": chat,
-                 "tools": [{"type": "function", "function": {"name": n, "description": d, "parameters": schema}}
-                           for n, d in tools]},
-        "responses": {"model": peers.MODEL, "instructions": system, "input": responses,
-                      "tools": [{"type": "function", "name": n, "description": d, "parameters": schema}
-                                for n, d in tools]},
-        "anthropic": {"model": peers.MODEL, "system": system, "messages": anthropic,
-                      "tools": [{"name": n, "description": d, "input_schema": schema} for n, d in tools]},
-        "gemini": {"systemInstruction": {"parts": [{"text": system}]}, "contents": gemini,
-                   "tools": [{"functionDeclarations": [{"name": n, "description": d, "parametersJsonSchema": schema}
-                                                       for n, d in tools]}]},
-    }  # fmt: skip
+        "chat": {
+            "model": peers.MODEL,
+            "messages": chat,
+            "tools": [
+                {"type": "function", "function": {"name": n, "description": d, "parameters": schema}} for n, d in tools
+            ],
+        },
+        "responses": {
+            "model": peers.MODEL,
+            "instructions": system,
+            "input": responses,
+            "tools": [{"type": "function", "name": n, "description": d, "parameters": schema} for n, d in tools],
+        },
+        "anthropic": {
+            "model": peers.MODEL,
+            "system": system,
+            "messages": anthropic,
+            "tools": [{"name": n, "description": d, "input_schema": schema} for n, d in tools],
+        },
+        "gemini": {
+            "systemInstruction": {"parts": [{"text": system}]},
+            "contents": gemini,
+            "tools": [
+                {
+                    "functionDeclarations": [
+                        {"name": n, "description": d, "parametersJsonSchema": schema} for n, d in tools
+                    ]
+                }
+            ],
+        },
+    }
 
 
 def request_of(dialect: str, size: str, stream: bool, max_tokens: int) -> tuple[str, dict[str, Any]]:
@@ -147,26 +189,41 @@ async def run(args: argparse.Namespace) -> int:
     with throwaway_database(args.db_admin) as db_url:
         try:
             stub = servers["stub"] = peers.stub(logdir, load_cores)
-            proxy = servers["proxy"] = peers.onthejob(stub.url, db_url, logdir / "spool", logdir, peer_cores,
-                                                      record=True, name="onthejob-rec")  # fmt: skip
+            proxy = servers["proxy"] = peers.onthejob(
+                stub.url, db_url, logdir / "spool", logdir, peer_cores, record=True, name="onthejob-rec"
+            )
             for i in range(args.rounds):  # alternating: every configuration once per round, in a rotated order
                 for size in args.sizes:
                     for stream in (False, True):
                         for conc in (1, 64):
                             direct = stub.port, payload(stub.port, "chat", stream, args.max_tokens, size)
                             configs = [("direct", None, *direct)] + [
-                                (dialect, proxy, proxy.port,
-                                 payload(proxy.port, dialect, stream, args.max_tokens, size))
+                                (
+                                    dialect,
+                                    proxy,
+                                    proxy.port,
+                                    payload(proxy.port, dialect, stream, args.max_tokens, size),
+                                )
                                 for dialect in args.dialects
-                            ]  # fmt: skip
+                            ]
                             for name, server, port, body in rotated(configs, i):
-                                row = await measure(name, server, stub, port, body, stream=stream,
-                                                    concurrency=conc, duration_s=args.duration,
-                                                    warmup_s=args.warmup)  # fmt: skip
+                                row = await measure(
+                                    name,
+                                    server,
+                                    stub,
+                                    port,
+                                    body,
+                                    stream=stream,
+                                    concurrency=conc,
+                                    duration_s=args.duration,
+                                    warmup_s=args.warmup,
+                                )
                                 rows_by_size[size].append(row)
-                                print(f"  {size:6s} {name:10s} stream={stream!s:5s} c={conc:<3d} "
-                                      f"{row.rps:8,.0f} req/s  p50 {row.p50_ms:7.3f} ms  errors {row.errors}",
-                                      flush=True)  # fmt: skip
+                                print(
+                                    f"  {size:6s} {name:10s} stream={stream!s:5s} c={conc:<3d} "
+                                    f"{row.rps:8,.0f} req/s  p50 {row.p50_ms:7.3f} ms  errors {row.errors}",
+                                    flush=True,
+                                )
         finally:
             for server in servers.values():
                 server.stop()
@@ -174,8 +231,10 @@ async def run(args: argparse.Namespace) -> int:
     for size, rows in rows_by_size.items():
         rows = median_of(rows) if args.aggregate == "median" else best_of(rows)
         add_baseline(rows)
-        print(f"\n{size} bodies ({len(orjson.dumps(request_of('chat', size, False, 1)[1])):,} bytes as chat), "
-              f"{args.aggregate} of {args.rounds} rounds\n")  # fmt: skip
+        print(
+            f"\n{size} bodies ({len(orjson.dumps(request_of('chat', size, False, 1)[1])):,} bytes as chat), "
+            f"{args.aggregate} of {args.rounds} rounds\n"
+        )
         print(table(rows))
         print()
         missed += summarise(rows, args.dialects)
@@ -198,12 +257,18 @@ def summarise(rows: list[Row], dialects: list[str]) -> int:
             ratio = ours64.rps / chat64.rps
             errors = sum(get(dialect, stream, c).errors for c in (1, 64))
             checks = [
-                (f"{dialect} added p50 at 1 within 0.2 ms of chat ({kind})", extra <= 0.2,
-                 f"{fmt(ours1.added_p50_ms, 3)} vs {fmt(chat1.added_p50_ms, 3)} ms: {extra:+.3f} ms"),
-                (f"{dialect} req/s at 64 within 15% of chat ({kind})", ratio >= 0.85,
-                 f"{ours64.rps:,.0f} vs {chat64.rps:,.0f} req/s: {ratio:.2f}x"),
+                (
+                    f"{dialect} added p50 at 1 within 0.2 ms of chat ({kind})",
+                    extra <= 0.2,
+                    f"{fmt(ours1.added_p50_ms, 3)} vs {fmt(chat1.added_p50_ms, 3)} ms: {extra:+.3f} ms",
+                ),
+                (
+                    f"{dialect} req/s at 64 within 15% of chat ({kind})",
+                    ratio >= 0.85,
+                    f"{ours64.rps:,.0f} vs {chat64.rps:,.0f} req/s: {ratio:.2f}x",
+                ),
                 (f"{dialect} answered without errors ({kind})", errors == 0, str(errors)),
-            ]  # fmt: skip
+            ]
             for name, ok, value in checks:
                 missed += not ok
                 print(f"  [{'met' if ok else 'MISSED'}] {name}: {value}")
@@ -222,17 +287,40 @@ def translation_cpu(dialects: list[str], max_tokens: int, calls: int = 5000) -> 
     from proxy.dialects.gemini import call_route as gemini_route
 
     usage = {"prompt_tokens": 16, "completion_tokens": max_tokens, "total_tokens": 16 + max_tokens}
-    choice = {"index": 0, "message": {"role": "assistant", "content": "x" * max_tokens}, "finish_reason": "length",
-              "stop_reason": None, "token_ids": list(range(max_tokens))}  # fmt: skip
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": "x" * max_tokens},
+        "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": list(range(max_tokens)),
+    }
     reply = {"id": "c", "object": "chat.completion", "model": peers.MODEL, "choices": [choice], "usage": usage}
     head = {"id": "c", "object": "chat.completion.chunk", "model": peers.MODEL}
-    chunks: list[dict[str, Any]] = [{**head, "prompt_token_ids": list(range(16)),
-               "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]  # fmt: skip
-    chunks += [{**head, "choices": [{"index": 0, "delta": {"content": "x"}, "token_ids": [i],
-                                     "logprobs": {"content": [{"token": "x", "logprob": -0.5}]}}]}
-               for i in range(max_tokens)]  # fmt: skip
-    chunks += [{**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
-               {**head, "choices": [], "usage": usage}]  # fmt: skip
+    chunks: list[dict[str, Any]] = [
+        {
+            **head,
+            "prompt_token_ids": list(range(16)),
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        }
+    ]
+    chunks += [
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "x"},
+                    "token_ids": [i],
+                    "logprobs": {"content": [{"token": "x", "logprob": -0.5}]},
+                }
+            ],
+        }
+        for i in range(max_tokens)
+    ]
+    chunks += [
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+        {**head, "choices": [], "usage": usage},
+    ]
 
     def cpu_us(fn: Any) -> float:
         start = time.process_time()
@@ -261,8 +349,10 @@ def translation_cpu(dialects: list[str], max_tokens: int, calls: int = 5000) -> 
             return bytes(out + events.close(StreamEnd("length", usage)))
 
         one, many = cpu_us(whole), cpu_us(stream)
-        print(f"{name}: non-streamed {one:.1f} us ({one - base:+.1f} over chat), "
-              f"{max_tokens}-token stream {many:.1f} us ({many - base_stream:+.1f} over chat)")  # fmt: skip
+        print(
+            f"{name}: non-streamed {one:.1f} us ({one - base:+.1f} over chat), "
+            f"{max_tokens}-token stream {many:.1f} us ({many - base_stream:+.1f} over chat)"
+        )
 
 
 def main() -> None:
@@ -287,8 +377,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply (= chunks per stream)")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin processes to cores")
     parser.add_argument("--db-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--translation-only", action="store_true",
-                        help="CPU per call of each dialect's translation alone (no servers)")  # fmt: skip
+    parser.add_argument(
+        "--translation-only", action="store_true", help="CPU per call of each dialect's translation alone (no servers)"
+    )
     args = parser.parse_args()
     if args.translation_only:
         translation_cpu(args.dialects, args.max_tokens)

@@ -86,8 +86,10 @@ async def _judge(
             a = await calibrate(client, cfg, items)
             rows.append(_line(f"{name} [{time.perf_counter() - started:.0f}s]", a))
             print(rows[-1], flush=True)  # long on a busy CPU: show each as it lands
-    for name, items in (("probe: 135M P(yes), + comment (held-out)", heldout),
-                        ("probe: 135M P(yes), no comment (held-out)", bare)):  # fmt: skip
+    for name, items in (
+        ("probe: 135M P(yes), + comment (held-out)", heldout),
+        ("probe: 135M P(yes), no comment (held-out)", bare),
+    ):
         rows.append(_line(name, await _yes_no(url, model, items, absolute.decision_threshold)))
         print(rows[-1], flush=True)
     rows.append(_line("keyword rule on the comment (held-out)", baseline_agreement(absolute, heldout)))
@@ -108,11 +110,21 @@ async def _yes_no(url: str, model: str, items: list[Item], threshold: float) -> 
         for item in items:
             question = "Was the assistant's last answer correct and brief? Answer yes or no."
             messages = absolute_messages(RUBRIC, item.conversation, item.comment)[:1] + [
-                {"role": "user", "content": absolute_messages(RUBRIC, item.conversation, item.comment)[1]["content"]
-                 .replace("Grade the assistant's last answer.", question)}
-            ]  # fmt: skip
-            body = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0.0, "logprobs": True,
-                    "top_logprobs": 20}  # fmt: skip
+                {
+                    "role": "user",
+                    "content": absolute_messages(RUBRIC, item.conversation, item.comment)[1]["content"].replace(
+                        "Grade the assistant's last answer.", question
+                    ),
+                }
+            ]
+            body = {
+                "model": model,
+                "messages": messages,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "logprobs": True,
+                "top_logprobs": 20,
+            }
             async with session.post(f"{url}/chat/completions", json=body) as resp:
                 top = (await resp.json())["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
             yes = sum(math.exp(t["logprob"]) for t in top if t["token"].strip().lower() == "yes")
@@ -167,12 +179,16 @@ def main() -> None:
                 heldout = run_episodes(h, heldout_p, eval=True, workers=4, progress=False)
                 sampled = run_episodes(h, train_p, attempts=args.attempts, workers=4, progress=False)
             if cache is not None:
-                cache.write_text(json.dumps({"heldout": [r.to_dict() for r in heldout],
-                                             "sampled": [r.to_dict() for r in sampled]}))  # fmt: skip
+                cache.write_text(
+                    json.dumps({"heldout": [r.to_dict() for r in heldout], "sampled": [r.to_dict() for r in sampled]})
+                )
         for name, rs in (("held-out (greedy)", heldout), ("sampled (T=0.7)", sampled)):
             ok = [r for r in rs if r.outcome != "error"]
-            print(f"{name}: {len(ok)} episodes, accuracy {sum(r.correct for r in ok) / max(len(ok), 1):.0%}, "
-                  f"mean reward {sum(r.reward for r in ok) / max(len(ok), 1):.3f}", flush=True)  # fmt: skip
+            print(
+                f"{name}: {len(ok)} episodes, accuracy {sum(r.correct for r in ok) / max(len(ok), 1):.0%}, "
+                f"mean reward {sum(r.reward for r in ok) / max(len(ok), 1):.3f}",
+                flush=True,
+            )
         rows = asyncio.run(
             _judge(
                 f"{url}/v1",

@@ -40,8 +40,9 @@ from bench.reliability import (
 )
 
 
-async def _scenario(args: argparse.Namespace, first: Server, restart: Callable[[], Server],
-                    log: list[str]) -> tuple[Tally, Server]:  # fmt: skip
+async def _scenario(
+    args: argparse.Namespace, first: Server, restart: Callable[[], Server], log: list[str]
+) -> tuple[Tally, Server]:
     t0 = time.monotonic()
 
     def mark(what: str) -> None:
@@ -49,8 +50,11 @@ async def _scenario(args: argparse.Namespace, first: Server, restart: Callable[[
         print(log[-1], flush=True)
 
     stop = asyncio.Event()
-    load = asyncio.create_task(run_clients(first.port, stop, clients=args.clients, mix="mixed",
-                                           tokens=args.tokens, gap_ms=args.gap_ms, run_id="kill"))  # fmt: skip
+    load = asyncio.create_task(
+        run_clients(
+            first.port, stop, clients=args.clients, mix="mixed", tokens=args.tokens, gap_ms=args.gap_ms, run_id="kill"
+        )
+    )
     proxy = first
     mark("load started")
     for k in range(args.kills):
@@ -74,8 +78,10 @@ async def _scenario(args: argparse.Namespace, first: Server, restart: Callable[[
 
 def run(args: argparse.Namespace) -> int:
     print(f"machine: {machine_description()}")
-    print(f"load: {args.clients} clients, streamed and non-streamed calls alternating, {args.tokens} tokens a reply, "
-          f"{args.gap_ms} ms between chunks; {args.kills} SIGKILL(s), {args.interval:.0f} s apart")  # fmt: skip
+    print(
+        f"load: {args.clients} clients, streamed and non-streamed calls alternating, {args.tokens} tokens a reply, "
+        f"{args.gap_ms} ms between chunks; {args.kills} SIGKILL(s), {args.interval:.0f} s apart"
+    )
     procs: list[Server] = []
     with tempfile.TemporaryDirectory(prefix="onthejob-kill-") as tmp, throwaway_database() as db_url:
         logdir = Path(tmp)
@@ -85,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
             procs.append(stub)
 
             def restart() -> Server:
-                procs.append(spawn("proxy", proxy_cmd(stub.url, db_url, spool, port), port, logdir,
-                                   env={"ONTHEJOB_RECORD": "1"}))  # fmt: skip
+                procs.append(
+                    spawn("proxy", proxy_cmd(stub.url, db_url, spool, port), port, logdir, env={"ONTHEJOB_RECORD": "1"})
+                )
                 return procs[-1]
 
             first = wait_ready(restart())

@@ -68,8 +68,9 @@ async def _load(args: argparse.Namespace, proxy: Server) -> tuple[Tally, list[tu
 
     asyncio.get_running_loop().call_later(args.duration, stop.set)
     sampling = asyncio.create_task(sampler())
-    tally = await run_clients(proxy.port, stop, clients=args.clients, mix="stream", tokens=args.tokens,
-                              gap_ms=args.gap_ms, run_id="load")  # fmt: skip
+    tally = await run_clients(
+        proxy.port, stop, clients=args.clients, mix="stream", tokens=args.tokens, gap_ms=args.gap_ms, run_id="load"
+    )
     await sampling
     samples.append((time.monotonic() - t0, *tree_rss_kib(proxy.proc.pid)))
     return tally, samples
@@ -77,8 +78,10 @@ async def _load(args: argparse.Namespace, proxy: Server) -> tuple[Tally, list[tu
 
 def run(args: argparse.Namespace) -> int:
     print(f"machine: {machine_description()}")
-    print(f"load: {args.clients} streaming clients for {args.duration:.0f} s; stub: {args.tokens} tokens a reply, "
-          f"{args.gap_ms} ms between chunks; recording on (Postgres 127.0.0.1:5432, throwaway database)")  # fmt: skip
+    print(
+        f"load: {args.clients} streaming clients for {args.duration:.0f} s; stub: {args.tokens} tokens a reply, "
+        f"{args.gap_ms} ms between chunks; recording on (Postgres 127.0.0.1:5432, throwaway database)"
+    )
     sys.stdout.flush()
     with tempfile.TemporaryDirectory(prefix="onthejob-load-") as tmp, throwaway_database() as db_url:
         logdir = Path(tmp)
@@ -132,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
     )
     print(f"responses            {responses}  (every answer the clients received, any status)")
     print(f"rows in completions  {rec.rows}  terminations {dict(rec.terminations)}")
-    print(f"acknowledged         {rec.acked}; recorded {rec.recorded}; missing {len(rec.missing)}; "
-          f"duplicated {rec.duplicated}; rows no client saw in full {rec.unacked_rows}")  # fmt: skip
+    print(
+        f"acknowledged         {rec.acked}; recorded {rec.recorded}; missing {len(rec.missing)}; "
+        f"duplicated {rec.duplicated}; rows no client saw in full {rec.unacked_rows}"
+    )
     if rec.missing:
         print(f"   missing e.g. {rec.missing[:5]}")
     equal = rec.rows == responses and not rec.missing and rec.duplicated == 0

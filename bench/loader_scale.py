@@ -48,8 +48,22 @@ PROJECT, ALIAS, TURNS = "bench", "agent", 4
 SAMPLED = list(range(200, 216))
 AFTER = [2, 3, 1, 13, 3, 60, 2, 3]  # the template's glue and a tool result after each assistant turn
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-FEEDBACK_COLUMNS = ("id", "project_id", "idempotency_key", "target_kind", "target_id", "completion_id", "session_id",
-                    "name", "value", "comment", "source", "metadata", "created_at", "attached_at")  # fmt: skip
+FEEDBACK_COLUMNS = (
+    "id",
+    "project_id",
+    "idempotency_key",
+    "target_kind",
+    "target_id",
+    "completion_id",
+    "session_id",
+    "name",
+    "value",
+    "comment",
+    "source",
+    "metadata",
+    "created_at",
+    "attached_at",
+)
 
 
 def _turn_json() -> tuple[list[bytes], list[bytes]]:
@@ -66,8 +80,17 @@ def _turn_json() -> tuple[list[bytes], list[bytes]]:
 
 
 PROMPTS, REQUESTS = _turn_json()
-CHOICES = orjson.dumps([{"index": 0, "token_ids": SAMPLED, "logprobs": [-0.5] * 16, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "x"}}])  # fmt: skip
+CHOICES = orjson.dumps(
+    [
+        {
+            "index": 0,
+            "token_ids": SAMPLED,
+            "logprobs": [-0.5] * 16,
+            "finish_reason": "stop",
+            "message": {"role": "assistant", "content": "x"},
+        }
+    ]
+)
 SAMPLING = orjson.dumps({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 16})
 TAGS = {"": b"[]", "eval": b'["eval"]'}
 
@@ -76,16 +99,37 @@ def call(session: int, turn: int, at: int) -> CallRecord:
     """Turn ``turn`` of session ``session`` (every 20th session is held out)."""
     sid = f"s{session:08d}"
     return CallRecord(
-        id=f"c{session:08d}-{turn}", project_id=PROJECT, session_id=sid, task_id=f"task{session % 500}",
-        client_request_id=None, upstream_id=None, endpoint="chat", dialect="chat", client_request=b"null",
-        client_response=b"null", alias=ALIAS, served_model="base", adapter_version=None,
-        tags=TAGS["eval" if session % 20 == 0 else ""], request=REQUESTS[turn], response=b"{}",
-        prompt_token_ids=PROMPTS[turn], choices=CHOICES, sampling=SAMPLING, usage=b"null", status_code=200,
-        termination="stop", error=None, stream=False, link_key=None,
+        id=f"c{session:08d}-{turn}",
+        project_id=PROJECT,
+        session_id=sid,
+        task_id=f"task{session % 500}",
+        client_request_id=None,
+        upstream_id=None,
+        endpoint="chat",
+        dialect="chat",
+        client_request=b"null",
+        client_response=b"null",
+        alias=ALIAS,
+        served_model="base",
+        adapter_version=None,
+        tags=TAGS["eval" if session % 20 == 0 else ""],
+        request=REQUESTS[turn],
+        response=b"{}",
+        prompt_token_ids=PROMPTS[turn],
+        choices=CHOICES,
+        sampling=SAMPLING,
+        usage=b"null",
+        status_code=200,
+        termination="stop",
+        error=None,
+        stream=False,
+        link_key=None,
         parent_id=f"c{session:08d}-{turn - 1}" if turn else None,
-        created_at=(T0 + timedelta(milliseconds=at)).isoformat(), latency_ms=1.0, ttft_ms=1.0,
+        created_at=(T0 + timedelta(milliseconds=at)).isoformat(),
+        latency_ms=1.0,
+        ttft_ms=1.0,
         session_source="header",
-    )  # fmt: skip
+    )
 
 
 def grade(session: int, n: int, at: int) -> tuple[Any, ...]:
@@ -94,8 +138,22 @@ def grade(session: int, n: int, at: int) -> tuple[Any, ...]:
     value = b'"success"' if (session + n) % 3 else b'"failure"'
     when = (T0 + timedelta(milliseconds=at)).isoformat()
     sid = f"s{session:08d}"
-    return (fid, PROJECT, fid, "session_id", sid, None, sid, "outcome", value.decode(), None, "harness", "{}",
-            when, when)  # fmt: skip
+    return (
+        fid,
+        PROJECT,
+        fid,
+        "session_id",
+        sid,
+        None,
+        sid,
+        "outcome",
+        value.decode(),
+        None,
+        "harness",
+        "{}",
+        when,
+        when,
+    )
 
 
 async def write(conn: psycopg.AsyncConnection[Any], calls: list[CallRecord], grades: list[tuple[Any, ...]]) -> None:
@@ -163,8 +221,11 @@ async def trigger_cost(url: str, rounds: int = 4) -> dict[str, float]:
                 out[mode].append((time.perf_counter() - started) / len(calls) * 1e6)
         await conn.execute("ALTER TABLE completions ENABLE TRIGGER completions_log_changes")
     on, off = statistics.median(out["on"]), statistics.median(out["off"])
-    return {"trigger_on_us_per_call": round(on, 1), "trigger_off_us_per_call": round(off, 1),
-            "added_us_per_call": round(on - off, 1)}  # fmt: skip
+    return {
+        "trigger_on_us_per_call": round(on, 1),
+        "trigger_off_us_per_call": round(off, 1),
+        "added_us_per_call": round(on - off, 1),
+    }
 
 
 def poll_once(db: Session, feed: TrainingFeed, traced: bool) -> dict[str, float]:

@@ -140,8 +140,13 @@ class _Conn(asyncio.Protocol):
 
 
 def build_request(host: str, port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
-            f"Content-Length: {len(body)}", "Accept: */*"]  # fmt: skip
+    head = [
+        f"POST {path} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Accept: */*",
+    ]
     head += [f"{k}: {v}" for k, v in (headers or {}).items()]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 

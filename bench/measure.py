@@ -54,8 +54,16 @@ async def measure(
     """Run one configuration against ``port`` and account for everyone's CPU while it ran."""
     cpu0, stub0, me0, busy0 = server.cpu_s() if server else 0.0, stub.cpu_s(), self_cpu_s(), _busy_s()
     t0 = time.perf_counter()
-    result = await run_load("127.0.0.1", port, payload, concurrency=concurrency, duration_s=duration_s,
-                            warmup_s=warmup_s, want_events=want_events, marker=marker)  # fmt: skip
+    result = await run_load(
+        "127.0.0.1",
+        port,
+        payload,
+        concurrency=concurrency,
+        duration_s=duration_s,
+        warmup_s=warmup_s,
+        want_events=want_events,
+        marker=marker,
+    )
     wall = time.perf_counter() - t0  # longer than warm-up + duration when the last replies were slow
     cpu = (server.cpu_s() - cpu0) if server else 0.0
     me, stub_cpu, busy = self_cpu_s() - me0, stub.cpu_s() - stub0, _busy_s() - busy0
@@ -97,8 +105,10 @@ def fmt(x: float, digits: int = 2) -> str:
 
 def table(rows: list[Row]) -> str:
     """A markdown table of every row."""
-    head = ("| peer | stream | conc | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | added TTFB ms "
-            "| peer CPU s/1k req | req/s per peer core | loadgen cores | other load (cores) | errors |")  # fmt: skip
+    head = (
+        "| peer | stream | conc | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | added TTFB ms "
+        "| peer CPU s/1k req | req/s per peer core | loadgen cores | other load (cores) | errors |"
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(

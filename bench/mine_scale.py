@@ -57,10 +57,14 @@ def main() -> None:
         started = time.perf_counter()
         done = mine(db, PROJECT, settle_s=60)
         out.update(
-            calls=calls, read_calls=done.calls, read_feedback=done.feedback, flagged=dict(done.flagged),
-            mine_s=round(time.perf_counter() - started, 1), rss_before_mb=round(before / 1024, 1),
+            calls=calls,
+            read_calls=done.calls,
+            read_feedback=done.feedback,
+            flagged=dict(done.flagged),
+            mine_s=round(time.perf_counter() - started, 1),
+            rss_before_mb=round(before / 1024, 1),
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        )  # fmt: skip
+        )
     engine.dispose()
     print(orjson.dumps(out).decode(), flush=True)
 

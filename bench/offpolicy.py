@@ -101,7 +101,7 @@ def run(
     """Train one policy on lagged logged traffic; returns its final outcome and ratio stats over the run.
 
     With ``curve``, the exact outcome after every ``every`` updates is appended to it (the training curve).
-    """  # fmt: skip
+    """
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(1000 + seed)
     answers = torch.randint(0, CONTENT, (TASKS, LENGTH), generator=gen)
@@ -188,8 +188,9 @@ def main() -> None:
     def cell(method: str, lag: int, drop: bool) -> tuple[list[Outcome], list[dict[str, float]]]:
         traces: list[list[tuple[int, Outcome]]] = [[] for _ in seeds]
         keep = method == "tis"
-        results = [run(method, lag, s, args.updates, drop, args.lr, traces[i] if keep else None)
-                   for i, s in enumerate(seeds)]  # fmt: skip
+        results = [
+            run(method, lag, s, args.updates, drop, args.lr, traces[i] if keep else None) for i, s in enumerate(seeds)
+        ]
         if keep:
             curves[(lag, drop)] = traces
         return [o for o, _ in results], [st for _, st in results]
@@ -205,8 +206,10 @@ def main() -> None:
         )
         for s in seeds
     ]  # noqa: E501
-    print(f"offpolicy toy: {TASKS} tasks × {LENGTH} tokens, {ATTEMPTS} attempts/task/update, {args.updates} updates, "
-          f"{int(MISSING * 100)}% rewards missing, {args.seeds} seeds (mean±sd)")  # fmt: skip
+    print(
+        f"offpolicy toy: {TASKS} tasks × {LENGTH} tokens, {ATTEMPTS} attempts/task/update, {args.updates} updates, "
+        f"{int(MISSING * 100)}% rewards missing, {args.seeds} seeds (mean±sd)"
+    )
     print(f"initial policy: success {fmt([o.success for o in init])}, timeout rate {fmt([o.timeout for o in init])}\n")
 
     table: dict[tuple[str, int], list[Outcome]] = {}
@@ -233,8 +236,10 @@ def main() -> None:
     for lag in lags:
         dropped, _ = cell("tis", lag, drop=True)
         counted = table[("tis", lag)]
-        print(f"{lag:>4} | {fmt([o.success for o in dropped]):>15} {fmt([o.timeout for o in dropped]):>15} | "
-              f"{fmt([o.success for o in counted]):>15} {fmt([o.timeout for o in counted]):>15}")  # fmt: skip
+        print(
+            f"{lag:>4} | {fmt([o.success for o in dropped]):>15} {fmt([o.timeout for o in dropped]):>15} | "
+            f"{fmt([o.success for o in counted]):>15} {fmt([o.timeout for o in counted]):>15}"
+        )
     print(f"\n({time.monotonic() - started:.0f} s)")
 
     if args.plot:

@@ -101,8 +101,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--client", choices=("aiohttp", "ours"), default="aiohttp", help="the upstream client")
     args = parser.parse_args()
-    server = {"host": "127.0.0.1", "port": args.port, "loop": "uvloop", "http": "httptools",
-              "log_level": "warning", "access_log": False}  # fmt: skip
+    server = {
+        "host": "127.0.0.1",
+        "port": args.port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": "warning",
+        "access_log": False,
+    }
     if args.workers > 1:
         os.environ["PASSTHROUGH_UPSTREAM"], os.environ["PASSTHROUGH_CLIENT"] = args.upstream, args.client
         uvicorn.run("bench.passthrough:app_from_env", factory=True, workers=args.workers, **server)  # type: ignore[arg-type]

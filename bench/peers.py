@@ -26,8 +26,19 @@ def passthrough(
     upstream: str, logdir: Path, cores: set[int] | None, workers: int = 1, client: str = "aiohttp"
 ) -> Server:
     port = free_port()
-    cmd = [PY, "-m", "bench.passthrough", "--upstream", upstream, "--port", str(port), "--workers", str(workers),
-           "--client", client]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "bench.passthrough",
+        "--upstream",
+        upstream,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--client",
+        client,
+    ]
     return start_server("passthrough", cmd, port, logdir, ready_path="/", cores=cores)
 
 
@@ -45,8 +56,23 @@ def onthejob(
 ) -> Server:
     """``onthejob serve`` from ``checkout`` (this one, or a worktree of another commit to compare with)."""
     port = free_port()
-    cmd = [PY, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url, "--port", str(port),
-           "--spool", str(spool), "--no-auth", "--workers", str(workers)]  # fmt: skip
+    cmd = [
+        PY,
+        "-m",
+        "onthejob.cli",
+        "serve",
+        "--upstream",
+        upstream,
+        "--db",
+        db_url,
+        "--port",
+        str(port),
+        "--spool",
+        str(spool),
+        "--no-auth",
+        "--workers",
+        str(workers),
+    ]
     env = {"ONTHEJOB_RECORD": "1" if record else "0", "PYTHONPATH": str(checkout)}
     return start_server(name, cmd, port, logdir, env=env, cores=cores, cwd=checkout)
 
@@ -81,12 +107,26 @@ def litellm(upstream: str, logdir: Path, cores: set[int] | None, workers: int = 
         "litellm_settings:\n"
         "  set_verbose: false\n"
     )
-    cmd = [str(LITELLM_VENV / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
-           "--port", str(port), "--num_workers", str(workers)]  # fmt: skip
-    env = {"LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true", "LITELLM_LOG": "ERROR",
-           "LITELLM_TELEMETRY": "False", "NO_DOCS": "True"}  # fmt: skip
-    return start_server(f"litellm-w{workers}", cmd, port, logdir, ready_path="/health/liveliness", env=env,
-                        cores=cores, timeout_s=180)  # fmt: skip
+    cmd = [
+        str(LITELLM_VENV / "bin" / "litellm"),
+        "--config",
+        str(config),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num_workers",
+        str(workers),
+    ]
+    env = {
+        "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
+        "LITELLM_LOG": "ERROR",
+        "LITELLM_TELEMETRY": "False",
+        "NO_DOCS": "True",
+    }
+    return start_server(
+        f"litellm-w{workers}", cmd, port, logdir, ready_path="/health/liveliness", env=env, cores=cores, timeout_s=180
+    )
 
 
 def versions() -> dict[str, str]:

@@ -105,13 +105,29 @@ def main() -> None:
     raw = logdir / "pyspy.txt"
     with throwaway_database() as db_url:
         stub = peers.stub(logdir, load_cores)
-        proxy = peers.onthejob(stub.url, db_url, logdir / "spool", logdir, peer_cores, record=args.record,
-                               name="onthejob")  # fmt: skip
+        proxy = peers.onthejob(
+            stub.url, db_url, logdir / "spool", logdir, peer_cores, record=args.record, name="onthejob"
+        )
         try:
-            spy = subprocess.Popen([str(Path(PY).parent / "py-spy"), "record", "--pid", str(proxy.proc.pid),
-                                    "--rate", str(args.rate), "--format", "raw", "--output", str(raw),
-                                    "--duration", str(int(args.seconds + 1)), *(["--gil"] if args.gil else [])],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+            spy = subprocess.Popen(
+                [
+                    str(Path(PY).parent / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(proxy.proc.pid),
+                    "--rate",
+                    str(args.rate),
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(raw),
+                    "--duration",
+                    str(int(args.seconds + 1)),
+                    *(["--gil"] if args.gil else []),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             if args.turns:  # a long agent conversation instead of one short message
                 body = long_chat(proxy.port, args.turns, args.turn_chars, args.stream, args.max_tokens)
             else:
@@ -126,8 +142,10 @@ def main() -> None:
         finally:
             proxy.stop()
             stub.stop()
-    print(f"onthejob {args.dialect} record={args.record} stream={args.stream} c={args.concurrency}: {rps:,.0f} req/s, "
-          f"p50 {p50:.3f} ms (slowed by sampling), records lost {lost}")  # fmt: skip
+    print(
+        f"onthejob {args.dialect} record={args.record} stream={args.stream} c={args.concurrency}: {rps:,.0f} req/s, "
+        f"p50 {p50:.3f} ms (slowed by sampling), records lost {lost}"
+    )
     print(summarise(raw, args.top))
     print(f"\ncollapsed stacks: {raw}")
 

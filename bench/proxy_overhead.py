@@ -38,8 +38,12 @@ PEERS = ("direct", "passthrough", "recording-on", "recording-off")
 
 
 def payload(port: int, stream: bool, max_tokens: int) -> bytes:
-    body = {"model": peers.MODEL, "messages": [{"role": "user", "content": "Say hello."}],
-            "max_tokens": max_tokens, "stream": stream}  # fmt: skip
+    body = {
+        "model": peers.MODEL,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
     return build_request("127.0.0.1", port, "/v1/chat/completions", orjson.dumps(body))
 
 
@@ -50,17 +54,21 @@ async def run(args: argparse.Namespace) -> int:
     print(f"machine: {machine_description()}")
     fs50, fs99 = fsync_probe(logdir)
     print(f"one append+fsync on this disk now: p50 {fs50:.2f} ms, p99 {fs99:.2f} ms")
-    print(f"CPU split: {'loadgen+stub on core 0, peer under test on core 1' if args.pin else 'unpinned'}; "
-          f"logs and spools in {logdir}")  # fmt: skip
+    print(
+        f"CPU split: {'loadgen+stub on core 0, peer under test on core 1' if args.pin else 'unpinned'}; "
+        f"logs and spools in {logdir}"
+    )
     servers: dict[str, Server] = {}
     with throwaway_database(args.db_admin) as db_url:
         try:
             stub = servers["stub"] = peers.stub(logdir, load_cores)
             servers["passthrough"] = peers.passthrough(stub.url, logdir, peer_cores, client=args.bare_client)
-            servers["recording-on"] = peers.onthejob(stub.url, db_url, logdir / "spool-on", logdir, peer_cores,
-                                                     record=True, name="onthejob-rec")  # fmt: skip
-            servers["recording-off"] = peers.onthejob(stub.url, db_url, logdir / "spool-off", logdir, peer_cores,
-                                                      record=False, name="onthejob-norec")  # fmt: skip
+            servers["recording-on"] = peers.onthejob(
+                stub.url, db_url, logdir / "spool-on", logdir, peer_cores, record=True, name="onthejob-rec"
+            )
+            servers["recording-off"] = peers.onthejob(
+                stub.url, db_url, logdir / "spool-off", logdir, peer_cores, record=False, name="onthejob-norec"
+            )
             rows: list[Row] = []
             returned: list[str] = []
             for i in range(args.rounds):
@@ -70,9 +78,17 @@ async def run(args: argparse.Namespace) -> int:
                         for peer in peers_now:
                             server = servers.get(peer)
                             port = stub.port if peer == "direct" else servers[peer].port
-                            row = await measure(peer, server, stub, port, payload(port, stream, args.max_tokens),
-                                            stream=stream, concurrency=conc, duration_s=args.duration,
-                                            warmup_s=args.warmup)  # fmt: skip
+                            row = await measure(
+                                peer,
+                                server,
+                                stub,
+                                port,
+                                payload(port, stream, args.max_tokens),
+                                stream=stream,
+                                concurrency=conc,
+                                duration_s=args.duration,
+                                warmup_s=args.warmup,
+                            )
                             rows.append(row)
                             if peer == "recording-on":
                                 returned += row.result.all_ids
@@ -102,34 +118,52 @@ def summarise(rows: list[Row], answered: int, ids: int, unique: int, landed: int
 
     lost = unique - landed
     missing_ids = answered - ids
-    print(f"recording-on: {answered} responses, {ids} x-request-ids ({unique} distinct), {landed} rows in Postgres "
-          f"after the spool drained ({waited:.1f} s) -> records lost: {lost}"
-          + (f"; {missing_ids} responses without an id!" if missing_ids else ""))  # fmt: skip
+    print(
+        f"recording-on: {answered} responses, {ids} x-request-ids ({unique} distinct), {landed} rows in Postgres "
+        f"after the spool drained ({waited:.1f} s) -> records lost: {lost}"
+        + (f"; {missing_ids} responses without an id!" if missing_ids else "")
+    )
     for stream in (False, True):
         on, off = get("recording-on", stream, 64), get("recording-off", stream, 64)
-        print(f"recording-on / recording-off throughput at 64, {'streaming' if stream else 'non-streaming'}: "
-              f"{on.rps:,.0f} / {off.rps:,.0f} = {on.rps / off.rps:.2f}; by CPU cost per request: "
-              f"{capacity(on):,.0f} / {capacity(off):,.0f} req/s per core = "
-              f"{capacity(on) / capacity(off):.2f}")  # fmt: skip
+        print(
+            f"recording-on / recording-off throughput at 64, {'streaming' if stream else 'non-streaming'}: "
+            f"{on.rps:,.0f} / {off.rps:,.0f} = {on.rps / off.rps:.2f}; by CPU cost per request: "
+            f"{capacity(on):,.0f} / {capacity(off):,.0f} req/s per core = "
+            f"{capacity(on) / capacity(off):.2f}"
+        )
     direct64 = get("direct", False, 64)
     best_peer = max(r.rps for r in rows if r.peer != "direct" and not r.stream and r.concurrency == 64)
-    print(f"load generator headroom: direct does {direct64.rps:,.0f} req/s at 64 (non-streaming) vs the fastest "
-          f"peer's {best_peer:,.0f}")  # fmt: skip
+    print(
+        f"load generator headroom: direct does {direct64.rps:,.0f} req/s at 64 (non-streaming) vs the fastest "
+        f"peer's {best_peer:,.0f}"
+    )
     on1, on64, off64 = get("recording-on", False, 1), get("recording-on", False, 64), get("recording-off", False, 64)
     pt64 = get("passthrough", False, 64)
     on1s = get("recording-on", True, 1)
     checks = [
-        ("added p50 <= 1 ms at concurrency 1 (non-streaming)", on1.added_p50_ms <= 1.0,
-         f"{fmt(on1.added_p50_ms, 3)} ms"),
+        (
+            "added p50 <= 1 ms at concurrency 1 (non-streaming)",
+            on1.added_p50_ms <= 1.0,
+            f"{fmt(on1.added_p50_ms, 3)} ms",
+        ),
         ("added p50 <= 1 ms at concurrency 1 (streaming)", on1s.added_p50_ms <= 1.0, f"{fmt(on1s.added_p50_ms, 3)} ms"),
-        (">= 3,000 req/s at 64 with recording on (non-streaming)", on64.rps >= 3000,
-         f"{on64.rps:,.0f} req/s (its CPU cost allows {capacity(on64):,.0f} req/s on one whole core)"),
-        ("recording-on >= 0.8x recording-off (non-streaming, 64)", on64.rps >= 0.8 * off64.rps,
-         f"{on64.rps / off64.rps:.2f}x (by CPU cost per request: {capacity(on64) / capacity(off64):.2f}x)"),
-        ("recording-on >= 0.7x the bare pass-through (non-streaming, 64)", on64.rps >= 0.7 * pt64.rps,
-         f"{on64.rps / pt64.rps:.2f}x (by CPU cost per request: {capacity(on64) / capacity(pt64):.2f}x)"),
+        (
+            ">= 3,000 req/s at 64 with recording on (non-streaming)",
+            on64.rps >= 3000,
+            f"{on64.rps:,.0f} req/s (its CPU cost allows {capacity(on64):,.0f} req/s on one whole core)",
+        ),
+        (
+            "recording-on >= 0.8x recording-off (non-streaming, 64)",
+            on64.rps >= 0.8 * off64.rps,
+            f"{on64.rps / off64.rps:.2f}x (by CPU cost per request: {capacity(on64) / capacity(off64):.2f}x)",
+        ),
+        (
+            "recording-on >= 0.7x the bare pass-through (non-streaming, 64)",
+            on64.rps >= 0.7 * pt64.rps,
+            f"{on64.rps / pt64.rps:.2f}x (by CPU cost per request: {capacity(on64) / capacity(pt64):.2f}x)",
+        ),
         ("0 records lost", lost == 0 and missing_ids == 0, str(lost)),
-    ]  # fmt: skip
+    ]
     print()
     for name, ok, value in checks:
         print(f"  [{'met' if ok and not _nan(value) else 'MISSED'}] {name}: {value}")
@@ -144,14 +178,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured per configuration")
     parser.add_argument(
-        "--rounds", type=int, default=4,
+        "--rounds",
+        type=int,
+        default=4,
         help="measure each configuration this often (a multiple of 4: each peer takes each slot); keep the best",
-    )  # fmt: skip
+    )
     parser.add_argument("--warmup", type=float, default=0.5, help="seconds of load before measuring")
     parser.add_argument(
-        "--bare-client", choices=("aiohttp", "ours"), default="aiohttp",
+        "--bare-client",
+        choices=("aiohttp", "ours"),
+        default="aiohttp",
         help="the bare pass-through's upstream client: aiohttp (the reference) or the proxy's own",
-    )  # fmt: skip
+    )
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per reply (= chunks per stream)")
     parser.add_argument("--no-pin", dest="pin", action="store_false", help="do not pin processes to cores")
     parser.add_argument("--db-admin", default="postgresql://postgres@127.0.0.1:5432/postgres")

@@ -34,13 +34,20 @@ from storage.migrate import upgrade
 from storage.records import CallRecord
 
 REQUEST = b'{"model":"stub-model","messages":[{"role":"user","content":"Say hello."}],"max_tokens":16}'
-RESPONSE = (b'{"id":"stub-1","object":"chat.completion","created":1796142658,"model":"stub-model","choices":['
-            b'{"index":0,"finish_reason":"length","stop_reason":null,"token_ids":null,"logprobs":null,"message":{"role":'
-            b'"assistant","content":"xxxxxxxxxxxxxxxx"}}],"usage":{"prompt_tokens":16,"completion_tokens":16,'
-            b'"total_tokens":32},"prompt_token_ids":null,"system_fingerprint":"stub"}')  # fmt: skip
-CHOICES = (b'[{"index":0,"token_ids":[' + b",".join(str(i).encode() for i in range(100, 116)) + b'],"logprobs":['
-           + b",".join([b"-0.5"] * 16) + b'],"finish_reason":"length","message":{"role":"assistant","content":'
-           b'"xxxxxxxxxxxxxxxx"}}]')  # fmt: skip
+RESPONSE = (
+    b'{"id":"stub-1","object":"chat.completion","created":1796142658,"model":"stub-model","choices":['
+    b'{"index":0,"finish_reason":"length","stop_reason":null,"token_ids":null,"logprobs":null,"message":{"role":'
+    b'"assistant","content":"xxxxxxxxxxxxxxxx"}}],"usage":{"prompt_tokens":16,"completion_tokens":16,'
+    b'"total_tokens":32},"prompt_token_ids":null,"system_fingerprint":"stub"}'
+)
+CHOICES = (
+    b'[{"index":0,"token_ids":['
+    + b",".join(str(i).encode() for i in range(100, 116))
+    + b'],"logprobs":['
+    + b",".join([b"-0.5"] * 16)
+    + b'],"finish_reason":"length","message":{"role":"assistant","content":'
+    b'"xxxxxxxxxxxxxxxx"}}]'
+)
 SAMPLING = b'{"max_tokens":16,"temperature":1.0,"top_p":1.0,"top_k":-1,"min_p":0.0,"n":1}'
 USAGE = b'{"prompt_tokens":16,"completion_tokens":16,"total_tokens":32}'
 PROMPT = b"[" + b",".join(str(i).encode() for i in range(1, 17)) + b"]"
@@ -49,14 +56,37 @@ PROMPT = b"[" + b",".join(str(i).encode() for i in range(1, 17)) + b"]"
 def record() -> CallRecord:
     """One call as the proxy records the bench's request (a new session each)."""
     return CallRecord(
-        id=f"cmpl-{uuid.uuid4().hex}", project_id="default", session_id=f"ses_{uuid.uuid4().hex}", task_id=None,
-        client_request_id=None, upstream_id="stub-1", endpoint="chat", dialect="chat", client_request=b"null",
-        client_response=b"null", alias="stub-model", served_model="stub-model", adapter_version=None, tags=b"[]",
-        request=REQUEST, response=RESPONSE, prompt_token_ids=PROMPT, choices=CHOICES, sampling=SAMPLING,
-        usage=USAGE, status_code=200, termination="length", error=None, stream=False,
-        link_key=uuid.uuid4().hex * 2, parent_id=None, created_at=datetime.now(UTC).isoformat(),
-        latency_ms=1.1, ttft_ms=1.0, session_source="new",
-    )  # fmt: skip
+        id=f"cmpl-{uuid.uuid4().hex}",
+        project_id="default",
+        session_id=f"ses_{uuid.uuid4().hex}",
+        task_id=None,
+        client_request_id=None,
+        upstream_id="stub-1",
+        endpoint="chat",
+        dialect="chat",
+        client_request=b"null",
+        client_response=b"null",
+        alias="stub-model",
+        served_model="stub-model",
+        adapter_version=None,
+        tags=b"[]",
+        request=REQUEST,
+        response=RESPONSE,
+        prompt_token_ids=PROMPT,
+        choices=CHOICES,
+        sampling=SAMPLING,
+        usage=USAGE,
+        status_code=200,
+        termination="length",
+        error=None,
+        stream=False,
+        link_key=uuid.uuid4().hex * 2,
+        parent_id=None,
+        created_at=datetime.now(UTC).isoformat(),
+        latency_ms=1.1,
+        ttft_ms=1.0,
+        session_source="new",
+    )
 
 
 async def run(db_url: str, batches: int, size: int) -> tuple[float, float]:
@@ -99,8 +129,10 @@ def main() -> None:
         print(f"  recorder {me:.4f}  postgres backend {pg:.4f} CPU s/1k records", flush=True)
         mine.append(me)
         theirs.append(pg)
-    print(f"median: recorder {statistics.median(mine):.4f}, postgres backend {statistics.median(theirs):.4f} "
-          f"CPU s per 1k records ({args.batches} batches of {args.batch})")  # fmt: skip
+    print(
+        f"median: recorder {statistics.median(mine):.4f}, postgres backend {statistics.median(theirs):.4f} "
+        f"CPU s per 1k records ({args.batches} batches of {args.batch})"
+    )
 
 
 if __name__ == "__main__":

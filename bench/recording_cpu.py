@@ -81,8 +81,9 @@ def threads_cpu(pid: int) -> tuple[float, float, float, float]:
     return main_user, main_sys, others, preempted
 
 
-async def one(server: Server, body: bytes, db_url: str, seconds: float, record: bool, lossy: bool = False
-              ) -> dict[str, float]:  # fmt: skip
+async def one(
+    server: Server, body: bytes, db_url: str, seconds: float, record: bool, lossy: bool = False
+) -> dict[str, float]:
     db_name = db_url.rsplit("/", 1)[1]
     cpu0, (pg0, bg0), t0 = server.cpu_s(), postgres_cpu(db_name), time.perf_counter()
     th0 = threads_cpu(server.proc.pid)
@@ -94,9 +95,18 @@ async def one(server: Server, body: bytes, db_url: str, seconds: float, record: 
     done = max(1, result.total_done)
     if record and not lossy and (landed := count_rows(db_url, result.all_ids)) != len(set(result.all_ids)):
         raise SystemExit(f"records lost: {len(set(result.all_ids)) - landed}")
-    return {"rps": result.rps, "proxy": cpu / done * 1000, "pg": (pg - pg0) / done * 1000,
-            "pg_bg": (bg - bg0) / done * 1000, "loop_user": loop_user / done * 1000, "loop_sys": loop_sys / done * 1000,
-            "threads": threads / done * 1000, "preempted": preempted / done, "calls": done, "wall": wall}  # fmt: skip
+    return {
+        "rps": result.rps,
+        "proxy": cpu / done * 1000,
+        "pg": (pg - pg0) / done * 1000,
+        "pg_bg": (bg - bg0) / done * 1000,
+        "loop_user": loop_user / done * 1000,
+        "loop_sys": loop_sys / done * 1000,
+        "threads": threads / done * 1000,
+        "preempted": preempted / done,
+        "calls": done,
+        "wall": wall,
+    }
 
 
 def main() -> None:
@@ -105,21 +115,38 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--pyspy", type=Path, help="a py-spy binary: profile the recording proxy in an extra round")
     parser.add_argument(
-        "--checkout", action="append", default=[], metavar="NAME=PATH",
+        "--checkout",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
         help="also a recording-on proxy run from another checkout (a worktree of another commit), in the same "
         "alternating rounds: an A/B that the machine's drift between runs cannot fake (repeatable)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--lossy", action="append", default=[], metavar="NAME",
+        "--lossy",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="a --checkout whose records do not all land by design (an ablation: bench/recording_split.py); "
         "the lost-records check is skipped for it alone",
-    )  # fmt: skip
-    parser.add_argument("--turns", type=int, default=0,
-                        help="a conversation of this many user/assistant turns no recorded call produced")  # fmt: skip
+    )
+    parser.add_argument(
+        "--turns",
+        type=int,
+        default=0,
+        help="a conversation of this many user/assistant turns no recorded call produced",
+    )
     parser.add_argument("--turn-chars", type=int, default=1500, help="characters in each message of --turns")
     args = parser.parse_args()
-    measure(args.seconds, args.rounds, dict(spec.split("=", 1) for spec in args.checkout), args.lossy, args.pyspy,
-            turns=args.turns, turn_chars=args.turn_chars)  # fmt: skip
+    measure(
+        args.seconds,
+        args.rounds,
+        dict(spec.split("=", 1) for spec in args.checkout),
+        args.lossy,
+        args.pyspy,
+        turns=args.turns,
+        turn_chars=args.turn_chars,
+    )
 
 
 def measure(
@@ -145,18 +172,39 @@ def measure(
         }
         for label, path in checkouts.items():
             servers[f"on@{label}"] = peers.onthejob(
-                stub.url, db_url, logdir / f"spool-{label}", logdir, {1}, record=True, name=f"rec-{label}",
+                stub.url,
+                db_url,
+                logdir / f"spool-{label}",
+                logdir,
+                {1},
+                record=True,
+                name=f"rec-{label}",
                 checkout=Path(path).resolve(),
-            )  # fmt: skip
+            )
         try:
             for i in range(rounds + bool(pyspy)):
                 for name, server in rotated(list(servers.items()), i):
                     spy = None
                     if i == rounds:  # the extra round: profile both
-                        spy = subprocess.Popen([str(pyspy), "record", "--pid", str(server.proc.pid), "--rate",
-                                                "200", "--format", "raw", "--output", str(logdir / f"pyspy-{name}.txt"),
-                                                "--duration", str(int(seconds)), "--gil"],
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                        spy = subprocess.Popen(
+                            [
+                                str(pyspy),
+                                "record",
+                                "--pid",
+                                str(server.proc.pid),
+                                "--rate",
+                                "200",
+                                "--format",
+                                "raw",
+                                "--output",
+                                str(logdir / f"pyspy-{name}.txt"),
+                                "--duration",
+                                str(int(seconds)),
+                                "--gil",
+                            ],
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                        )
                     if turns:
                         body = long_chat(server.port, turns, turn_chars, False, 16)
                     else:
@@ -167,10 +215,13 @@ def measure(
                         spy.wait(60)
                     else:
                         runs[name].append(run)
-                    print(f"  {name:6s} {run['rps']:7,.0f} req/s  CPU s/1k calls: proxy {run['proxy']:.3f} (loop user "
-                          f"{run['loop_user']:.3f} sys {run['loop_sys']:.3f}, other threads {run['threads']:.3f})  "
-                          f"pg backends {run['pg']:.3f}  pg background {run['pg_bg']:.3f}  loop preempted "
-                          f"{run['preempted']:.2f}/call", flush=True)  # fmt: skip
+                    print(
+                        f"  {name:6s} {run['rps']:7,.0f} req/s  CPU s/1k calls: proxy {run['proxy']:.3f} (loop user "
+                        f"{run['loop_user']:.3f} sys {run['loop_sys']:.3f}, other threads {run['threads']:.3f})  "
+                        f"pg backends {run['pg']:.3f}  pg background {run['pg_bg']:.3f}  loop preempted "
+                        f"{run['preempted']:.2f}/call",
+                        flush=True,
+                    )
         finally:
             for server in (*servers.values(), stub):
                 server.stop()
@@ -186,9 +237,11 @@ def measure(
         f"off {med['off']['preempted']:.2f}"
     )
     for name in (n for n in med if n.startswith("on@")):
-        print(f"  {name}: proxy {med[name]['proxy']:.3f} ({med[name]['proxy'] / med['on']['proxy']:.2f}x on's), "
-              f"pg {med[name]['pg']:.3f}, preempted {med[name]['preempted']:.2f}/call, "
-              f"{med[name]['rps']:,.0f} req/s against on's {med['on']['rps']:,.0f}")  # fmt: skip
+        print(
+            f"  {name}: proxy {med[name]['proxy']:.3f} ({med[name]['proxy'] / med['on']['proxy']:.2f}x on's), "
+            f"pg {med[name]['pg']:.3f}, preempted {med[name]['preempted']:.2f}/call, "
+            f"{med[name]['rps']:,.0f} req/s against on's {med['on']['rps']:,.0f}"
+        )
     if pyspy:
         print(f"\nrecording on, Python (GIL) samples ({logdir}/pyspy-on.txt; recording off: pyspy-off.txt):")
         print(summarise(logdir / "pyspy-on.txt", 45))

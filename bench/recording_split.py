@@ -30,14 +30,23 @@ from bench.harness import ROOT
 
 # name -> (file, text, replacement): one edit each, asserted to apply exactly once.
 ABLATIONS: dict[str, tuple[str, str, str]] = {
-    "nospool": ("proxy/spool.py", '        line = record.encode() + b"\\n"\n',
-                '        line = record.encode() + b"\\n"\n        return line  # ABLATION: built, never written\n'),
-    "nofsync": ("proxy/spool.py", "                        os.fsync(self._fd)\n",
-                "                        pass  # ABLATION: no fsync\n"),
-    "norec": ("proxy/recorder.py", "    async def _write(self, records: list[CallRecord]) -> None:\n",
-              "    async def _write(self, records: list[CallRecord]) -> None:\n"
-              "        return  # ABLATION: no database write\n"),
-}  # fmt: skip
+    "nospool": (
+        "proxy/spool.py",
+        '        line = record.encode() + b"\\n"\n',
+        '        line = record.encode() + b"\\n"\n        return line  # ABLATION: built, never written\n',
+    ),
+    "nofsync": (
+        "proxy/spool.py",
+        "                        os.fsync(self._fd)\n",
+        "                        pass  # ABLATION: no fsync\n",
+    ),
+    "norec": (
+        "proxy/recorder.py",
+        "    async def _write(self, records: list[CallRecord]) -> None:\n",
+        "    async def _write(self, records: list[CallRecord]) -> None:\n"
+        "        return  # ABLATION: no database write\n",
+    ),
+}
 
 
 def ablate(worktree: Path, file: str, text: str, replacement: str) -> None:
@@ -59,8 +68,9 @@ def main() -> None:
         for name, tree in trees.items():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(tree), "HEAD"], check=True)
             ablate(tree, *ABLATIONS[name])
-        med = recording_cpu.measure(args.seconds, args.rounds, {name: str(tree) for name, tree in trees.items()},
-                                    lossy=list(trees))  # fmt: skip
+        med = recording_cpu.measure(
+            args.seconds, args.rounds, {name: str(tree) for name, tree in trees.items()}, lossy=list(trees)
+        )
     finally:
         for tree in trees.values():
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
@@ -68,13 +78,17 @@ def main() -> None:
     recorder = cpu["on"] - cpu["on@norec"]
     parts = [
         ("building the record and its spool line", cpu["on@nospool"] - cpu["off"]),
-        ("the spool's mechanics (hand-over, writer thread, write, waiting)",
-         cpu["on@nofsync"] - cpu["on@nospool"] - recorder),
+        (
+            "the spool's mechanics (hand-over, writer thread, write, waiting)",
+            cpu["on@nofsync"] - cpu["on@nospool"] - recorder,
+        ),
         ("the fsync", cpu["on"] - cpu["on@nofsync"]),
         ("the recorder (spool -> Postgres)", recorder),
-    ]  # fmt: skip
-    print(f"\nrecording's proxy CPU a call, by part (medians of {args.rounds}; on - off = "
-          f"{cpu['on'] - cpu['off']:+.3f} ms):")  # fmt: skip
+    ]
+    print(
+        f"\nrecording's proxy CPU a call, by part (medians of {args.rounds}; on - off = "
+        f"{cpu['on'] - cpu['off']:+.3f} ms):"
+    )
     for label, ms in parts:
         print(f"  {label:66s} {ms:+.3f} ms")
 

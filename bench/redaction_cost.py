@@ -31,16 +31,27 @@ def make_record(tokens: int, spell_secret: bool) -> dict[str, Any]:
     text = "".join(words)
     history = [{"role": "system", "content": "You are a careful support agent. " * 20}]
     for i in range(4):
-        history += [{"role": "user", "content": f"Question {i}: " + "details " * 60},
-                    {"role": "assistant", "content": "An answer. " * 40}]  # fmt: skip
+        history += [
+            {"role": "user", "content": f"Question {i}: " + "details " * 60},
+            {"role": "assistant", "content": "An answer. " * 40},
+        ]
     return {
-        "id": "cmpl-bench", "request": {"model": "m", "messages": history}, "prompt_token_ids": list(range(900)),
+        "id": "cmpl-bench",
+        "request": {"model": "m", "messages": history},
+        "prompt_token_ids": list(range(900)),
         "response": {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]},
-        "choices": [{"index": 0, "token_ids": list(range(tokens)), "logprobs": [-0.5] * tokens,
-                     "finish_reason": "stop", "message": {"role": "assistant", "content": text},
-                     "pieces": entries}],
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": list(range(tokens)),
+                "logprobs": [-0.5] * tokens,
+                "finish_reason": "stop",
+                "message": {"role": "assistant", "content": text},
+                "pieces": entries,
+            }
+        ],
         "error": None,
-    }  # fmt: skip
+    }
 
 
 def per_call_us(record: dict[str, Any], policy: RedactionPolicy, calls: int, repeats: int = 5) -> float:
@@ -74,8 +85,10 @@ def main() -> None:
         base = base or us
         print(f"  {name:32s} {us:9.1f} us   {us / base:6.1f}x")
     out = redact_record(copy.deepcopy(spelled), RedactionPolicy(patterns=PATTERNS))
-    print(f"  masked ids in the spelled reply: {out['choices'][0].get('redacted')}, prompt ids kept: "
-          f"{out['prompt_token_ids'] is not None}")  # fmt: skip
+    print(
+        f"  masked ids in the spelled reply: {out['choices'][0].get('redacted')}, prompt ids kept: "
+        f"{out['prompt_token_ids'] is not None}"
+    )
 
 
 if __name__ == "__main__":

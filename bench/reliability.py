@@ -52,8 +52,14 @@ def _die_with_parent() -> None:
 def spawn(name: str, cmd: list[str], port: int, logdir: Path, env: dict[str, str] | None = None) -> Server:
     """Start ``cmd``; it gets SIGKILL when the thread that spawned it exits, so spawn from the main thread."""
     log = logdir / f"{name}-{port}.log"
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})}, preexec_fn=_die_with_parent)  # noqa: PLW1509  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+        preexec_fn=_die_with_parent,
+    )  # noqa: PLW1509
     return Server(name, f"http://{HOST}:{port}", port, proc, log)
 
 
@@ -89,21 +95,51 @@ def start_proc(
 
 def start_stub(logdir: Path) -> Server:
     port = free_port()
-    return start_proc("stub", [PY, "-m", "bench.stub_upstream", "--port", str(port)], port, logdir,
-                      ready_path="/v1/models")  # fmt: skip
+    return start_proc(
+        "stub", [PY, "-m", "bench.stub_upstream", "--port", str(port)], port, logdir, ready_path="/v1/models"
+    )
 
 
 def proxy_cmd(upstream: str, db_url: str, spool: Path, port: int, workers: int = 1) -> list[str]:
     """``onthejob serve`` with auth off (it migrates the database itself); recording is on (ONTHEJOB_RECORD=1)."""
-    return [PY, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url, "--host", HOST,
-            "--port", str(port), "--spool", str(spool), "--no-auth", "--workers", str(workers)]  # fmt: skip
+    return [
+        PY,
+        "-m",
+        "onthejob.cli",
+        "serve",
+        "--upstream",
+        upstream,
+        "--db",
+        db_url,
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--spool",
+        str(spool),
+        "--no-auth",
+        "--workers",
+        str(workers),
+    ]
 
 
-def start_proxy(upstream: str, db_url: str, spool: Path, logdir: Path, port: int | None = None,
-                env: dict[str, str] | None = None, workers: int = 1) -> Server:  # fmt: skip
+def start_proxy(
+    upstream: str,
+    db_url: str,
+    spool: Path,
+    logdir: Path,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    workers: int = 1,
+) -> Server:
     port = port or free_port()
-    return start_proc("proxy", proxy_cmd(upstream, db_url, spool, port, workers), port, logdir,
-                      env={"ONTHEJOB_RECORD": "1", **(env or {})})  # fmt: skip
+    return start_proc(
+        "proxy",
+        proxy_cmd(upstream, db_url, spool, port, workers),
+        port,
+        logdir,
+        env={"ONTHEJOB_RECORD": "1", **(env or {})},
+    )
 
 
 def rss_kib(pid: int) -> tuple[int, int]:
@@ -202,8 +238,12 @@ class Tally:
 
 
 def body_for(stream: bool, content: str, tokens: int, gap_ms: float) -> bytes:
-    body: dict[str, Any] = {"model": "stub-model", "messages": [{"role": "user", "content": content}],
-                            "max_tokens": tokens, "stream": stream}  # fmt: skip
+    body: dict[str, Any] = {
+        "model": "stub-model",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": tokens,
+        "stream": stream,
+    }
     if gap_ms:
         body["stub_gap_ms"] = gap_ms
     return orjson.dumps(body)
@@ -254,14 +294,18 @@ async def run_clients(
             stream = mix == "stream" or (mix == "mixed" and (i + n) % 2 == 0)
             crid = f"{run_id}-{i}-{n}"
             n += 1
-            payload = build_request(HOST, port, path, body_for(stream, f"client {i} call {n}", tokens, gap_ms),
-                                    {"X-Client-Request-Id": crid})  # fmt: skip
+            payload = build_request(
+                HOST,
+                port,
+                path,
+                body_for(stream, f"client {i} call {n}", tokens, gap_ms),
+                {"X-Client-Request-Id": crid},
+            )
             tally.sent += 1
             try:
                 s = await asyncio.wait_for(conn.request(payload, loop), timeout_s)
             except (OSError, httptools.HttpParserError, TimeoutError) as exc:
-                tally.fail("timeout" if isinstance(exc, TimeoutError) else "connection",
-                           f"{type(exc).__name__}: {exc}")  # fmt: skip
+                tally.fail("timeout" if isinstance(exc, TimeoutError) else "connection", f"{type(exc).__name__}: {exc}")
                 if conn.transport is not None:
                     conn.transport.close()
                 conn = None
@@ -299,8 +343,12 @@ def rows_of(db_url: str) -> list[tuple[str, str | None, int, str]]:
     import psycopg
 
     with psycopg.connect(db_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        return [tuple(r) for r in conn.execute(  # type: ignore[misc]
-            "SELECT id, client_request_id, status_code, termination FROM completions")]  # fmt: skip
+        return [
+            tuple(r)
+            for r in conn.execute(  # type: ignore[misc]
+                "SELECT id, client_request_id, status_code, termination FROM completions"
+            )
+        ]
 
 
 @dataclass

@@ -51,8 +51,13 @@ def examples(policy: Policy) -> list[TextualExample]:
     for i, (q, answer, comment) in enumerate(PROBLEMS):
         msg = {"role": "user", "content": q}
         sampled = list(tok.encode(answer, add_special_tokens=False)) + [tok.eos_token_id]
-        calls.append(SimpleNamespace(**row(f"c{i}", ids([msg]), [choice(sampled, content=answer, logprobs=None)],
-                                           messages=[msg], project="p")))  # fmt: skip
+        calls.append(
+            SimpleNamespace(
+                **row(
+                    f"c{i}", ids([msg]), [choice(sampled, content=answer, logprobs=None)], messages=[msg], project="p"
+                )
+            )
+        )
         hints.append(Hint(f"c{i}", f"f{i}", "comment", comment))
     made, _ = build_examples(calls, hints, ids, chat_template_render(tok))
     return made
@@ -69,8 +74,13 @@ def kl_to(policy: Policy, serving: Teacher, made: list[TextualExample]) -> float
 
 
 def run(mode: str, steps: int, lr: float, floor: float) -> None:
-    cfg = TrainConfig(model="tiny", threads=1, lr=lr, objective=ObjectiveConfig(name="sdpo"),
-                      step_floor=floor if "floor" in mode else 0.0)  # fmt: skip
+    cfg = TrainConfig(
+        model="tiny",
+        threads=1,
+        lr=lr,
+        objective=ObjectiveConfig(name="sdpo"),
+        step_floor=floor if "floor" in mode else 0.0,
+    )
     policy = load_policy(cfg)
     made = examples(policy)
     guard = attached(policy.model)
@@ -90,9 +100,11 @@ def run(mode: str, steps: int, lr: float, floor: float) -> None:
             policy.optimizer = build_optimizer(policy.parameters(), cfg)
         grads = torch.cat([p.grad.flatten() for p in policy.parameters() if p.grad is not None])
         policy.optimizer.step()
-        print(f"{mode}: {step:4d}  {m['sdpo_signal_mean']:+.4f}  {m['sdpo_abs_signal_mean']:.4f}  "
-              f"{m['sdpo_clipped_frac'] or 0:.3f}  {float(grads.pow(2).mean().sqrt()):.2e}  "
-              f"{kl_to(policy, serving, made):.4f}")  # fmt: skip
+        print(
+            f"{mode}: {step:4d}  {m['sdpo_signal_mean']:+.4f}  {m['sdpo_abs_signal_mean']:.4f}  "
+            f"{m['sdpo_clipped_frac'] or 0:.3f}  {float(grads.pow(2).mean().sqrt()):.2e}  "
+            f"{kl_to(policy, serving, made):.4f}"
+        )
 
 
 def main(steps: int = 12, lr: float = 5e-3, floor: float = 1e-4) -> None:

@@ -29,8 +29,10 @@ def main(model: str = "tiny") -> None:
     teacher = attached(p.model)
     assert teacher is not None
     frozen = [x for x in p.model.parameters() if not x.requires_grad]
-    print(f"{p.info.name}: base {mib(frozen):.1f} MiB, LoRA {mib(p.parameters()):.2f} MiB, "
-          f"snapshot {teacher.bytes() / 2**20:.2f} MiB")  # fmt: skip
+    print(
+        f"{p.info.name}: base {mib(frozen):.1f} MiB, LoRA {mib(p.parameters()):.2f} MiB, "
+        f"snapshot {teacher.bytes() / 2**20:.2f} MiB"
+    )
     started = time.perf_counter()
     for _ in range(TRIES):
         with teacher.swapped(p.model):
@@ -52,8 +54,10 @@ def main(model: str = "tiny") -> None:
         p.model.set_adapter("teacher", inference_mode=True)
         p.model.set_adapter("default")
     switch = (time.perf_counter() - started) / TRIES
-    print(f"PEFT second adapter: +{added:.2f} MiB; set_adapter there and back: {switch * 1e3:.2f} ms; "
-          f"save_pretrained would write {sorted(p.model.peft_config)}")  # fmt: skip
+    print(
+        f"PEFT second adapter: +{added:.2f} MiB; set_adapter there and back: {switch * 1e3:.2f} ms; "
+        f"save_pretrained would write {sorted(p.model.peft_config)}"
+    )
 
 
 if __name__ == "__main__":

@@ -80,8 +80,13 @@ async def lag_during(work: Callable[[], Awaitable[Any]]) -> dict[str, Any]:
     def pct(q: float) -> float:  # nearest rank: a lag that was seen, never one extrapolated past the max
         return round(lags[min(len(lags) - 1, max(0, math.ceil(q * len(lags)) - 1))], 2)
 
-    return {"seconds": round(seconds, 2), "lag_ms_p50": pct(0.5), "lag_ms_p99": pct(0.99),
-            "lag_ms_max": round(lags[-1], 2), "probes": len(lags)}  # fmt: skip
+    return {
+        "seconds": round(seconds, 2),
+        "lag_ms_p50": pct(0.5),
+        "lag_ms_p99": pct(0.99),
+        "lag_ms_max": round(lags[-1], 2),
+        "probes": len(lags),
+    }
 
 
 def fresh(admin_url: str, name: str) -> str:
@@ -131,8 +136,14 @@ async def after(url: str, since: str) -> dict[str, Any]:
     """The new paths: the real route (a thread, a sync session) and the housekeeper's job in a thread."""
     out: dict[str, Any] = {}
     with TemporaryDirectory() as spool:
-        settings = Settings(upstreams=["http://127.0.0.1:1"], database_url=url, auth=False, housekeep=False,
-                            default_project=PROJECT, spool_dir=Path(spool))  # fmt: skip
+        settings = Settings(
+            upstreams=["http://127.0.0.1:1"],
+            database_url=url,
+            auth=False,
+            housekeep=False,
+            default_project=PROJECT,
+            spool_dir=Path(spool),
+        )
         app = create_app(settings)
         async with app.router.lifespan_context(app):
             state = app.state.onthejob
@@ -165,8 +176,16 @@ async def deployment(url: str, mode: str) -> dict[str, Any]:
     """Deploy ``x@v1`` through worker A while one engine hangs in its load; when does worker B route to it?"""
     eng = sync_engine(url)
     with Session(eng) as db:
-        db.add(Adapter(project_id=PROJECT, alias="x", version=1, path="/adapters/x/v1", sha256="0" * 64,
-                       base_model=stub_upstream.MODEL))  # fmt: skip
+        db.add(
+            Adapter(
+                project_id=PROJECT,
+                alias="x",
+                version=1,
+                path="/adapters/x/v1",
+                sha256="0" * 64,
+                base_model=stub_upstream.MODEL,
+            )
+        )
         db.commit()
     eng.dispose()
     hung, good = TestServer(stub_upstream.make_app(hang_loads=True)), TestServer(stub_upstream.make_app())
@@ -176,9 +195,19 @@ async def deployment(url: str, mode: str) -> dict[str, Any]:
     stub_upstream.ADAPTERS.clear()
     out: dict[str, Any] = {}
     with TemporaryDirectory() as spool_a, TemporaryDirectory() as spool_b:
-        apps = [create_app(Settings(upstreams=urls, database_url=url, auth=False, housekeep=False,
-                                    default_project=PROJECT, spool_dir=Path(spool)))
-                for spool in (spool_a, spool_b)]  # fmt: skip
+        apps = [
+            create_app(
+                Settings(
+                    upstreams=urls,
+                    database_url=url,
+                    auth=False,
+                    housekeep=False,
+                    default_project=PROJECT,
+                    spool_dir=Path(spool),
+                )
+            )
+            for spool in (spool_a, spool_b)
+        ]
         async with apps[0].router.lifespan_context(apps[0]), apps[1].router.lifespan_context(apps[1]):
             a, b = (app.state.onthejob.router for app in apps)
             for router in (a, b):
@@ -225,8 +254,10 @@ def main() -> None:
         idle = asyncio.run(lag_during(lambda: asyncio.sleep(2)))
         result = asyncio.run((before if mode == "before" else after)(url, since))
         result["deployment_with_a_hung_engine"] = asyncio.run(deployment(url, mode))
-        print(orjson.dumps({"mode": mode, "calls": calls, "fill_s": round(fill_s, 1), "idle": idle, **result}).decode(),
-              flush=True)  # fmt: skip
+        print(
+            orjson.dumps({"mode": mode, "calls": calls, "fill_s": round(fill_s, 1), "idle": idle, **result}).decode(),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -75,11 +75,21 @@ def main() -> None:
     there = None
     if args.checkout:
         run = subprocess.run(
-            [sys.executable, str(Path(__file__).resolve()), "--json", "--record-kb", str(args.record_kb),
-             "--repeats", str(args.repeats)],
-            env={**os.environ, "PYTHONPATH": str(args.checkout.resolve())}, cwd=args.checkout,
-            capture_output=True, text=True, check=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--json",
+                "--record-kb",
+                str(args.record_kb),
+                "--repeats",
+                str(args.repeats),
+            ],
+            env={**os.environ, "PYTHONPATH": str(args.checkout.resolve())},
+            cwd=args.checkout,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         there = json.loads(run.stdout.splitlines()[-1])
     print(f"sibling lookup, one sibling spool of {args.record_kb} KiB records (2 MiB read), ms a lookup:")
     print("| parent | candidate keys | this checkout |" + (" other checkout | ratio |" if there else ""))

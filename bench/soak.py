@@ -82,15 +82,19 @@ async def client(soak: Soak, http: httpx.AsyncClient, i: int) -> None:
         session = f"customer-{rng.randrange(SESSIONS)}"
         user, streamed, n = user_of(session), rng.random() < 0.5, n + 1
         text = f"{session} client {i} turn {n}"
-        body: dict[str, Any] = {"model": ALIAS if rng.random() < 0.8 else BASE_MODEL, "max_tokens": 8,
-                                "messages": [{"role": "user", "content": text}]}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": ALIAS if rng.random() < 0.8 else BASE_MODEL,
+            "max_tokens": 8,
+            "messages": [{"role": "user", "content": text}],
+        }
         if user is not None:
             body["user"] = user
         headers = {"x-session-id": session}
         call = Call("chat", session, user, time.time())
         if streamed:
-            await stream(http, call, f"{soak.proxy}/v1/chat/completions", {**body, "stream": True, "stub_gap_ms": 2},
-                         headers)  # fmt: skip
+            await stream(
+                http, call, f"{soak.proxy}/v1/chat/completions", {**body, "stream": True, "stub_gap_ms": 2}, headers
+            )
         else:
             await send(http, call, "POST", f"{soak.proxy}/v1/chat/completions", json=body, headers=headers)
         soak.log.calls.append(call)
@@ -227,28 +231,37 @@ def report(soak: Soak, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     statuses = Counter(f"{c.kind}:{c.status}" for c in log.answers())
     chats = [c for c in log.calls if c.kind == "chat"]
     summary = {
-        "seed": soak.args.seed, "minutes": soak.args.minutes, "clients": soak.args.clients,
+        "seed": soak.args.seed,
+        "minutes": soak.args.minutes,
+        "clients": soak.args.clients,
         "ok": all(r["ok"] for r in results.values()),
         "checks": {k: {"ok": r["ok"], "checked": r["checked"], "failures": r["failures"]} for k, r in results.items()},
-        "calls": len(chats), "calls_200_in_full": sum(c.complete for c in chats),
+        "calls": len(chats),
+        "calls_200_in_full": sum(c.complete for c in chats),
         "deletes": Counter(f"{d.kind}:{d.status}" for d in log.deletes),
-        "batches": sum(not b.final for b in log.batches), "batch_items": sum(len(b.items) for b in log.batches),
+        "batches": sum(not b.final for b in log.batches),
+        "batch_items": sum(len(b.items) for b in log.batches),
         "final_batch_items": sum(len(b.items) for b in log.batches if b.final),
-        "publishes": log.publishes, "deploy_s": [round(d.t_done - d.t_sent, 2) for d in log.deploys],
-        "attestation_alerts": log.marks.get("attestation_alerts"), **log.figures, "soak_errors": dict(log.errors),
+        "publishes": log.publishes,
+        "deploy_s": [round(d.t_done - d.t_sent, 2) for d in log.deploys],
+        "attestation_alerts": log.marks.get("attestation_alerts"),
+        **log.figures,
+        "soak_errors": dict(log.errors),
         "statuses": dict(sorted(statuses.items())),
         "marks": {k: round(v - t0, 1) for k, v in log.marks.items() if k != "attestation_alerts"},
-    }  # fmt: skip
+    }
     print(orjson.dumps(summary, default=dict).decode(), flush=True)
     print(f"\n{'check':48} {'checked':>8} {'failures':>8}  result")
     for name, r in results.items():
         print(f"{name:48} {r['checked']:>8} {r['failures']:>8}  {'PASS' if r['ok'] else 'FAIL'}")
         for example in r["examples"]:
             print(f"    e.g. {example}")
-    print(f"\ncalls {summary['calls']} ({summary['calls_200_in_full']} answered 200 in full), deletes "
-          f"{dict(summary['deletes'])}, batches {summary['batches']} ({summary['batch_items']} items, "
-          f"{summary['final_batch_items']} in the last), deploys {summary['deploy_s']} s, attestation alerts "
-          f"{summary['attestation_alerts']}")  # fmt: skip
+    print(
+        f"\ncalls {summary['calls']} ({summary['calls_200_in_full']} answered 200 in full), deletes "
+        f"{dict(summary['deletes'])}, batches {summary['batches']} ({summary['batch_items']} items, "
+        f"{summary['final_batch_items']} in the last), deploys {summary['deploy_s']} s, attestation alerts "
+        f"{summary['attestation_alerts']}"
+    )
     for name, value in log.figures.items():
         print(f"{name:48} {value}")
     print("RESULT: " + ("PASS" if summary["ok"] else "FAIL"), flush=True)
@@ -265,8 +278,15 @@ def run(args: argparse.Namespace) -> int:
             cluster.start()
             for i in (1, 2):
                 port = _port()
-                servers.append(start_proc(f"stub{i}", [PY, "-m", "bench.stub_upstream", "--port", str(port)], port,
-                                          work, ready_path="/v1/models"))  # fmt: skip
+                servers.append(
+                    start_proc(
+                        f"stub{i}",
+                        [PY, "-m", "bench.stub_upstream", "--port", str(port)],
+                        port,
+                        work,
+                        ready_path="/v1/models",
+                    )
+                )
             stubs = [s.url for s in servers]
             env = {"ONTHEJOB_ATTEST_EVERY": "2", "ONTHEJOB_PROBE_EVERY": "1"}
             proxy = start_proxy(",".join(stubs), cluster.url, work / "spool", work, env=env)

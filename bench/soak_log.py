@@ -100,8 +100,10 @@ def envelope_ok(c: Call) -> bool:
 
 
 def describe(c: Call) -> str:
-    return (f"{c.kind} session={c.session} user={c.user} status={c.status} id={c.rid} "
-            f"sent=+{c.t_sent:.2f} answered=+{c.t_done:.2f} {c.detail} {c.body[:160]!r}")  # fmt: skip
+    return (
+        f"{c.kind} session={c.session} user={c.user} status={c.status} id={c.rid} "
+        f"sent=+{c.t_sent:.2f} answered=+{c.t_done:.2f} {c.detail} {c.body[:160]!r}"
+    )
 
 
 def check(log: Log, rows: set[str], adapters: list[dict[str, Any]], t0: float) -> dict[str, dict[str, Any]]:
@@ -162,8 +164,9 @@ def check(log: Log, rows: set[str], adapters: list[dict[str, Any]], t0: float) -
     refused = [c for c in errors if REPLICA_REFUSAL.encode() in c.body]
     wrongly = [c for c in refused if _healthy_replica(log, c)]
     deploys_failed = [c for c in log.deploys if c.status != 201 and _db_up(log, c)]
-    out["no_replica_refusal_while_one_was_healthy"] = _result(len(refused) + len(log.deploys), wrongly + deploys_failed,
-                                                              rel)  # fmt: skip
+    out["no_replica_refusal_while_one_was_healthy"] = _result(
+        len(refused) + len(log.deploys), wrongly + deploys_failed, rel
+    )
     return out
 
 
@@ -179,5 +182,9 @@ def _db_up(log: Log, c: Call) -> bool:
 
 
 def _result(looked: int, failures: list[Call], rel: Any) -> dict[str, Any]:
-    return {"ok": not failures, "checked": looked, "failures": len(failures),
-            "examples": [describe(rel(c)) for c in failures[:5]]}  # fmt: skip
+    return {
+        "ok": not failures,
+        "checked": looked,
+        "failures": len(failures),
+        "examples": [describe(rel(c)) for c in failures[:5]],
+    }

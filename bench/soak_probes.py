@@ -30,16 +30,33 @@ def _requests(proxy: str, rng: random.Random, calls: list[Call]) -> list[tuple[s
     session = {"x-session-id": f"probe-{n}"}
     return [
         ("bad_metadata", "POST", CHAT, {"json": _chat("m", metadata={"tags": 5}), "headers": session}),
-        ("long_client_request_id", "POST", CHAT,
-         {"json": _chat("c"), "headers": {**session, "x-client-request-id": "r" * 300}}),
+        (
+            "long_client_request_id",
+            "POST",
+            CHAT,
+            {"json": _chat("c"), "headers": {**session, "x-client-request-id": "r" * 300}},
+        ),
         ("long_session_id", "POST", CHAT, {"json": _chat("s"), "headers": {"x-session-id": "s" * 300}}),
         ("unknown_model", "POST", CHAT, {"json": {**_chat("u"), "model": "nope"}, "headers": session}),
-        ("malformed_json", "POST", CHAT,
-         {"content": b'{"model": "agent", "messages": [', "headers": {**session, "content-type": "application/json"}}),
+        (
+            "malformed_json",
+            "POST",
+            CHAT,
+            {
+                "content": b'{"model": "agent", "messages": [',
+                "headers": {**session, "content-type": "application/json"},
+            },
+        ),
         ("wrong_type", "POST", CHAT, {"json": {**_chat("w"), "max_tokens": "many"}, "headers": session}),
-        ("anthropic_ok", "POST", "/v1/messages",
-         {"json": {"model": ALIAS, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
-          "headers": session}),
+        (
+            "anthropic_ok",
+            "POST",
+            "/v1/messages",
+            {
+                "json": {"model": ALIAS, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]},
+                "headers": session,
+            },
+        ),
         ("anthropic_bad", "POST", "/v1/messages", {"json": {"model": ALIAS, "messages": "no"}, "headers": session}),
         ("read_call", "GET", f"/v1/chat/completions/{known}", {}),
         ("read_unknown_call", "GET", f"/v1/chat/completions/cmpl-{n}", {}),
@@ -47,7 +64,7 @@ def _requests(proxy: str, rng: random.Random, calls: list[Call]) -> list[tuple[s
         ("read_feedback", "GET", "/v1/feedback", {"params": {"session_id": f"customer-{n % 24}"}}),
         ("read_adapters", "GET", "/v1/admin/adapters", {}),
         ("read_deployments", "GET", "/v1/admin/deployments", {}),
-    ]  # fmt: skip
+    ]
 
 
 async def send(http: httpx.AsyncClient, call: Call, method: str, url: str, **kw: Any) -> Call:

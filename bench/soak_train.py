@@ -25,8 +25,13 @@ if TYPE_CHECKING:
     from bench.soak import Soak
 
 PROJECT, ALIAS, BASE_MODEL = "default", "agent", "stub-model"
-LIGHT_CONFIG = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 64,
-                "num_hidden_layers": 2}  # fmt: skip
+LIGHT_CONFIG = {
+    "hidden_size": 32,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+}
 
 
 def watch(soak: Soak) -> None:
@@ -54,8 +59,9 @@ def watch(soak: Soak) -> None:
         engine.dispose()
 
 
-def assemble(engine: Any, settings: Any, feed: Any, next_batch: Any, session: Any, *, once: bool = False,
-             final: bool = False) -> list[Batch]:  # fmt: skip
+def assemble(
+    engine: Any, settings: Any, feed: Any, next_batch: Any, session: Any, *, once: bool = False, final: bool = False
+) -> list[Batch]:
     out: list[Batch] = []
     for _ in range(1 if once else 1000):
         t = time.time()
@@ -100,12 +106,26 @@ def publish_two(soak: Soak, round_: int) -> list[int]:
         started = time.time()
         try:
             with Session(engine) as db:
-                row = publish(db, LightModel(soak.work, 100 * round_ + who, barrier), root=soak.work / "adapters",
-                              project_id=PROJECT, alias=ALIAS, parent_version=None, base=base, run_id=None,
-                              metrics={"round": round_, "trainer": who})  # fmt: skip
+                row = publish(
+                    db,
+                    LightModel(soak.work, 100 * round_ + who, barrier),
+                    root=soak.work / "adapters",
+                    project_id=PROJECT,
+                    alias=ALIAS,
+                    parent_version=None,
+                    base=base,
+                    run_id=None,
+                    metrics={"round": round_, "trainer": who},
+                )
                 got.append(row.version)
-                soak.log.publishes.append({"round": round_, "trainer": who, "version": row.version,
-                                           "seconds": round(time.time() - started, 2)})  # fmt: skip
+                soak.log.publishes.append(
+                    {
+                        "round": round_,
+                        "trainer": who,
+                        "version": row.version,
+                        "seconds": round(time.time() - started, 2),
+                    }
+                )
         except Exception as exc:  # noqa: BLE001 - counted and reported
             barrier.abort()
             soak.log.errors[f"publish: {type(exc).__name__}: {exc}"[:200]] += 1
@@ -126,8 +146,11 @@ async def train_and_deploy(soak: Soak, http: httpx.AsyncClient, round_: int) -> 
 
     async def deploy(v: int) -> None:
         d = Call("deploy", None, None, time.time(), detail=f"{ALIAS}@v{v}")
-        soak.log.deploys.append(await send(http, d, "POST", f"{soak.proxy}/v1/admin/deployments",
-                                           json={"alias": ALIAS, "version": v}, timeout=180))  # fmt: skip
+        soak.log.deploys.append(
+            await send(
+                http, d, "POST", f"{soak.proxy}/v1/admin/deployments", json={"alias": ALIAS, "version": v}, timeout=180
+            )
+        )
 
     await asyncio.gather(*(deploy(v) for v in versions))
     took = [round(d.t_done - d.t_sent, 2) for d in soak.log.deploys[-len(versions) :]]

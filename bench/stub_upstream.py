@@ -66,21 +66,29 @@ def _reply(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     n = int(body.get("max_tokens") or 4)
     ids_in = prompt_ids(body)
     ids = [100 + i for i in range(n)]
-    choice: dict[str, Any] = {"index": 0, "finish_reason": "length", "stop_reason": None,
-                              "token_ids": ids if body.get("return_token_ids") else None,
-                              "logprobs": _logprobs(chat, n) if body.get("logprobs") is not None
-                              and body.get("logprobs") is not False else None}  # fmt: skip
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": "length",
+        "stop_reason": None,
+        "token_ids": ids if body.get("return_token_ids") else None,
+        "logprobs": _logprobs(chat, n)
+        if body.get("logprobs") is not None and body.get("logprobs") is not False
+        else None,
+    }
     if chat:
         choice["message"] = {"role": "assistant", "content": "x" * n}
     else:
         choice["text"] = "x" * n
     return {
-        "id": f"stub-{time.monotonic_ns()}", "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()), "model": body.get("model", MODEL), "choices": [choice],
+        "id": f"stub-{time.monotonic_ns()}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": body.get("model", MODEL),
+        "choices": [choice],
         "usage": {"prompt_tokens": len(ids_in), "completion_tokens": n, "total_tokens": len(ids_in) + n},
         "prompt_token_ids": ids_in if body.get("return_token_ids") else None,
         "system_fingerprint": "stub",
-    }  # fmt: skip
+    }
 
 
 async def _stream(request: web.Request, body: dict[str, Any], chat: bool) -> web.StreamResponse:
@@ -94,8 +102,14 @@ async def _stream(request: web.Request, body: dict[str, Any], chat: bool) -> web
     want_lp = body.get("logprobs") not in (None, False)
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-        obj = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-               "model": body.get("model", MODEL), "choices": choices, **extra}  # fmt: skip
+        obj = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": body.get("model", MODEL),
+            "choices": choices,
+            **extra,
+        }
         return b"data: " + orjson.dumps(obj) + b"\n\n"
 
     if body.get("stub_chunks") is not None:  # fuzzing: send exactly these data lines
@@ -140,9 +154,11 @@ async def _tokens(
             continue
         last = i == n - 1
         c: dict[str, Any] = {
-            "index": 0, "logprobs": _logprobs(chat, 1) if want_lp else None,
-            "finish_reason": "length" if last else None, "token_ids": [100 + i] if want_ids else None,
-        }  # fmt: skip
+            "index": 0,
+            "logprobs": _logprobs(chat, 1) if want_lp else None,
+            "finish_reason": "length" if last else None,
+            "token_ids": [100 + i] if want_ids else None,
+        }
         if chat:
             c["delta"] = {"content": "x"} if not last else {"content": "x"}
         else:

@@ -83,14 +83,22 @@ class Harness:
         self.calls = 0
 
     async def _call(self, session: str, messages: list[dict[str, Any]], tokens: int, *, cut: bool = False) -> str:
-        body = {"model": self.alias, "messages": messages, "max_tokens": tokens, "min_tokens": tokens,
-                "temperature": 1.0}  # fmt: skip
+        body = {
+            "model": self.alias,
+            "messages": messages,
+            "max_tokens": tokens,
+            "min_tokens": tokens,
+            "temperature": 1.0,
+        }
         headers = {"x-session-id": session}
         self.calls += 1
         if cut:  # the episode's deadline passes while the model is still writing: the harness hangs up
-            async with self.client.stream("POST", f"{self.proxy}/v1/chat/completions",
-                                          json={**body, **self.cut_extra, "stream": True},
-                                          headers=headers) as resp:  # fmt: skip
+            async with self.client.stream(
+                "POST",
+                f"{self.proxy}/v1/chat/completions",
+                json={**body, **self.cut_extra, "stream": True},
+                headers=headers,
+            ) as resp:
                 async for _ in resp.aiter_bytes():
                     break
             return ""
@@ -108,8 +116,10 @@ class Harness:
             reply = await self._call(sid, messages, THOUGHT)
             failed = rng.random() < phase.tool_fail
             result = "Error: search backend timed out (injected)" if failed else f"result {step}: 3 matches"
-            messages += [{"role": "assistant", "content": reply},
-                         {"role": "tool", "tool_call_id": f"call_{step}", "content": result}]  # fmt: skip
+            messages += [
+                {"role": "assistant", "content": reply},
+                {"role": "tool", "tool_call_id": f"call_{step}", "content": result},
+            ]
         length = max(1, round(ANSWER * phase.answer * rng.uniform(0.6, 1.4)))
         await self._call(sid, messages, length)
         outcome = "success" if rng.random() < 0.7 else "failure"
@@ -133,10 +143,20 @@ async def _decided(client: httpx.AsyncClient, aliases: str, version: int) -> dic
 
 
 async def simulate(
-    name: str, seed: int, proxy: str, sessionmaker: async_sessionmaker[AsyncSession], project: str,
-    sessions: int = 30, stop_on: Sequence[str] = (), phases: Sequence[Phase] | None = None, alias: str = ALIAS,
-    batch: int = BATCH, stub: bool = False, policy: str = "auto", max_sessions: int = MAX_SESSIONS,
-) -> Run:  # fmt: skip
+    name: str,
+    seed: int,
+    proxy: str,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    project: str,
+    sessions: int = 30,
+    stop_on: Sequence[str] = (),
+    phases: Sequence[Phase] | None = None,
+    alias: str = ALIAS,
+    batch: int = BATCH,
+    stub: bool = False,
+    policy: str = "auto",
+    max_sessions: int = MAX_SESSIONS,
+) -> Run:
     """Run one scenario (or ``phases``) through the proxy; the alias and versions 1..6 must exist (:func:`prepare`).
 
     Phase ``t`` publishes ``phases[t].version`` and runs at least ``sessions`` sessions, and until the policy
@@ -154,8 +174,11 @@ async def simulate(
     started = time.monotonic()
     async with httpx.AsyncClient(timeout=300) as client:
         harness = Harness(proxy, alias, client, {"stub_gap_ms": 50} if stub else {})
-        for method, path, body in (("PUT", "monitors", {"settle_s": 0}), ("PUT", "policy", POLICIES[policy]),
-                                   ("POST", "versions/base/evals", EVAL)):  # fmt: skip
+        for method, path, body in (
+            ("PUT", "monitors", {"settle_s": 0}),
+            ("PUT", "policy", POLICIES[policy]),
+            ("POST", "versions/base/evals", EVAL),
+        ):
             (await client.request(method, f"{aliases}/{path}", json=body)).raise_for_status()
         serving: int | None = None
         levels: dict[int | None, int] = {None: 0}
@@ -180,14 +203,19 @@ async def simulate(
                     break
                 ids = range(n, n + min(batch, (sessions if n < sessions else max_sessions) - n))
                 sids = [f"{name}-{seed}-{now.version}-{i}" for i in ids]
-                arms = [pending if pending is not None and bucket(project, alias, sid) < share else serving
-                        for sid in sids]  # fmt: skip
+                arms = [
+                    pending if pending is not None and bucket(project, alias, sid) < share else serving for sid in sids
+                ]
                 if record is not None and pending is not None:
                     record.served += sum(arm == pending for arm in arms)
                 acts = [replace(phases[min(levels[arm], len(phases) - 1)], tool_fail=now.tool_fail) for arm in arms]
                 seeds = [rng.random() for _ in ids]
-                await asyncio.gather(*(harness.session(sid, act, random.Random(s))
-                                       for sid, act, s in zip(sids, acts, seeds, strict=True)))  # fmt: skip
+                await asyncio.gather(
+                    *(
+                        harness.session(sid, act, random.Random(s))
+                        for sid, act, s in zip(sids, acts, seeds, strict=True)
+                    )
+                )
                 n, done = n + len(ids), done + len(ids)
                 await _drained(client, proxy)
                 async with sessionmaker() as db:
@@ -198,8 +226,15 @@ async def simulate(
                         for aid in report.opened:
                             a = opened[aid]
                             against = a.detail.get("against")
-                            run.opened.append({"monitor": a.name, "version": a.version, "session": done,
-                                               "against": against, "message": a.message})  # fmt: skip
+                            run.opened.append(
+                                {
+                                    "monitor": a.name,
+                                    "version": a.version,
+                                    "session": done,
+                                    "against": against,
+                                    "message": a.message,
+                                }
+                            )
             if record is not None and record.decision is None:
                 record.after = n  # undecided: sessions its phase ran
             if stop_on and _seen(run, stop_on):
@@ -225,8 +260,9 @@ async def prepare(
         if await db.scalar(select(Alias).where(Alias.project_id == project, Alias.name == alias)) is None:
             db.add(Alias(project_id=project, name=alias, base_model=base_model))
         for v in range(1, 7):
-            db.add(Adapter(project_id=project, alias=alias, version=v, path=path, sha256="0" * 64,
-                           base_model=base_model))  # fmt: skip
+            db.add(
+                Adapter(project_id=project, alias=alias, version=v, path=path, sha256="0" * 64, base_model=base_model)
+            )
         await db.commit()
 
 
@@ -252,8 +288,10 @@ def _summary(runs: list[Run]) -> None:
     for r in runs:
         seen = ", ".join(f"{a['monitor']}@v{a['version']} +{a['session']} ({a['against']})" for a in r.opened) or "none"
         print(f"{r.name:>8} {r.seed:>4} {r.calls:>6} {r.seconds:>6.0f}  {seen}")
-    print(f"\npolicy {runs[0].policy if runs else '-'}: each version, its drift level, the decision, sessions since it "
-          f"was published / of them on the candidate, [the decision's alerts]")  # fmt: skip
+    print(
+        f"\npolicy {runs[0].policy if runs else '-'}: each version, its drift level, the decision, sessions since it "
+        f"was published / of them on the candidate, [the decision's alerts]"
+    )
     for r in runs:
         print(f"{r.name:>8} {r.seed:>4}  {'; '.join(map(str, r.decisions))}")
     print("\ndetection delay: sessions from the phase where the cause starts to the alert (median, max; missed)")
@@ -268,9 +306,11 @@ def _summary(runs: list[Run]) -> None:
         print(f"  {name:>6} drifting versions: {', '.join(f'{k} {v}' for k, v in sorted(told.items())) or 'none'}")
     clean = [r for r in runs if r.name == "clean"]
     decided = [d for r in clean for d in r.decisions]
-    print(f"false alarms: {sum(len(r.opened) for r in clean)} alert(s) over {len(clean)} clean run(s) of "
-          f"{', '.join(str(r.sessions_run) for r in clean) or 0} sessions; versions promoted "
-          f"{sum(d.decision == 'promoted' for d in decided)} of {len(decided)}")  # fmt: skip
+    print(
+        f"false alarms: {sum(len(r.opened) for r in clean)} alert(s) over {len(clean)} clean run(s) of "
+        f"{', '.join(str(r.sessions_run) for r in clean) or 0} sessions; versions promoted "
+        f"{sum(d.decision == 'promoted' for d in decided)} of {len(decided)}"
+    )
 
 
 def main() -> int:
@@ -297,8 +337,13 @@ async def _main(args: argparse.Namespace) -> int:
         logdir = Path(tmp)
         if args.upstream == "stub":
             port = free_port()
-            engine = start_server("stub", [sys.executable, "-m", "bench.stub_upstream", "--port", str(port)], port,
-                                  logdir, ready_path="/v1/models")  # fmt: skip
+            engine = start_server(
+                "stub",
+                [sys.executable, "-m", "bench.stub_upstream", "--port", str(port)],
+                port,
+                logdir,
+                ready_path="/v1/models",
+            )
             model, path = "stub-model", str(logdir / "no-weights")
         else:
             from engine.weights import resolve_model
@@ -315,8 +360,21 @@ async def _main(args: argparse.Namespace) -> int:
                         upgrade(db_url)
                         pport = free_port()
                         spool = str(logdir / f"spool-{pport}")
-                        cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", engine.url, "--db", db_url,
-                               "--port", str(pport), "--spool", spool, "--no-auth"]  # fmt: skip
+                        cmd = [
+                            sys.executable,
+                            "-m",
+                            "onthejob.cli",
+                            "serve",
+                            "--upstream",
+                            engine.url,
+                            "--db",
+                            db_url,
+                            "--port",
+                            str(pport),
+                            "--spool",
+                            spool,
+                            "--no-auth",
+                        ]
                         # Decisions only when the harness asks, after each batch's monitor pass: reproducible runs.
                         proxy = start_server("proxy", cmd, pport, logdir, env={"ONTHEJOB_PROMOTION_EVERY": "86400"})
                         eng = async_engine(db_url)
@@ -324,13 +382,23 @@ async def _main(args: argparse.Namespace) -> int:
                             maker = async_sessionmaker(eng, expire_on_commit=False)
                             await prepare(maker, "default", model, path)
                             run_seed = seed + CLEAN_SEEDS if name == "clean" else seed
-                            run = await simulate(name, run_seed, proxy.url, maker, "default", args.sessions,
-                                                 stub=args.upstream == "stub", policy=args.policy,
-                                                 max_sessions=args.max_sessions)  # fmt: skip
+                            run = await simulate(
+                                name,
+                                run_seed,
+                                proxy.url,
+                                maker,
+                                "default",
+                                args.sessions,
+                                stub=args.upstream == "stub",
+                                policy=args.policy,
+                                max_sessions=args.max_sessions,
+                            )
                             runs.append(run)
-                            print(f"{name} seed {seed}: {len(run.opened)} alert(s), {run.sessions_run} sessions, "
-                                  f"{run.calls} calls, {run.seconds:.0f} s; {'; '.join(map(str, run.decisions))}",
-                                  flush=True)  # fmt: skip
+                            print(
+                                f"{name} seed {seed}: {len(run.opened)} alert(s), {run.sessions_run} sessions, "
+                                f"{run.calls} calls, {run.seconds:.0f} s; {'; '.join(map(str, run.decisions))}",
+                                flush=True,
+                            )
                         finally:
                             await eng.dispose()
                             proxy.stop()

@@ -66,10 +66,17 @@ def _model() -> Any:
 
     torch.manual_seed(0)
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=POSITIONS, tie_word_embeddings=True, rope_theta=1e6,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=POSITIONS,
+        tie_word_embeddings=True,
+        rope_theta=1e6,
         attn_implementation="sdpa",
-    )  # fmt: skip
+    )
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM")
     model = get_peft_model(Qwen2ForCausalLM(config), lora)
     for name, p in model.named_parameters():
@@ -87,10 +94,14 @@ def _inputs(length: int) -> dict[str, Any]:
     sampled = (torch.arange(length) % TURN >= TURN - SAMPLED).unsqueeze(0)
     full = torch.ones((1, length))
     return {
-        "input_ids": ids, "attention_mask": torch.ones_like(ids), "score_mask": sampled,
-        "temperature": full * SAMPLING["temperature"], "top_k": torch.full_like(ids, int(SAMPLING["top_k"])),
-        "top_p": full * SAMPLING["top_p"], "min_p": full * 0.0,
-    }  # fmt: skip
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "score_mask": sampled,
+        "temperature": full * SAMPLING["temperature"],
+        "top_k": torch.full_like(ids, int(SAMPLING["top_k"])),
+        "top_p": full * SAMPLING["top_p"],
+        "min_p": full * 0.0,
+    }
 
 
 def _step(model: Any, inputs: dict[str, Any], chunked: bool) -> None:
@@ -180,14 +191,27 @@ def worker(length: int, chunked: bool, cap_gib: float, threads: int, total: bool
 
 def _run(length: int, chunked: bool, cap_gib: float, threads: int, total: bool) -> dict[str, Any]:
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}  # big blocks go back to the OS when freed
-    argv = [sys.executable, "-m", "bench.train_memory", "--worker", str(length), "--cap-gib", str(cap_gib),
-            "--threads", str(threads)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.train_memory",
+        "--worker",
+        str(length),
+        "--cap-gib",
+        str(cap_gib),
+        "--threads",
+        str(threads),
+    ]
     argv += ([] if chunked else ["--unchunked"]) + ([] if total else ["--head-only"])
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:  # killed, or a crash outside the measured step
-        return {"length": length, "path": "chunked" if chunked else "unchunked", "oom": True,
-                "error": f"exit {done.returncode}: {done.stderr.strip()[-300:]}"}  # fmt: skip
+        return {
+            "length": length,
+            "path": "chunked" if chunked else "unchunked",
+            "oom": True,
+            "error": f"exit {done.returncode}: {done.stderr.strip()[-300:]}",
+        }
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
@@ -213,8 +237,13 @@ def _plot(rows: list[dict[str, Any]], cap_gib: float, path: Path) -> None:
     for name, style in (("chunked", "-"), ("unchunked", "--")):
         ok = [r for r in rows if r["path"] == name and not r["oom"]]
         whole = [r for r in ok if "total_mib" in r]
-        ax.plot([r["length"] for r in whole], [r["total_mib"] for r in whole], style, marker="o",
-                label=f"{name}: whole step")  # fmt: skip
+        ax.plot(
+            [r["length"] for r in whole],
+            [r["total_mib"] for r in whole],
+            style,
+            marker="o",
+            label=f"{name}: whole step",
+        )
         ax.plot(
             [r["length"] for r in ok], [r["head_mib"] for r in ok], style, marker="s", label=f"{name}: LM head stage"
         )
@@ -249,8 +278,10 @@ def main() -> None:
         result = worker(args.worker, not args.unchunked, args.cap_gib, args.threads, total=not args.head_only)
         print(json.dumps(result), flush=True)
         return
-    print(f"vocab {VOCAB:,}, {POSITIONS:,} positions, sampling {SAMPLING}, cap {args.cap_gib:g} GiB, "
-          f"{args.threads} threads")  # fmt: skip
+    print(
+        f"vocab {VOCAB:,}, {POSITIONS:,} positions, sampling {SAMPLING}, cap {args.cap_gib:g} GiB, "
+        f"{args.threads} threads"
+    )
     print(f"{'path':>9} {'tokens':>6} | {'total MiB':>9} {'head MiB':>8} {'tok/s':>7}")
     rows = []
     for path in args.paths:
@@ -271,8 +302,10 @@ def main() -> None:
         print(f"{path}: slope {total[0]:.1f} MiB per 1k tokens (whole step), {head[0]:.1f} (head stage)")
         if not any(r["oom"] for r in mine) and total[0] > 0:
             at = (args.cap_gib * 1024 - total[1]) / total[0] * 1000
-            print(f"{path}: no failure measured; the line reaches the {args.cap_gib:g} GiB cap at ~{at:,.0f} tokens "
-                  f"(extrapolated)")  # fmt: skip
+            print(
+                f"{path}: no failure measured; the line reaches the {args.cap_gib:g} GiB cap at ~{at:,.0f} tokens "
+                f"(extrapolated)"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     if args.plot:

@@ -44,11 +44,22 @@ def make_batch(policy: Policy, n: int, prompt: int, sampled: int, sampling: dict
     for i in range(n):
         ids = [rng.randrange(vocab) for _ in range(prompt + sampled)]
         turn = Turn(f"c{i}", 0, prompt, prompt + sampled, None, "m", dict(sampling))
-        out.append(Trajectory(
-            id=f"t{i}", project_id="p", session_id=f"s{i}", task_id="task", alias="a", token_ids=ids,
-            mask=[0] * prompt + [1] * sampled, logprobs=[None] * (prompt + sampled), turns=[turn],
-            completion_ids=[turn.completion_id], reward=float(i % 2), group="g",
-        ))  # fmt: skip
+        out.append(
+            Trajectory(
+                id=f"t{i}",
+                project_id="p",
+                session_id=f"s{i}",
+                task_id="task",
+                alias="a",
+                token_ids=ids,
+                mask=[0] * prompt + [1] * sampled,
+                logprobs=[None] * (prompt + sampled),
+                turns=[turn],
+                completion_ids=[turn.completion_id],
+                reward=float(i % 2),
+                group="g",
+            )
+        )
     batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in out], policy.pad_id, policy.device)
     with torch.no_grad():
         lp = _score(policy, batch)
@@ -119,8 +130,10 @@ def main() -> None:
     ap.add_argument("--engine", default=None, help="engine URL serving the first model: also time saved → served")
     args = ap.parse_args()
     tokens = args.batch * (args.prompt + args.sampled)
-    print(f"batch: {args.batch} × ({args.prompt} prompt + {args.sampled} sampled) = {tokens} tokens, "
-          f"{args.threads} threads, best of {args.repeats} interleaved")  # fmt: skip
+    print(
+        f"batch: {args.batch} × ({args.prompt} prompt + {args.sampled} sampled) = {tokens} tokens, "
+        f"{args.threads} threads, best of {args.repeats} interleaved"
+    )
     print(f"{'model':>8} {'sampling':>30} | {'trainer tok/s':>13} {'bare tok/s':>11} {'ratio':>6} {'cpu ratio':>9}")
     # bench/gpu_check.py's four sampling settings, each against the same bare loop.
     settings = [(_label(s), s) for s in SAMPLINGS]
@@ -143,8 +156,11 @@ def main() -> None:
         bare_wall, bare_cpu = (min(x[i] for x in times["bare"]) for i in (0, 1))
         for label in batches:
             wall, cpu = (min(x[i] for x in times[label]) for i in (0, 1))
-            print(f"{spec:>8} {label:>30} | {tokens / wall:>13,.0f} {tokens / bare_wall:>11,.0f} "
-                  f"{bare_wall / wall:>6.2f} {bare_cpu / cpu:>9.2f}", flush=True)  # fmt: skip
+            print(
+                f"{spec:>8} {label:>30} | {tokens / wall:>13,.0f} {tokens / bare_wall:>11,.0f} "
+                f"{bare_wall / wall:>6.2f} {bare_cpu / cpu:>9.2f}",
+                flush=True,
+            )
         if args.engine and spec == args.models[0]:
             print(f"saved → first response on {args.engine}: {saved_to_served(policy, args.engine, 'bench'):.3f} s")
 

@@ -54,22 +54,47 @@ def _call(i: int, calls: int, start: datetime) -> CallRecord:
     reply = {"role": "assistant", "content": "answer " + "y" * 60}
     termination = "stop" if i % 97 else "timeout"
     return CallRecord(
-        id=f"cmpl-bench{i:08d}", project_id="default", session_id=f"bench-s{session:06d}", task_id=None,
-        client_request_id=None, upstream_id=None, endpoint="chat", dialect="chat" if i % 10 else "responses",
-        client_request=b"null", client_response=b"null", alias=alias,
-        served_model=f"{alias}@v{version}" if version else "base", adapter_version=version,
-        tags=dump_json(["eval"] if eval_tag else []), request=dump_json({"model": alias, "messages": messages}),
+        id=f"cmpl-bench{i:08d}",
+        project_id="default",
+        session_id=f"bench-s{session:06d}",
+        task_id=None,
+        client_request_id=None,
+        upstream_id=None,
+        endpoint="chat",
+        dialect="chat" if i % 10 else "responses",
+        client_request=b"null",
+        client_response=b"null",
+        alias=alias,
+        served_model=f"{alias}@v{version}" if version else "base",
+        adapter_version=version,
+        tags=dump_json(["eval"] if eval_tag else []),
+        request=dump_json({"model": alias, "messages": messages}),
         response=dump_json({"choices": [{"index": 0, "message": reply, "finish_reason": "stop"}]}),
         prompt_token_ids=dump_json(prompt),
-        choices=dump_json([{"index": 0, "token_ids": ids, "logprobs": [-rnd.random() for _ in ids],
-                            "finish_reason": "stop", "message": reply}]),
-        sampling=dump_json({"temperature": 1.0}), usage=dump_json({"prompt_tokens": len(prompt),
-                                                                   "completion_tokens": len(ids)}),
-        status_code=200, termination=termination, error=None, stream=bool(i % 2), link_key=None,
+        choices=dump_json(
+            [
+                {
+                    "index": 0,
+                    "token_ids": ids,
+                    "logprobs": [-rnd.random() for _ in ids],
+                    "finish_reason": "stop",
+                    "message": reply,
+                }
+            ]
+        ),
+        sampling=dump_json({"temperature": 1.0}),
+        usage=dump_json({"prompt_tokens": len(prompt), "completion_tokens": len(ids)}),
+        status_code=200,
+        termination=termination,
+        error=None,
+        stream=bool(i % 2),
+        link_key=None,
         parent_id=f"cmpl-bench{i - 1:08d}" if turn else None,
-        created_at=(start + timedelta(seconds=6 * i)).isoformat(), latency_ms=40.0 + rnd.random() * 100,
-        ttft_ms=None, session_source="header",
-    )  # fmt: skip
+        created_at=(start + timedelta(seconds=6 * i)).isoformat(),
+        latency_ms=40.0 + rnd.random() * 100,
+        ttft_ms=None,
+        session_source="header",
+    )
 
 
 async def fill(db_url: str, calls: int) -> float:
@@ -94,8 +119,24 @@ async def fill(db_url: str, calls: int) -> float:
                 cid, sid = f"cmpl-bench{i:08d}", f"bench-s{i // TURNS:06d}"
                 when = (start + timedelta(seconds=6 * i + 30)).isoformat()
                 value = "1" if i % 2 else "0" if i % 5 else "-1"
-                await copy.write_row((f"fb-bench{i:08d}", "default", f"fb-bench{i:08d}", "completion_id", cid, cid,
-                                      sid, "reward", value, None, "harness", "{}", when, when))  # fmt: skip
+                await copy.write_row(
+                    (
+                        f"fb-bench{i:08d}",
+                        "default",
+                        f"fb-bench{i:08d}",
+                        "completion_id",
+                        cid,
+                        cid,
+                        sid,
+                        "reward",
+                        value,
+                        None,
+                        "harness",
+                        "{}",
+                        when,
+                        when,
+                    )
+                )
         for alias in ALIASES:  # v1, v2, v3 deployed where _call switches versions
             for v in (1, 2, 3):
                 when = start + timedelta(seconds=6 * (v * calls // 4))

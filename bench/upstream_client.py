@@ -26,8 +26,15 @@ from bench import peers
 from bench.harness import pin_self, rotated
 from proxy.http_client import HttpClient
 
-BODY = orjson.dumps({"model": peers.MODEL, "messages": [{"role": "user", "content": "Say hello."}],
-                     "max_tokens": 16, "return_token_ids": True, "logprobs": True})  # fmt: skip
+BODY = orjson.dumps(
+    {
+        "model": peers.MODEL,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 16,
+        "return_token_ids": True,
+        "logprobs": True,
+    }
+)
 PATH = "/v1/chat/completions"
 Call = Callable[[], Awaitable[bytes]]
 
@@ -93,8 +100,10 @@ def main() -> None:
                 print(f"  round {i + 1} {name:8s} {got[0]:6.1f} µs CPU a call  {got[1]:8,.0f} calls/s", flush=True)
     finally:
         stub.stop()
-    med = {name: (statistics.median(c for c, _ in got), statistics.median(s for _, s in got))
-           for name, got in results.items()}  # fmt: skip
+    med = {
+        name: (statistics.median(c for c, _ in got), statistics.median(s for _, s in got))
+        for name, got in results.items()
+    }
     print(f"\nmedians of {args.rounds} rounds, c={args.concurrency}, {args.calls:,} calls each, stub engine on core 0:")
     for name, (cpu, rps) in med.items():
         print(f"  {name:8s} {cpu:6.1f} µs CPU a call  {rps:8,.0f} calls/s")

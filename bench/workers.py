@@ -41,21 +41,40 @@ async def run(args: argparse.Namespace) -> int:
             stub = servers["stub"] = peers.stub(logdir, None)
             for w in (1, 2):
                 servers[f"passthrough-w{w}"] = peers.passthrough(stub.url, logdir, None, workers=w)
-                servers[f"onthejob-w{w}"] = peers.onthejob(stub.url, db_url, logdir / f"spool-w{w}", logdir, None,
-                                                           record=True, name=f"onthejob-w{w}", workers=w)  # fmt: skip
+                servers[f"onthejob-w{w}"] = peers.onthejob(
+                    stub.url,
+                    db_url,
+                    logdir / f"spool-w{w}",
+                    logdir,
+                    None,
+                    record=True,
+                    name=f"onthejob-w{w}",
+                    workers=w,
+                )
             names = [n for n in servers if n != "stub"]
             for i in range(args.rounds):
                 for name in names if i % 2 == 0 else names[::-1]:
                     server = servers[name]
-                    row = await measure(name, server, stub, server.port, payload(server.port, False, args.max_tokens),
-                                        stream=False, concurrency=args.concurrency, duration_s=args.duration,
-                                        warmup_s=args.warmup)  # fmt: skip
+                    row = await measure(
+                        name,
+                        server,
+                        stub,
+                        server.port,
+                        payload(server.port, False, args.max_tokens),
+                        stream=False,
+                        concurrency=args.concurrency,
+                        duration_s=args.duration,
+                        warmup_s=args.warmup,
+                    )
                     rows.setdefault(name, []).append(row)
                     if name.startswith("onthejob"):
                         ids += row.result.all_ids
-                    print(f"  round {i + 1} {name:15s} {row.rps:8,.0f} req/s  p50 {row.p50_ms:7.3f} ms  "
-                          f"CPU {row.cpu_per_1k_s:.3f} s/1k  other load {row.other_cores:.2f}  "
-                          f"errors {row.errors}", flush=True)  # fmt: skip
+                    print(
+                        f"  round {i + 1} {name:15s} {row.rps:8,.0f} req/s  p50 {row.p50_ms:7.3f} ms  "
+                        f"CPU {row.cpu_per_1k_s:.3f} s/1k  other load {row.other_cores:.2f}  "
+                        f"errors {row.errors}",
+                        flush=True,
+                    )
             unique = list(set(ids))
             lost = len(unique) - wait_rows(db_url, unique)  # each worker drains its own spool
         finally:
@@ -77,10 +96,14 @@ def summarise(rows: dict[str, list[Row]], lost: int, recorded: int) -> int:
         print(f"| {peer} | {one:,.0f} | {two:,.0f} | {scaling[peer]:.2f}x |")
     ratio = scaling["onthejob"] / scaling["passthrough"]
     print()
-    print(f"medians of {len(next(iter(rows.values())))} alternating rounds; load average now "
-          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
-    print(f"onthejob (recording on) / pass-through at 64: 1 worker {rps['onthejob-w1'] / rps['passthrough-w1']:.2f}x, "
-          f"2 workers {rps['onthejob-w2'] / rps['passthrough-w2']:.2f}x")  # fmt: skip
+    print(
+        f"medians of {len(next(iter(rows.values())))} alternating rounds; load average now "
+        f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    print(
+        f"onthejob (recording on) / pass-through at 64: 1 worker {rps['onthejob-w1'] / rps['passthrough-w1']:.2f}x, "
+        f"2 workers {rps['onthejob-w2'] / rps['passthrough-w2']:.2f}x"
+    )
     # The issue sets no number for this ratio: it is reported (1.0 = scales as well as the pass-through).
     print(
         f"  [report] onthejob's 1->2 worker scaling / the pass-through's: "
@@ -89,7 +112,7 @@ def summarise(rows: dict[str, list[Row]], lost: int, recorded: int) -> int:
     checks = [
         ("answered without errors", errors == 0, str(errors)),
         ("0 records lost", lost == 0, f"{lost} of {recorded}"),
-    ]  # fmt: skip
+    ]
     for name, ok, value in checks:
         print(f"  [{'met' if ok else 'MISSED'}] {name}: {value}")
     return 0 if lost == 0 and errors == 0 else 1

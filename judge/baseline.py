@@ -12,14 +12,49 @@ import re
 from collections.abc import Iterable
 
 POSITIVE = (
-    "correct", "right", "good", "great", "perfect", "exactly", "well done", "nice", "brief", "concise",
-    "to the point", "spot on", "accurate", "thanks", "thank you", "helpful", "works", "solved",
-)  # fmt: skip
+    "correct",
+    "right",
+    "good",
+    "great",
+    "perfect",
+    "exactly",
+    "well done",
+    "nice",
+    "brief",
+    "concise",
+    "to the point",
+    "spot on",
+    "accurate",
+    "thanks",
+    "thank you",
+    "helpful",
+    "works",
+    "solved",
+)
 NEGATIVE = (
-    "wrong", "incorrect", "mistake", "error", "too long", "too large", "too big", "too small", "too high",
-    "too low", "verbose", "rambling", "bad", "fails", "failed", "off", "missed", "useless", "not what",
-    "no answer", "timed out", "confused",
-)  # fmt: skip
+    "wrong",
+    "incorrect",
+    "mistake",
+    "error",
+    "too long",
+    "too large",
+    "too big",
+    "too small",
+    "too high",
+    "too low",
+    "verbose",
+    "rambling",
+    "bad",
+    "fails",
+    "failed",
+    "off",
+    "missed",
+    "useless",
+    "not what",
+    "no answer",
+    "timed out",
+    "confused",
+)
 NEGATIONS = ("not", "never", "no", "isn't", "wasn't", "hardly", "n't")
 
 

@@ -82,10 +82,15 @@ class EvalResult:
 
     def payload(self) -> dict[str, Any]:
         return {
-            "name": self.spec.name, "n": self.n, "mean": self.mean, "stderr": self.stderr,
-            "grader": self.spec.grader, "source": "onthejob eval", "scores": self.scores,
+            "name": self.spec.name,
+            "n": self.n,
+            "mean": self.mean,
+            "stderr": self.stderr,
+            "grader": self.spec.grader,
+            "source": "onthejob eval",
+            "scores": self.scores,
             "detail": {"ungraded": len(self.ungraded), "model": self.spec.model},
-        }  # fmt: skip
+        }
 
 
 def load_set(path: Path, limit: int | None = None) -> list[EvalItem]:
@@ -116,8 +121,9 @@ def replay_items(
     engine = sync_engine(db_url)
     try:
         with Session(engine) as db:
-            query = select(Completion).where(Completion.project_id == project, Completion.alias == alias,
-                                             Completion.endpoint == "chat")  # fmt: skip
+            query = select(Completion).where(
+                Completion.project_id == project, Completion.alias == alias, Completion.endpoint == "chat"
+            )
             if since is not None:
                 query = query.where(Completion.created_at >= since)
             first: dict[str, Completion] = {}
@@ -242,8 +248,10 @@ def table(rows: Sequence[dict[str, Any]], name: str) -> str:
     lines = [f"{'version':>8} {'n':>5} {'mean ± s.e.':>17}  grader / source"]
     for version, row in sorted(newest.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):
         label = "base" if version is None else f"v{version}"
-        lines.append(f"{label:>8} {row['n']:>5} {row['mean']:>8.3f} ± {row['stderr']:<6.3f}  "
-                     f"{row['grader'] or '-'} / {row['source'] or '-'}")  # fmt: skip
+        lines.append(
+            f"{label:>8} {row['n']:>5} {row['mean']:>8.3f} ± {row['stderr']:<6.3f}  "
+            f"{row['grader'] or '-'} / {row['source'] or '-'}"
+        )
     return "\n".join(lines)
 
 
@@ -257,8 +265,14 @@ def plot(rows: Sequence[dict[str, Any]], name: str, alias: str, path: Path) -> P
     newest: dict[Any, dict[str, Any]] = {r["version"]: r for r in rows if r["name"] == name}
     order = sorted(newest, key=lambda v: -1 if v is None else v)
     fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=120)
-    ax.errorbar(range(len(order)), [newest[v]["mean"] for v in order], yerr=[newest[v]["stderr"] for v in order],
-                marker="o", capsize=3, linestyle="none")  # fmt: skip
+    ax.errorbar(
+        range(len(order)),
+        [newest[v]["mean"] for v in order],
+        yerr=[newest[v]["stderr"] for v in order],
+        marker="o",
+        capsize=3,
+        linestyle="none",
+    )
     ax.set_xticks(range(len(order)), ["base" if v is None else f"v{v}" for v in order])
     ax.set_xlabel("version")
     ax.set_ylabel(f"{name} (mean ± s.e.)")
@@ -274,10 +288,15 @@ def spec_from_policy(config: dict[str, Any], **fixed: Any) -> EvalSpec:
     if not (config.get("set") or config.get("tag")):
         raise GraderError("the policy's eval names neither 'set' (a JSONL file) nor 'tag' (sessions to replay)")
     return EvalSpec(
-        grader=str(config.get("grader", "exact")), name=str(config.get("name", "default")),
-        set_path=Path(config["set"]) if config.get("set") else None, tag=config.get("tag"),
-        max_tokens=int(config.get("max_tokens", 256)), limit=config.get("limit"), progress=False, **fixed,
-    )  # fmt: skip
+        grader=str(config.get("grader", "exact")),
+        name=str(config.get("name", "default")),
+        set_path=Path(config["set"]) if config.get("set") else None,
+        tag=config.get("tag"),
+        max_tokens=int(config.get("max_tokens", 256)),
+        limit=config.get("limit"),
+        progress=False,
+        **fixed,
+    )
 
 
 def evaluate(spec: EvalSpec) -> tuple[EvalResult, dict[str, Any] | None]:

@@ -44,8 +44,13 @@ class EvalItem:
         else:
             raise GraderError(f"line {line}: give 'prompt' (text) or 'messages' (a non-empty list)")
         known = {"id", "prompt", "messages", "reference", "schema"}
-        return cls(str(obj.get("id", line)), messages, obj.get("reference"), obj.get("schema"),
-                   {k: v for k, v in obj.items() if k not in known})  # fmt: skip
+        return cls(
+            str(obj.get("id", line)),
+            messages,
+            obj.get("reference"),
+            obj.get("schema"),
+            {k: v for k, v in obj.items() if k not in known},
+        )
 
 
 Grader = Callable[[EvalItem, str], float | None]

@@ -35,15 +35,17 @@ def feedback_items(judged: Sequence[Judged], fingerprint: str, mode: str) -> lis
     for j in judged:
         if j.score is None:
             continue
-        out.append({
-            "target": {"session_id": j.item.session_id},
-            "name": "reward",
-            "value": j.score,
-            "comment": j.reasoning[:MAX_COMMENT_CHARS] or "(no reasoning given)",
-            "source": JUDGE_SOURCE,
-            "id": judge_key(fingerprint, j.item.session_id, j.item.comment),
-            "metadata": {"judge": fingerprint, "mode": mode, "read_comment": j.item.comment is not None},
-        })  # fmt: skip
+        out.append(
+            {
+                "target": {"session_id": j.item.session_id},
+                "name": "reward",
+                "value": j.score,
+                "comment": j.reasoning[:MAX_COMMENT_CHARS] or "(no reasoning given)",
+                "source": JUDGE_SOURCE,
+                "id": judge_key(fingerprint, j.item.session_id, j.item.comment),
+                "metadata": {"judge": fingerprint, "mode": mode, "read_comment": j.item.comment is not None},
+            }
+        )
     return out
 
 

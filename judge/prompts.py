@@ -61,9 +61,13 @@ def transcript(messages: Sequence[Mapping[str, Any]], max_chars: int = 6000) -> 
 
 
 def absolute_messages(
-    rubric: str, conversation: Sequence[Mapping[str, Any]], comment: str | None = None, *,
-    implicit: bool = False, max_chars: int = 6000,
-) -> list[dict[str, str]]:  # fmt: skip
+    rubric: str,
+    conversation: Sequence[Mapping[str, Any]],
+    comment: str | None = None,
+    *,
+    implicit: bool = False,
+    max_chars: int = 6000,
+) -> list[dict[str, str]]:
     """Messages asking for one score for one conversation (with the user's comment, if any)."""
     system = ABSOLUTE_SYSTEM.format(rubric=rubric.strip())
     if implicit:
@@ -76,9 +80,12 @@ def absolute_messages(
 
 
 def relative_messages(
-    rubric: str, attempts: Sequence[Sequence[Mapping[str, Any]]], comments: Sequence[str | None] | None = None,
-    *, max_chars: int = 6000,
-) -> list[dict[str, str]]:  # fmt: skip
+    rubric: str,
+    attempts: Sequence[Sequence[Mapping[str, Any]]],
+    comments: Sequence[str | None] | None = None,
+    *,
+    max_chars: int = 6000,
+) -> list[dict[str, str]]:
     """Messages asking for one score per attempt of the same task (letters A, B, …)."""
     if not 1 <= len(attempts) <= MAX_ATTEMPTS:
         raise ValueError(f"relative mode takes 1 to {MAX_ATTEMPTS} attempts, got {len(attempts)}")
@@ -124,9 +131,14 @@ def probability_item(
 
 
 def probability_messages(
-    rubric: str, labels: tuple[str, str], examples: Sequence[tuple[str, bool]],
-    conversation: Sequence[Mapping[str, Any]], comment: str | None = None, *, max_chars: int = 6000,
-) -> list[dict[str, str]]:  # fmt: skip
+    rubric: str,
+    labels: tuple[str, str],
+    examples: Sequence[tuple[str, bool]],
+    conversation: Sequence[Mapping[str, Any]],
+    comment: str | None = None,
+    *,
+    max_chars: int = 6000,
+) -> list[dict[str, str]]:
     """Messages asking for one word, ``labels[0]`` (good) or ``labels[1]`` (bad), after worked examples.
 
     The examples are turns of their own (a user turn with the item, the assistant's one-word

@@ -77,9 +77,15 @@ def baseline_agreement(cfg: JudgeSettings, labelled: Sequence[Any]) -> Agreement
 
 
 async def judge_once(
-    db: DbSession, project_id: str, client: Completer, post: Poster, *, alias: str | None = None,
-    calibrate_first: bool = True, dry_run: bool = False,
-) -> Report:  # fmt: skip
+    db: DbSession,
+    project_id: str,
+    client: Completer,
+    post: Poster,
+    *,
+    alias: str | None = None,
+    calibrate_first: bool = True,
+    dry_run: bool = False,
+) -> Report:
     """Calibrate (when asked and labelled sessions exist), judge what is pending, post the readable grades."""
     cfg, settings = project_judge(db, project_id)
     selection = select_items(db, project_id, cfg, alias=alias, settings=settings)
@@ -89,9 +95,16 @@ async def judge_once(
         report.baseline = baseline_agreement(cfg, selection.labelled)
         a = report.agreement
         record_calibration(
-            db, project_id, cfg, n=a.n, unreadable=a.unreadable, spearman=a.spearman, accuracy=a.accuracy,
-            threshold=a.threshold, baseline=report.baseline.to_dict() if report.baseline else None,
-        )  # fmt: skip
+            db,
+            project_id,
+            cfg,
+            n=a.n,
+            unreadable=a.unreadable,
+            spearman=a.spearman,
+            accuracy=a.accuracy,
+            threshold=a.threshold,
+            baseline=report.baseline.to_dict() if report.baseline else None,
+        )
         db.commit()
     report.verdict = gate(report.agreement, cfg.min_agreement, cfg.min_labelled) if report.agreement else None
     judged = await judge_items(client, cfg, selection.to_judge, implicit=implicit_feedback(settings))

@@ -68,8 +68,14 @@ async def judge_items(
 
         async def read(item: Item) -> list[Judged]:
             async with limit:
-                messages = probability_messages(cfg.rubric, cfg.labels, examples, item.conversation, item.comment,
-                                                max_chars=cfg.max_transcript_chars)  # fmt: skip
+                messages = probability_messages(
+                    cfg.rubric,
+                    cfg.labels,
+                    examples,
+                    item.conversation,
+                    item.comment,
+                    max_chars=cfg.max_transcript_chars,
+                )
                 p = await client.probability(messages, cfg.labels)
             score = None if p is None else to_scale(p, cfg.scale)
             word = "unreadable" if p is None else f"P({cfg.labels[0]}) = {p:.2f}"
@@ -81,9 +87,12 @@ async def judge_items(
         async def one(item: Item) -> list[Judged]:
             async with limit:
                 messages = absolute_messages(
-                    cfg.rubric, item.conversation, item.comment,
-                    implicit=implicit, max_chars=cfg.max_transcript_chars,
-                )  # fmt: skip
+                    cfg.rubric,
+                    item.conversation,
+                    item.comment,
+                    implicit=implicit,
+                    max_chars=cfg.max_transcript_chars,
+                )
                 reply = await client.complete(messages)
             fraction = parse_score(reply)
             score = None if fraction is None else to_scale(fraction, cfg.scale)
@@ -96,9 +105,11 @@ async def judge_items(
         async def group(members: list[Item]) -> list[Judged]:
             async with limit:
                 messages = relative_messages(
-                    cfg.rubric, [m.conversation for m in members], [m.comment for m in members],
+                    cfg.rubric,
+                    [m.conversation for m in members],
+                    [m.comment for m in members],
                     max_chars=cfg.max_transcript_chars,
-                )  # fmt: skip
+                )
                 reply = await client.complete(messages)
             fractions = parse_scores(reply, len(members))
             reasoning = reasoning_of(reply)
@@ -131,5 +142,6 @@ async def calibrate(client: Completer, cfg: JudgeSettings, labelled: Sequence[It
     """Score the labelled items and compare with their labels (see :mod:`judge.calibrate`)."""
     items = [i for i in labelled if i.label is not None]
     judged = await judge_items(client, cfg, items)
-    return agreement([j.score for j in judged], [float(i.label) for i in items if i.label is not None],
-                     cfg.decision_threshold)  # fmt: skip
+    return agreement(
+        [j.score for j in judged], [float(i.label) for i in items if i.label is not None], cfg.decision_threshold
+    )

@@ -83,9 +83,14 @@ def _comment(grades: Sequence[Any]) -> str | None:
 
 
 def select_items(
-    db: DbSession, project_id: str, cfg: JudgeSettings, *, alias: str | None = None,
-    since: datetime | None = None, settings: dict[str, Any] | None = None,
-) -> Selection:  # fmt: skip
+    db: DbSession,
+    project_id: str,
+    cfg: JudgeSettings,
+    *,
+    alias: str | None = None,
+    since: datetime | None = None,
+    settings: dict[str, Any] | None = None,
+) -> Selection:
     """Read the project's sessions (of ``alias``, since a time) and sort them for the judge."""
     if settings is None:
         settings = db.scalar(settings_stmt(project_id)) or {}
@@ -104,9 +109,13 @@ def select_items(
 
 
 def sort_sessions(
-    completions: Sequence[Any], trajectories: Sequence[Trajectory], grades: Sequence[Any], cfg: JudgeSettings,
-    judged_keys: Collection[str] = (), hindsight: Mapping[str, Sequence[str]] | None = None,
-) -> Selection:  # fmt: skip
+    completions: Sequence[Any],
+    trajectories: Sequence[Trajectory],
+    grades: Sequence[Any],
+    cfg: JudgeSettings,
+    judged_keys: Collection[str] = (),
+    hindsight: Mapping[str, Sequence[str]] | None = None,
+) -> Selection:
     """The pure part of :func:`select_items`: completions in session and time order, graded trajectories.
 
     ``hindsight``: per session, the user's next messages after answers (implicit feedback, when the

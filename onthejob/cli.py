@@ -44,12 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spool", default=None, help="spool folder (default: ./spool)")
     p.add_argument("--no-auth", action="store_true", help="accept calls without an API key (development only)")
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--host-id", default=None,
-                   help="this host among proxies on one database (default: $ONTHEJOB_HOST_ID, hostname)")  # fmt: skip
-    p.add_argument("--no-housekeep", action="store_true",
-                   help="leave the feedback sweep, retention and pruning to `onthejob housekeep`")  # fmt: skip
-    p.add_argument("--no-migrate", action="store_true",
-                   help="do not migrate at start (a migration Job runs `onthejob db upgrade`)")  # fmt: skip
+    p.add_argument(
+        "--host-id", default=None, help="this host among proxies on one database (default: $ONTHEJOB_HOST_ID, hostname)"
+    )
+    p.add_argument(
+        "--no-housekeep",
+        action="store_true",
+        help="leave the feedback sweep, retention and pruning to `onthejob housekeep`",
+    )
+    p.add_argument(
+        "--no-migrate", action="store_true", help="do not migrate at start (a migration Job runs `onthejob db upgrade`)"
+    )
     p.set_defaults(handler=commands.serve)
 
     p = sub.add_parser("train", help="train LoRA adapters from graded traffic")
@@ -177,35 +182,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="demo-out")
     p.add_argument("--model", default="default")
     p.add_argument(
-        "--feedback", choices=["numeric", "comments", "corrections", "none"], default="numeric",
+        "--feedback",
+        choices=["numeric", "comments", "corrections", "none"],
+        default="numeric",
         help="how training traffic is graded: numbers (default), comments only, corrections only, or not at all",
-    )  # fmt: skip
+    )
     p.add_argument("--seed", type=int, default=0, help="which training problems each round draws (held-out is fixed)")
     p.add_argument(
-        "--eval-every", type=int, default=1,
+        "--eval-every",
+        type=int,
+        default=1,
         help="held-out evaluation at round 1, every N-th round after it and the last round (default 1: every round)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--promotion", choices=["auto", "gate"], default="auto",
+        "--promotion",
+        choices=["auto", "gate"],
+        default="auto",
         help="gate: each trained version is routed only if its held-out result is not 2 s.e. below the serving one",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--sdpo-form", choices=["token", "topk"], default=None,
+        "--sdpo-form",
+        choices=["token", "topk"],
+        default=None,
         help="comments/corrections arms: train --sdpo-form (token: sampled-token signal; topk: top-k reverse KL)",
-    )  # fmt: skip
+    )
     p.add_argument("--lr", type=float, default=None, help="the trainer's learning rate each round (default 5e-4)")
-    p.add_argument("--sdpo-baseline", choices=["none", "mean"], default=None,
-                   help="comments/corrections arms: train --sdpo-baseline (token form)")  # fmt: skip
-    p.add_argument("--sdpo-weight", type=float, default=None,
-                   help="comments/corrections arms: train --sdpo-weight (text part beside judged scores)")  # fmt: skip
-    p.add_argument("--correct", choices=["last", "first"], default=None,
-                   help="corrections arm: correct the last call's ANSWER line, or the first call's CALC")  # fmt: skip
-    p.add_argument("--no-judge", dest="judge", action="store_false", default=None,
-                   help="comments arm: no judge, self-distillation alone (none arm: nothing at all)")  # fmt: skip
     p.add_argument(
-        "--flip-reward", default=None, metavar="ROUNDS",
+        "--sdpo-baseline",
+        choices=["none", "mean"],
+        default=None,
+        help="comments/corrections arms: train --sdpo-baseline (token form)",
+    )
+    p.add_argument(
+        "--sdpo-weight",
+        type=float,
+        default=None,
+        help="comments/corrections arms: train --sdpo-weight (text part beside judged scores)",
+    )
+    p.add_argument(
+        "--correct",
+        choices=["last", "first"],
+        default=None,
+        help="corrections arm: correct the last call's ANSWER line, or the first call's CALC",
+    )
+    p.add_argument(
+        "--no-judge",
+        dest="judge",
+        action="store_false",
+        default=None,
+        help="comments arm: no judge, self-distillation alone (none arm: nothing at all)",
+    )
+    p.add_argument(
+        "--flip-reward",
+        default=None,
+        metavar="ROUNDS",
         help="comma-separated rounds whose training traffic is graded with the reward's sign flipped (a bad grader)",
-    )  # fmt: skip
+    )
     p.set_defaults(handler=commands.demo)
 
     db = sub.add_parser("db", help="database schema")
@@ -249,25 +281,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None)
     p.set_defaults(handler=commands.mine)
 
-    p = sub.add_parser("retention", help="delete calls older than each project's retention_days (one pass)"
-                       " and the change-log entries every reader has passed")  # fmt: skip
+    p = sub.add_parser(
+        "retention",
+        help="delete calls older than each project's retention_days (one pass)"
+        " and the change-log entries every reader has passed",
+    )
     p.add_argument("--db", default=None)
-    p.add_argument("--keep-changes", type=int, default=None, metavar="N",
-                   help="change-log entries kept per project whatever the readers passed (default 100000)")  # fmt: skip
+    p.add_argument(
+        "--keep-changes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="change-log entries kept per project whatever the readers passed (default 100000)",
+    )
     p.set_defaults(handler=commands.retention)
 
-    p = sub.add_parser("housekeep", help="the database's periodic maintenance on one schedule: feedback sweep, "
-                       "retention, change-log pruning (safe to run as several copies)")  # fmt: skip
+    p = sub.add_parser(
+        "housekeep",
+        help="the database's periodic maintenance on one schedule: feedback sweep, "
+        "retention, change-log pruning (safe to run as several copies)",
+    )
     p.add_argument("--db", default=None)
     p.add_argument("--once", action="store_true", help="run every job once now, then exit")
-    p.add_argument("--sweep-every", type=float, default=5.0, metavar="S",
-                   help="seconds between sweeps of pending feedback (0: never)")  # fmt: skip
-    p.add_argument("--retention-every", type=float, default=None, metavar="S",
-                   help="seconds between retention passes (default $ONTHEJOB_RETENTION_EVERY or 3600)")  # fmt: skip
-    p.add_argument("--prune-every", type=float, default=None, metavar="S",
-                   help="seconds between prunings of the change log (default: the retention period)")  # fmt: skip
-    p.add_argument("--keep-changes", type=int, default=None, metavar="N",
-                   help="change-log entries kept per project whatever the readers passed (default 100000)")  # fmt: skip
+    p.add_argument(
+        "--sweep-every",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between sweeps of pending feedback (0: never)",
+    )
+    p.add_argument(
+        "--retention-every",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between retention passes (default $ONTHEJOB_RETENTION_EVERY or 3600)",
+    )
+    p.add_argument(
+        "--prune-every",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between prunings of the change log (default: the retention period)",
+    )
+    p.add_argument(
+        "--keep-changes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="change-log entries kept per project whatever the readers passed (default 100000)",
+    )
     p.set_defaults(handler=commands.housekeep)
     return parser
 
@@ -278,16 +341,27 @@ def _dataset_parsers(sub: Any) -> None:
     dsub = ds.add_subparsers(dest="dataset_command", required=True, metavar="ACTION")
     p = dsub.add_parser("create", help="select trajectories and pin them (calls, feedback, rewards) under a name")
     p.add_argument("name")
-    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
-                   help="alias, tags, since, until, min_reward, max_reward, flags, feedback, judge (agrees|disagrees);"
-                        " lists comma-separated; repeat for several")  # fmt: skip
+    p.add_argument(
+        "--filter",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="alias, tags, since, until, min_reward, max_reward, flags, feedback, judge (agrees|disagrees);"
+        " lists comma-separated; repeat for several",
+    )
     p.add_argument("--from-mine", default=None, metavar="MODE", help="trajectories onthejob mine flagged with MODE")
-    p.add_argument("--curated", action="store_true",
-                   help="failures (flagged or graded low) with the best successes of the same task")  # fmt: skip
+    p.add_argument(
+        "--curated",
+        action="store_true",
+        help="failures (flagged or graded low) with the best successes of the same task",
+    )
     p.add_argument("--per-task", type=int, default=2, help="--curated: successes kept per failing task")
     p.add_argument("--description", default="")
-    for name, helptext in (("list", "every dataset of the project"), ("show", "one dataset and its items"),
-                           ("diff", "items only in A, only in B, and in both with other values")):  # fmt: skip
+    for name, helptext in (
+        ("list", "every dataset of the project"),
+        ("show", "one dataset and its items"),
+        ("diff", "items only in A, only in B, and in both with other values"),
+    ):
         q = dsub.add_parser(name, help=helptext)
         if name == "show":
             q.add_argument("name")

@@ -79,8 +79,7 @@ def serve(args: argparse.Namespace) -> int:
         raise UserError(f"--workers {args.workers}: must be at least 1")
     if args.no_housekeep:  # the processes of --workers N build their settings from the environment
         os.environ["ONTHEJOB_HOUSEKEEP"] = "0"
-    return run(proxy_settings(args), host=args.host, port=args.port, workers=args.workers,
-               migrate=not args.no_migrate)  # fmt: skip
+    return run(proxy_settings(args), host=args.host, port=args.port, workers=args.workers, migrate=not args.no_migrate)
 
 
 def train_settings(args: argparse.Namespace) -> TrainSettings:
@@ -90,17 +89,36 @@ def train_settings(args: argparse.Namespace) -> TrainSettings:
 
     try:
         return TrainSettings(
-            alias=args.alias, database_url=database_url(args.db), model=args.model, project=args.project,
-            objective=args.objective, lr=args.lr, batch_size=args.batch_size, min_batch=args.min_batch,
-            max_len=args.max_len, threads=args.threads, fresh_optimizer=args.fresh_optimizer, parent=str(args.parent),
+            alias=args.alias,
+            database_url=database_url(args.db),
+            model=args.model,
+            project=args.project,
+            objective=args.objective,
+            lr=args.lr,
+            batch_size=args.batch_size,
+            min_batch=args.min_batch,
+            max_len=args.max_len,
+            threads=args.threads,
+            fresh_optimizer=args.fresh_optimizer,
+            parent=str(args.parent),
             steps=args.steps if args.steps is not None else (None if args.watch or args.dataset else 1),
-            watch=args.watch, dataset=args.dataset,
-            poll_s=args.poll, adapters=Path(args.adapters), proxy=args.proxy, admin_key=admin_key(args.admin_key),
-            deploy=not args.no_deploy, sdpo_weight=args.sdpo_weight, correction_weight=args.correction_weight,
-            sdpo_form=args.sdpo_form, sdpo_baseline=args.sdpo_baseline, sdpo_teacher=args.sdpo_teacher,
-            sdpo_ema=args.sdpo_ema, sdpo_signal_clip=args.sdpo_signal_clip, sdpo_kl=args.sdpo_kl,
+            watch=args.watch,
+            dataset=args.dataset,
+            poll_s=args.poll,
+            adapters=Path(args.adapters),
+            proxy=args.proxy,
+            admin_key=admin_key(args.admin_key),
+            deploy=not args.no_deploy,
+            sdpo_weight=args.sdpo_weight,
+            correction_weight=args.correction_weight,
+            sdpo_form=args.sdpo_form,
+            sdpo_baseline=args.sdpo_baseline,
+            sdpo_teacher=args.sdpo_teacher,
+            sdpo_ema=args.sdpo_ema,
+            sdpo_signal_clip=args.sdpo_signal_clip,
+            sdpo_kl=args.sdpo_kl,
             step_floor=args.step_floor,
-        )  # fmt: skip
+        )
     except SettingsError as exc:
         raise UserError(str(exc)) from exc
 
@@ -140,17 +158,30 @@ def evaluate(args: argparse.Namespace) -> int:
         raise UserError(f"--version {args.version!r}: a version number or 'base'")
     name = args.name or (Path(args.set).stem if args.set else f"tag-{args.tag}")
     spec = EvalSpec(
-        alias=args.alias, version=version, proxy=args.proxy, key=key, grader=args.grader, name=name,
-        set_path=Path(args.set) if args.set else None, tag=args.tag, since=since, project=args.project,
+        alias=args.alias,
+        version=version,
+        proxy=args.proxy,
+        key=key,
+        grader=args.grader,
+        name=name,
+        set_path=Path(args.set) if args.set else None,
+        tag=args.tag,
+        since=since,
+        project=args.project,
         db_url=database_url(args.db) if (args.tag or args.grader == "judge") else None,
-        max_tokens=args.max_tokens, concurrency=args.concurrency, limit=args.limit, post=not args.no_post,
-    )  # fmt: skip
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        limit=args.limit,
+        post=not args.no_post,
+    )
     try:
         result, answer = evaluate(spec)
     except GraderError as exc:
         raise UserError(str(exc)) from exc
-    print(f"{spec.model} on {name!r} ({args.grader}): {result.mean:.4f} ± {result.stderr:.4f} over {result.n} items"
-          f"{f', {len(result.ungraded)} ungraded' if result.ungraded else ''}")  # fmt: skip
+    print(
+        f"{spec.model} on {name!r} ({args.grader}): {result.mean:.4f} ± {result.stderr:.4f} over {result.n} items"
+        f"{f', {len(result.ungraded)} ungraded' if result.ungraded else ''}"
+    )
     if answer is not None:
         if answer.get("decision"):
             print(f"promotion: {answer['decision']}")
@@ -194,7 +225,7 @@ def monitor(args: argparse.Namespace) -> int:
             drift_engine=args.drift_engine,
             drift_sample=args.drift_sample,
             as_json=args.json,
-        )  # fmt: skip
+        )
     )
 
 
@@ -256,16 +287,25 @@ def export(args: argparse.Namespace) -> int:
     eng = sync_engine(args.db)
     try:
         with Session(eng) as db:
-            rows, read, excluded = export_rows(db, args.project, args.format, alias=args.alias, since=since,
-                                               min_reward=args.min_reward, dataset=args.dataset)  # fmt: skip
+            rows, read, excluded = export_rows(
+                db,
+                args.project,
+                args.format,
+                alias=args.alias,
+                since=since,
+                min_reward=args.min_reward,
+                dataset=args.dataset,
+            )
     except DatasetError as exc:
         raise UserError(str(exc)) from exc
     finally:
         eng.dispose()
     write_jsonl(rows, Path(args.output))
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(excluded.items())) or "none"
-    print(f"wrote {len(rows)} {args.format} rows from {read} trajectories to {args.output}; excluded: {reasons}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"wrote {len(rows)} {args.format} rows from {read} trajectories to {args.output}; excluded: {reasons}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -294,8 +334,11 @@ def mine(args: argparse.Namespace) -> int:
     flagged = ", ".join(f"{k} {v}" for k, v in sorted(done.flagged.items())) or "nothing new"
     if done.cleared:
         flagged += f"; cleared low_grade {done.cleared} (grades revised up)"
-    print(f"read {done.calls} new calls and {done.feedback} feedback items; flagged: {flagged}; "
-          f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)  # fmt: skip
+    print(
+        f"read {done.calls} new calls and {done.feedback} feedback items; flagged: {flagged}; "
+        f"wrote {', '.join(str(p) for p in paths)}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -316,8 +359,11 @@ def retention(args: argparse.Namespace) -> int:
     finally:
         eng.dispose()
     for project, counts in sorted(done.items()):
-        print(f"project {project}: deleted {counts['calls']} calls, {counts['feedback']} feedback items, "
-              f"{counts['sessions']} sessions", file=sys.stderr)  # fmt: skip
+        print(
+            f"project {project}: deleted {counts['calls']} calls, {counts['feedback']} feedback items, "
+            f"{counts['sessions']} sessions",
+            file=sys.stderr,
+        )
     if not done:
         print("no project has retention_days set; nothing deleted", file=sys.stderr)
     for project, entries in sorted(pruned.items()):
@@ -343,8 +389,12 @@ def housekeep(args: argparse.Namespace) -> int:
     if min(args.sweep_every, retention, prune) < 0 or (args.keep_changes is not None and args.keep_changes < 0):
         raise UserError("--sweep-every, --retention-every, --prune-every and --keep-changes: 0 or more")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    schedule = Schedule(sweep_every_s=args.sweep_every, retention_every_s=retention, prune_every_s=prune,
-                        keep_changes=KEEP_LAST if args.keep_changes is None else args.keep_changes)  # fmt: skip
+    schedule = Schedule(
+        sweep_every_s=args.sweep_every,
+        retention_every_s=retention,
+        prune_every_s=prune,
+        keep_changes=KEEP_LAST if args.keep_changes is None else args.keep_changes,
+    )
     eng = sync_engine(args.db)
     keeper = Housekeeper(eng, schedule)
     try:
@@ -377,5 +427,5 @@ def judge(args: argparse.Namespace) -> int:
             poll_s=args.poll,
             calibrate=not args.no_calibrate,
             dry_run=args.dry_run,
-        )  # fmt: skip
+        )
     )

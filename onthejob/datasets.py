@@ -22,8 +22,9 @@ def spec_from_args(args: argparse.Namespace) -> Any:
             raise UserError(f"--filter {item!r}: write KEY=VALUE, e.g. --filter alias=helper")
         raw[key.strip()] = value.strip()
     try:
-        return Spec(DatasetFilter.from_dict(raw), from_mine=args.from_mine, curated=args.curated,
-                    per_task=args.per_task)  # fmt: skip
+        return Spec(
+            DatasetFilter.from_dict(raw), from_mine=args.from_mine, curated=args.curated, per_task=args.per_task
+        )
     except DatasetError as exc:
         raise UserError(str(exc)) from exc
 
@@ -32,8 +33,10 @@ def _counts(d: dict[str, Any]) -> str:
     c = d["counts"]
     roles = ", ".join(f"{k} {v}" for k, v in c.get("roles", {}).items())
     removed = f", {d['removed']} removed since (deleted sessions)" if d.get("removed") else ""
-    return (f"{c.get('trajectories', 0)} trajectories ({roles + ', ' if roles else ''}{c.get('graded', 0)} graded, "
-            f"{c.get('sessions', 0)} sessions, {c.get('feedback', 0)} feedback items){removed}")  # fmt: skip
+    return (
+        f"{c.get('trajectories', 0)} trajectories ({roles + ', ' if roles else ''}{c.get('graded', 0)} graded, "
+        f"{c.get('sessions', 0)} sessions, {c.get('feedback', 0)} feedback items){removed}"
+    )
 
 
 def _item(i: dict[str, Any]) -> str:
@@ -44,18 +47,24 @@ def _item(i: dict[str, Any]) -> str:
 
 def _text(action: str, out: dict[str, Any]) -> str:
     if action == "list":
-        return "\n".join(f"{d['name']}  {d['created_at']}  {d['filter']['kind']}  {_counts(d)}"
-                         for d in out["data"]) or "no datasets"  # fmt: skip
+        return (
+            "\n".join(f"{d['name']}  {d['created_at']}  {d['filter']['kind']}  {_counts(d)}" for d in out["data"])
+            or "no datasets"
+        )
     if action == "diff":
-        lines = [f"only in {out['a']}: {len(out['only_a'])}, only in {out['b']}: {len(out['only_b'])}, "
-                 f"changed: {len(out['changed'])}, same: {out['same']}"]  # fmt: skip
+        lines = [
+            f"only in {out['a']}: {len(out['only_a'])}, only in {out['b']}: {len(out['only_b'])}, "
+            f"changed: {len(out['changed'])}, same: {out['same']}"
+        ]
         for label, key in ((f"only in {out['a']}", "only_a"), (f"only in {out['b']}", "only_b")):
             lines += [f"{label}:", *(_item(i) for i in out[key][:SHOWN])] if out[key] else []
         for c in out["changed"][:SHOWN]:
             lines.append(f"  changed {c['trajectory_id']}: reward {c['a']['reward']} -> {c['b']['reward']}")
         return "\n".join(lines)
-    lines = [f"{out['name']} ({out['filter']['kind']}, created {out['created_at']}): {_counts(out)}",
-             f"filter: {json.dumps(out['filter'])}"]  # fmt: skip
+    lines = [
+        f"{out['name']} ({out['filter']['kind']}, created {out['created_at']}): {_counts(out)}",
+        f"filter: {json.dumps(out['filter'])}",
+    ]
     lines += [_item(i) for i in out.get("items", [])[:SHOWN]]
     if len(out.get("items", [])) > SHOWN:
         lines.append(f"  ... {len(out['items']) - SHOWN} more (--json prints all)")

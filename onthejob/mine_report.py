@@ -19,8 +19,7 @@ def markdown(report: dict[str, Any]) -> str:
     """Counts and shares per mode, the trend per adapter version, and a few example sessions."""
     scope = f"alias {report['alias']}" if report["alias"] else "all aliases"
     since = f" since {report['since']}" if report["since"] else ""
-    lines = [f"# Failure modes: project {report['project']}, {scope}{since}", "",
-             f"{report['calls']} calls.", ""]  # fmt: skip
+    lines = [f"# Failure modes: project {report['project']}, {scope}{since}", "", f"{report['calls']} calls.", ""]
     if not report["modes"]:
         return "\n".join([*lines, "No failure mode found.", ""])
     versions = report["versions"]
@@ -32,10 +31,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["", "Calls per version: " + ", ".join(f"{_version(v['version'])} {v['calls']}" for v in versions), ""]
     lines += ["## Examples", ""]
     for mode, m in report["modes"].items():
-        lines.append(f"- **{mode}**: " + "; ".join(
-            f"session `{e['session_id']}` (`{e['completion_id']}`) {json.dumps(e['detail'])[:120]}"
-            for e in m["examples"]
-        ))  # fmt: skip
+        lines.append(
+            f"- **{mode}**: "
+            + "; ".join(
+                f"session `{e['session_id']}` (`{e['completion_id']}`) {json.dumps(e['detail'])[:120]}"
+                for e in m["examples"]
+            )
+        )
     return "\n".join([*lines, ""])
 
 

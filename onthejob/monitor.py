@@ -75,12 +75,14 @@ class DriftProbe:
         query = (
             select(Completion)
             .where(
-                Completion.project_id == project, Completion.alias == alias, Completion.status_code == 200,
+                Completion.project_id == project,
+                Completion.alias == alias,
+                Completion.status_code == 200,
                 Completion.adapter_version.is_(None) if version is None else Completion.adapter_version == version,
             )
             .order_by(Completion.created_at.desc())
             .limit(self.sample * 4)
-        )  # fmt: skip
+        )
         rows = [c for c in (await db.scalars(query)).all() if _plain_sampling(c)]
         return rows[: self.sample]
 

@@ -70,8 +70,9 @@ def text_id(field: str, value: str, limit: int) -> str:
             code="invalid_value",
         )
     if "\x00" in value:
-        raise InvalidRequest(f"{field} holds a NUL character, which cannot be recorded", param=field,
-                             code="invalid_value")  # fmt: skip
+        raise InvalidRequest(
+            f"{field} holds a NUL character, which cannot be recorded", param=field, code="invalid_value"
+        )
     return value
 
 
@@ -125,8 +126,9 @@ def tags(value: Any, field: str) -> None:
     elif isinstance(value, list):
         for i, item in enumerate(value):
             if not isinstance(item, str):
-                raise InvalidRequest(f"{field}[{i}] must be a string, not {_kind(item)}", param=field,
-                                     code="invalid_type")  # fmt: skip
+                raise InvalidRequest(
+                    f"{field}[{i}] must be a string, not {_kind(item)}", param=field, code="invalid_type"
+                )
         items = value
     else:
         raise InvalidRequest(
@@ -135,8 +137,9 @@ def tags(value: Any, field: str) -> None:
             code="invalid_type",
         )
     if len(items) > MAX_TAGS:
-        raise InvalidRequest(f"{field} holds {len(items)} tags; at most {MAX_TAGS} are recorded", param=field,
-                             code="invalid_value")  # fmt: skip
+        raise InvalidRequest(
+            f"{field} holds {len(items)} tags; at most {MAX_TAGS} are recorded", param=field, code="invalid_value"
+        )
     for item in items:
         text_id(field, item, TAG_CHARS)
 
@@ -146,8 +149,7 @@ def metadata(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise InvalidRequest(f"metadata must be an object, not {_kind(value)}", param="metadata",
-                             code="invalid_type")  # fmt: skip
+        raise InvalidRequest(f"metadata must be an object, not {_kind(value)}", param="metadata", code="invalid_type")
     return value
 
 
@@ -173,16 +175,27 @@ def check_call(headers: Mapping[str, str], body: dict[str, Any], path_session: s
 
 
 def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", bool: "a boolean", float: "a number", int: "an integer",
-            str: "a string"}.get(type(value), type(value).__name__)  # fmt: skip
+    return {
+        dict: "an object",
+        list: "a list",
+        bool: "a boolean",
+        float: "a number",
+        int: "an integer",
+        str: "a string",
+    }.get(type(value), type(value).__name__)
 
 
 def limits() -> dict[str, int]:
     """The limits, by name (what ``python -m proxy.admission`` prints)."""
-    return {"client_request_id_chars": CLIENT_REQUEST_ID_CHARS, "session_id_chars": SESSION_ID_CHARS,
-            "call_id_chars": CALL_ID_CHARS,
-            "task_id_chars": TASK_ID_CHARS, "end_user_chars_before_hashing": END_USER_CHARS,
-            "tag_chars": TAG_CHARS, "max_tags": MAX_TAGS}  # fmt: skip
+    return {
+        "client_request_id_chars": CLIENT_REQUEST_ID_CHARS,
+        "session_id_chars": SESSION_ID_CHARS,
+        "call_id_chars": CALL_ID_CHARS,
+        "task_id_chars": TASK_ID_CHARS,
+        "end_user_chars_before_hashing": END_USER_CHARS,
+        "tag_chars": TAG_CHARS,
+        "max_tags": MAX_TAGS,
+    }
 
 
 if __name__ == "__main__":

@@ -45,10 +45,12 @@ class AlertMetrics(Collector):
             except Exception:  # noqa: BLE001 - database down: a scrape still answers, with the last figures
                 return
             self.rows = [
-                ([a.project_id, a.alias, "base" if a.version is None else str(a.version), a.kind, a.name],
-                 a.created_at.timestamp())
+                (
+                    [a.project_id, a.alias, "base" if a.version is None else str(a.version), a.kind, a.name],
+                    a.created_at.timestamp(),
+                )
                 for a in alerts
-            ]  # fmt: skip
+            ]
             self._read_at = time.monotonic()
 
     def collect(self) -> Iterator[GaugeMetricFamily]:

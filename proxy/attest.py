@@ -136,8 +136,14 @@ def same(expected: dict[str, Any], got: dict[str, Any], tolerance: float | None 
 def probe_body(served_model: str, kind: str = "calibrated") -> dict[str, Any]:
     """The ``/v1/completions`` body of a fingerprint probe of this kind (never prompt logprobs: see above)."""
     if kind == "calibrated":
-        return {"model": served_model, "prompt": PROBE_TEXT, "max_tokens": PROBE_LEN, "temperature": 0,
-                "logprobs": 0, "ignore_eos": True}  # fmt: skip
+        return {
+            "model": served_model,
+            "prompt": PROBE_TEXT,
+            "max_tokens": PROBE_LEN,
+            "temperature": 0,
+            "logprobs": 0,
+            "ignore_eos": True,
+        }
     return {"model": served_model, "prompt": PROBE, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}
 
 
@@ -194,8 +200,9 @@ class Attestor:
             log.warning("attestation probe of %s on %s failed: %s", served_model, base, exc)
             return None
 
-    async def calibrated(self, base: str, project: str, alias: str, version: int,
-                         base_model: str | None) -> dict[str, Any] | None:  # fmt: skip
+    async def calibrated(
+        self, base: str, project: str, alias: str, version: int, base_model: str | None
+    ) -> dict[str, Any] | None:
         """The version's fingerprint with its noise (:func:`calibrate`): probed :data:`SAMPLES` times in a
         row and :data:`CONCURRENT` times at once on ``base``, beside the base model and the previous
         version where the replica lists them. None if the replica did not answer."""
@@ -220,11 +227,21 @@ class Attestor:
                     others[label] = fp
         fingerprint = calibrate(samples, others)
         if fingerprint["verdict"] == "unverifiable":
-            log.warning("attestation of %s is unverifiable: noise %.4g nats, tolerance %.4g, separation %s",
-                        name, fingerprint["noise"], fingerprint["tolerance"], fingerprint["separation"])  # fmt: skip
+            log.warning(
+                "attestation of %s is unverifiable: noise %.4g nats, tolerance %.4g, separation %s",
+                name,
+                fingerprint["noise"],
+                fingerprint["tolerance"],
+                fingerprint["separation"],
+            )
         else:
-            log.info("attested %s: noise %.4g nats, tolerance %.4g, separation %s", name, fingerprint["noise"],
-                     fingerprint["tolerance"], fingerprint["separation"])  # fmt: skip
+            log.info(
+                "attested %s: noise %.4g nats, tolerance %.4g, separation %s",
+                name,
+                fingerprint["noise"],
+                fingerprint["tolerance"],
+                fingerprint["separation"],
+            )
         return fingerprint
 
     async def record(self, project: str, alias: str, version: int) -> dict[str, Any] | None:
@@ -241,11 +258,13 @@ class Attestor:
             expected = dict(row.fingerprint) if row is not None else None
             adapter = None
             if row is None:
-                adapter = (await db.execute(
-                    select(Adapter.sha256, Adapter.base_model).where(
-                        Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
+                adapter = (
+                    await db.execute(
+                        select(Adapter.sha256, Adapter.base_model).where(
+                            Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version
+                        )
                     )
-                )).first()  # fmt: skip
+                ).first()
         if expected is None:
             sha, base_model = (adapter[0] or "", adapter[1]) if adapter is not None else ("", None)
             for base in self.router.upstream.urls:
@@ -275,10 +294,13 @@ class Attestor:
     async def _previous_attested(self, project: str, alias: str, version: int) -> int | None:
         """The newest earlier attested version of the alias that a replica may serve now."""
         async with self.sessionmaker() as db:
-            versions = (await db.scalars(
-                select(Attestation.version).where(Attestation.project_id == project, Attestation.alias == alias,
-                                                  Attestation.version < version).order_by(Attestation.version.desc())
-            )).all()  # fmt: skip
+            versions = (
+                await db.scalars(
+                    select(Attestation.version)
+                    .where(Attestation.project_id == project, Attestation.alias == alias, Attestation.version < version)
+                    .order_by(Attestation.version.desc())
+                )
+            ).all()
         for v in versions:
             if self.router.replicas.servable(lora_name(project, alias, v)):
                 return int(v)
@@ -324,15 +346,27 @@ class Attestor:
                 action = "no other replica or attested earlier version serves it: it keeps serving (suspect)"
             dist = distance(expected, fingerprint) if kind == "calibrated" else None
             dist = dist if dist != float("inf") else None  # other tokens: another tokenizer, or a broken reply
-            log.warning("attestation: %s on %s differs (distance %s, tolerance %.4g): %s", name, base, dist,
-                        tolerance_of(expected), action)  # fmt: skip
+            log.warning(
+                "attestation: %s on %s differs (distance %s, tolerance %.4g): %s",
+                name,
+                base,
+                dist,
+                tolerance_of(expected),
+                action,
+            )
             async with self.sessionmaker() as db:
                 await raise_alert(
-                    db, project, alias, version, "attestation", "fingerprint",
+                    db,
+                    project,
+                    alias,
+                    version,
+                    "attestation",
+                    "fingerprint",
                     message=f"replica {base} serves {name} with other weights than were attested at deploy; {action}",
-                    value=dist, threshold=tolerance_of(expected),
+                    value=dist,
+                    threshold=tolerance_of(expected),
                     detail={"replica": base, "expected": expected, "got": fingerprint, "action": action},
-                )  # fmt: skip
+                )
                 await db.commit()
         return result
 
@@ -341,13 +375,28 @@ class Attestor:
         from storage.models import PromotionPolicy
 
         async with self.sessionmaker() as db:
-            live = set((await db.execute(
-                select(Alias.project_id, Alias.name, Alias.deployed_version).where(Alias.deployed_version.is_not(None))
-            )).tuples().all())  # fmt: skip
-            live |= set((await db.execute(
-                select(PromotionPolicy.project_id, PromotionPolicy.alias, PromotionPolicy.candidate_version)
-                .where(PromotionPolicy.candidate_version.is_not(None))
-            )).tuples().all())  # fmt: skip
+            live = set(
+                (
+                    await db.execute(
+                        select(Alias.project_id, Alias.name, Alias.deployed_version).where(
+                            Alias.deployed_version.is_not(None)
+                        )
+                    )
+                )
+                .tuples()
+                .all()
+            )
+            live |= set(
+                (
+                    await db.execute(
+                        select(
+                            PromotionPolicy.project_id, PromotionPolicy.alias, PromotionPolicy.candidate_version
+                        ).where(PromotionPolicy.candidate_version.is_not(None))
+                    )
+                )
+                .tuples()
+                .all()
+            )
             rows = [
                 r for r in (await db.scalars(select(Attestation))).all() if (r.project_id, r.alias, r.version) in live
             ]

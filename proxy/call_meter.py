@@ -49,9 +49,16 @@ class CallMeter(Collector):
         self.link_lookups: dict[str, int] = {}  # where parents were found (``Linker.lookups``), set when scraped
 
     def call(
-        self, route: str, dialect: str, status: int, termination: str, seconds: float, ttft_s: float | None,
-        prompt_tokens: int | None, completion_tokens: int | None,
-    ) -> None:  # fmt: skip
+        self,
+        route: str,
+        dialect: str,
+        status: int,
+        termination: str,
+        seconds: float,
+        ttft_s: float | None,
+        prompt_tokens: int | None,
+        completion_tokens: int | None,
+    ) -> None:
         """One call that reached the engine (or tried to), as it ended."""
         key = (route, dialect, str(status), termination)
         self.requests[key] = self.requests.get(key, 0) + 1
@@ -91,15 +98,20 @@ class CallMeter(Collector):
         for kind, n in list(self.tokens.items()):
             tokens.add_metric(list(kind), n)
         spooled = CounterMetricFamily("onthejob_records_spooled", "Records fsync'd to the spool", value=self.spooled)
-        lookups = CounterMetricFamily("onthejob_link_lookups", "Calls with an earlier assistant turn, by where "
-                                      "their parent was found (memory, spool, database, none, believed_none, "
-                                      "database_down, database_quiet)", labels=["found_in"])  # fmt: skip
+        lookups = CounterMetricFamily(
+            "onthejob_link_lookups",
+            "Calls with an earlier assistant turn, by where "
+            "their parent was found (memory, spool, database, none, believed_none, "
+            "database_down, database_quiet)",
+            labels=["found_in"],
+        )
         for found_in, n in list(self.link_lookups.items()):
             lookups.add_metric([found_in], n)
         yield from (requests, terminations, tokens, spooled, lookups)
         yield _histogram("onthejob_request_seconds", "Time to the last byte", self.latency)
-        yield _histogram("onthejob_time_to_first_token_seconds",
-                         "Time to the first chunk (streams) or to the whole reply", self.ttft)  # fmt: skip
+        yield _histogram(
+            "onthejob_time_to_first_token_seconds", "Time to the first chunk (streams) or to the whole reply", self.ttft
+        )
 
 
 def _histogram(name: str, documentation: str, series: dict[tuple[str, str], Histogram]) -> HistogramMetricFamily:

@@ -282,10 +282,18 @@ class ProxiedCall:
         policy = recording.policy(self.project)
         # The client's body as a dict only for a policy to walk: else its bytes are the column.
         client_response = orjson.loads(client_json) if client_json is not None and policy.active else None
-        text = recording.redacted(policy, {"request": self.body, "response": response, "choices": choices,
-                                           "error": error, "client_request": self.client_request,
-                                           "client_response": client_response,
-                                           "prompt_token_ids": prompt_ids})  # fmt: skip
+        text = recording.redacted(
+            policy,
+            {
+                "request": self.body,
+                "response": response,
+                "choices": choices,
+                "error": error,
+                "client_request": self.client_request,
+                "client_response": client_response,
+                "prompt_token_ids": prompt_ids,
+            },
+        )
         session, error = self.session, text["error"]
         if client_response is not None:
             client_json = dump_json(text["client_response"])

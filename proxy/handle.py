@@ -65,8 +65,9 @@ async def handle(
     if previous is not None and naming.session_id in (None, previous.session_id):
         # Continued by id: the stored call's session, with it as parent (whatever the prefix says).
         task = naming.task_id or previous.task_id
-        session = sessions.SessionRef(previous.session_id, naming.source if naming.session_id else "linked",
-                                      previous.id, task)  # fmt: skip
+        session = sessions.SessionRef(
+            previous.session_id, naming.source if naming.session_id else "linked", previous.id, task
+        )
     else:
         session = await st.linker.resolve(principal.project_id, naming, messages, keys)
         if session.source == "ambiguous_link":
@@ -118,8 +119,11 @@ async def _previous(st: AppState, project: str, dialect: Dialect, body: dict[str
     except Exception as exc:  # noqa: BLE001 - database down and not in memory or a sibling's spool
         raise Unavailable(f"cannot look up {call_id!r} now (database unreachable); retry shortly") from exc
     if found is None or found.dialect != dialect.name:
-        raise InvalidRequest(f"no stored {dialect.name} call {call_id!r} in this project", param=dialect.previous_param,
-                             code="previous_response_not_found")  # fmt: skip
+        raise InvalidRequest(
+            f"no stored {dialect.name} call {call_id!r} in this project",
+            param=dialect.previous_param,
+            code="previous_response_not_found",
+        )
     return found
 
 

@@ -272,8 +272,13 @@ class HttpClient:
         while idle:
             conn = idle.pop()
             transport = conn.transport
-            if (not conn.lost and now - conn.idle_since < KEEPALIVE_S and conn.loop is loop
-                    and transport is not None and not transport.is_closing()):  # fmt: skip
+            if (
+                not conn.lost
+                and now - conn.idle_since < KEEPALIVE_S
+                and conn.loop is loop
+                and transport is not None
+                and not transport.is_closing()
+            ):
                 return conn
             if conn.loop is loop:
                 conn.abort()  # (one from another event loop, closed since, is left to be collected)

@@ -66,16 +66,22 @@ class Promotion:
         async with self.sessionmaker() as db:
             rows = await db.run_sync(store.policies_with_candidates)
             shas = (
-                await db.execute(
-                    select(Adapter.project_id, Adapter.alias, Adapter.version, Adapter.sha256).join(
-                        Alias,
-                        (Alias.project_id == Adapter.project_id) & (Alias.name == Adapter.alias)
-                        & (Alias.deployed_version == Adapter.version),
+                (
+                    await db.execute(
+                        select(Adapter.project_id, Adapter.alias, Adapter.version, Adapter.sha256).join(
+                            Alias,
+                            (Alias.project_id == Adapter.project_id)
+                            & (Alias.name == Adapter.alias)
+                            & (Alias.deployed_version == Adapter.version),
+                        )
                     )
                 )
-            ).tuples().all()  # fmt: skip
-            self.candidates = {(p, c.alias): (c.mode, c.candidate_version, c.share) for p, c in rows
-                               if c.candidate_version is not None}  # fmt: skip
+                .tuples()
+                .all()
+            )
+            self.candidates = {
+                (p, c.alias): (c.mode, c.candidate_version, c.share) for p, c in rows if c.candidate_version is not None
+            }
             missing = [(p, a, v) for (p, a), (_, v, _) in self.candidates.items() if (p, a, v) not in self._sha]
             for p, a, v in missing:
                 sha = await db.scalar(
@@ -111,8 +117,9 @@ class Promotion:
                     return Route(alias, base, None, base), replace(naming, tags=tags)
                 version = int(which[1:])
                 await self._ensure_loaded(project, alias, version)
-                route = Route(alias, lora_name(project, alias, version), version, base,
-                              self._sha.get((project, alias, version)))  # fmt: skip
+                route = Route(
+                    alias, lora_name(project, alias, version), version, base, self._sha.get((project, alias, version))
+                )
                 return route, replace(naming, tags=tags)
         return self.with_sha(project, self.router.resolve(project, model)), naming
 
@@ -129,8 +136,13 @@ class Promotion:
         _, version, share = hit
         if bucket(project, route.alias, session_id) >= share:
             return route
-        return Route(route.alias, lora_name(project, route.alias, version), version, route.base_model,
-                     self._sha.get((project, route.alias, version)))  # fmt: skip
+        return Route(
+            route.alias,
+            lora_name(project, route.alias, version),
+            version,
+            route.base_model,
+            self._sha.get((project, route.alias, version)),
+        )
 
     async def _ensure_loaded(self, project: str, alias: str, version: int) -> None:
         """Load a version into the replicas in rotation (once), and keep it pinned while it is used."""
@@ -164,22 +176,37 @@ class Promotion:
         self.attestor.soon(project, alias, version)
         async with self.sessionmaker() as db:
             if policy.candidate_version not in (None, version):
-                await _record(db, project, alias, version=policy.candidate_version, serving=serving, mode=policy.mode,
-                              decision="superseded", reason=f"v{version} was published before a decision")  # fmt: skip
+                await _record(
+                    db,
+                    project,
+                    alias,
+                    version=policy.candidate_version,
+                    serving=serving,
+                    mode=policy.mode,
+                    decision="superseded",
+                    reason=f"v{version} was published before a decision",
+                )
             await db.run_sync(lambda s: store.set_candidate(s, project, alias, version))
             decision = "canary" if policy.mode == "canary" else "candidate"
-            why = (f"{policy.share:.0%} of sessions routed to it" if policy.mode == "canary"
-                   else "loaded, not routed: waiting for its eval")  # fmt: skip
-            await _record(db, project, alias, version=version, serving=serving, mode=policy.mode, decision=decision,
-                          reason=why)  # fmt: skip
+            why = (
+                f"{policy.share:.0%} of sessions routed to it"
+                if policy.mode == "canary"
+                else "loaded, not routed: waiting for its eval"
+            )
+            await _record(
+                db, project, alias, version=version, serving=serving, mode=policy.mode, decision=decision, reason=why
+            )
             await db.commit()
         self.candidates[(project, alias)] = (policy.mode, version, policy.share)
         self.metrics.promotion_decisions.labels(decision).inc()
         decided = await self.decide(project, alias)
         return {
-            "alias": alias, "version": version, "policy": policy.mode, "serving_version": serving,
+            "alias": alias,
+            "version": version,
+            "policy": policy.mode,
+            "serving_version": serving,
             "status": decided or ("canary" if policy.mode == "canary" else "pending"),
-        }  # fmt: skip
+        }
 
     async def manual(self, project: str, alias: str, version: int | None, result: dict[str, Any]) -> None:
         """``onthejob deploy`` (the manual override) was done: record it; it settles a candidate it names."""
@@ -190,8 +217,9 @@ class Promotion:
                 self.candidates.pop((project, alias), None)
             why = "deployed through POST /v1/admin/deployments (onthejob deploy)"
             previous = result.get("previous_version")
-            await _record(db, project, alias, version=version, serving=previous, mode=policy.mode, decision="manual",
-                          reason=why)  # fmt: skip
+            await _record(
+                db, project, alias, version=version, serving=previous, mode=policy.mode, decision="manual", reason=why
+            )
             await db.commit()
         if version is not None:
             self.attestor.soon(project, alias, version)
@@ -219,8 +247,10 @@ class Promotion:
                 evidence["eval"] = eval_cmp[1].to_dict() | {"name": eval_cmp[0]}
             verdict: str | None
             if alerts:
-                evidence["alerts"] = [{"id": a.id, "version": a.version, "kind": a.kind, "name": a.name,
-                                       "message": a.message} for a in alerts]  # fmt: skip
+                evidence["alerts"] = [
+                    {"id": a.id, "version": a.version, "kind": a.kind, "name": a.name, "message": a.message}
+                    for a in alerts
+                ]
                 verdict = "held" if policy.mode == "gate" else "rolled_back"
                 named = ", ".join(f"{a.kind}/{a.name} on v{a.version}" for a in alerts[:3])
                 reason = f"{len(alerts)} open alert(s): {named}{', ...' if len(alerts) > 3 else ''}"
@@ -244,16 +274,28 @@ class Promotion:
             # Claim the decision: only one worker clears this candidate.
             claimed = await db.execute(
                 update(PromotionPolicy)
-                .where(PromotionPolicy.project_id == project, PromotionPolicy.alias == alias,
-                       PromotionPolicy.candidate_version == version)
+                .where(
+                    PromotionPolicy.project_id == project,
+                    PromotionPolicy.alias == alias,
+                    PromotionPolicy.candidate_version == version,
+                )
                 .values(candidate_version=None, candidate_since=None)
-            )  # fmt: skip
+            )
             if claimed.rowcount != 1:  # type: ignore[attr-defined]
                 await db.rollback()  # another worker (or this one's loop) decided first: say what it decided
                 return await db.run_sync(lambda s: store.decision_of(s, project, alias, version))
             evidence["policy"] = policy.to_dict()
-            await _record(db, project, alias, version=version, serving=serving, mode=policy.mode, decision=verdict,
-                          reason=reason, evidence=evidence)  # fmt: skip
+            await _record(
+                db,
+                project,
+                alias,
+                version=version,
+                serving=serving,
+                mode=policy.mode,
+                decision=verdict,
+                reason=reason,
+                evidence=evidence,
+            )
             await db.commit()
         self.candidates.pop((project, alias), None)
         self.metrics.promotion_decisions.labels(verdict).inc()
@@ -271,11 +313,13 @@ class Promotion:
             except Exception as exc:  # noqa: BLE001 - one alias's failure must not stop the others
                 log.warning("promotion decision for %s/%s failed: %s", project, alias, exc)
 
-    async def _event(self, project: str, alias: str, version: int | None, serving: int | None, mode: str,
-                     decision: str, reason: str) -> None:  # fmt: skip
+    async def _event(
+        self, project: str, alias: str, version: int | None, serving: int | None, mode: str, decision: str, reason: str
+    ) -> None:
         async with self.sessionmaker() as db:
-            await _record(db, project, alias, version=version, serving=serving, mode=mode, decision=decision,
-                          reason=reason)  # fmt: skip
+            await _record(
+                db, project, alias, version=version, serving=serving, mode=mode, decision=decision, reason=reason
+            )
             await db.commit()
         self.metrics.promotion_decisions.labels(decision).inc()
 
@@ -300,8 +344,12 @@ def _eval_comparison(
 def _gate_reason(verdict: str, cmp: store.Comparison, policy: store.Policy) -> str:
     how = "paired" if cmp.paired else "independent"
     if cmp.coverage < store.MIN_COVERAGE:
-        return (f"eval scored {cmp.coverage:.0%} of the serving version's items (under {store.MIN_COVERAGE:.0%}): "
-                f"what it did not answer may be where it is worse")  # fmt: skip
+        return (
+            f"eval scored {cmp.coverage:.0%} of the serving version's items (under {store.MIN_COVERAGE:.0%}): "
+            f"what it did not answer may be where it is worse"
+        )
     where = "clearly worse" if verdict == "held" else "not clearly worse"
-    return (f"eval {cmp.candidate.mean:.3f} vs serving {cmp.serving.mean:.3f}: diff {cmp.diff:+.3f} ± {cmp.se:.3f} "
-            f"({how}), {where} than margin {policy.margin} at z {policy.z}")  # fmt: skip
+    return (
+        f"eval {cmp.candidate.mean:.3f} vs serving {cmp.serving.mean:.3f}: diff {cmp.diff:+.3f} ± {cmp.se:.3f} "
+        f"({how}), {where} than margin {policy.margin} at z {policy.z}"
+    )

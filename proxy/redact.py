@@ -27,8 +27,21 @@ from storage.models import Project
 
 MASK = "[redacted]"
 # Structural strings that carry no user text; kept so records stay readable.
-KEEP_KEYS = frozenset({"role", "model", "id", "object", "finish_reason", "type", "system_fingerprint",
-                       "tool_choice", "service_tier", "tool_call_id", "stop_reason"})  # fmt: skip
+KEEP_KEYS = frozenset(
+    {
+        "role",
+        "model",
+        "id",
+        "object",
+        "finish_reason",
+        "type",
+        "system_fingerprint",
+        "tool_choice",
+        "service_tier",
+        "tool_call_id",
+        "stop_reason",
+    }
+)
 # Lists of numbers (ids, a captured choice's logprobs): nothing for a text policy to walk.
 NUMBERS = frozenset({"token_ids", "prompt_token_ids", "logprobs"})
 TEXT_FIELDS = ("request", "response", "choices", "error", "client_request", "client_response")
@@ -129,8 +142,10 @@ def redact_feedback(items: Sequence[FeedbackIn], settings: dict[str, Any]) -> li
     labels = rule_for(settings).labels
     out = []
     for item in items:
-        update: dict[str, Any] = {"comment": redact_text(item.comment, policy),
-                                  "metadata": _walk(item.metadata, policy, key=None)}  # fmt: skip
+        update: dict[str, Any] = {
+            "comment": redact_text(item.comment, policy),
+            "metadata": _walk(item.metadata, policy, key=None),
+        }
         if isinstance(item.value, str):
             known = item.value in labels.get(item.name, {})
             update["value"] = _patterns(item.value, policy) if known else redact_text(item.value, policy)

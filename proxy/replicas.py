@@ -166,8 +166,9 @@ class ReplicaSet:
         is then only marked ``suspect`` and keeps serving, so a check never leaves a model without one.
         """
         replica = self.by_url[url]
-        others = [r for r in self.replicas if r is not replica and r.up and served in r.models
-                  and served not in r.excluded]  # fmt: skip
+        others = [
+            r for r in self.replicas if r is not replica and r.up and served in r.models and served not in r.excluded
+        ]
         if not others:
             replica.suspect.add(served)
             return False

@@ -28,13 +28,19 @@ class ErrorBody(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text}
     for status, text in {
-        400: "invalid request (names the field)", 401: "missing or invalid API key", 403: "needs an admin key",
+        400: "invalid request (names the field)",
+        401: "missing or invalid API key",
+        403: "needs an admin key",
         409: "an idempotency key reused for different content",
-        404: "unknown alias, record or route", 413: "body too large", 429: "rate limited",
-        499: "the client disconnected", 502: "the engine failed", 503: "spool full, draining or database unreachable",
+        404: "unknown alias, record or route",
+        413: "body too large",
+        429: "rate limited",
+        499: "the client disconnected",
+        502: "the engine failed",
+        503: "spool full, draining or database unreachable",
         504: "the engine timed out",
     }.items()
-}  # fmt: skip
+}
 
 
 class ORJSONResponse(JSONResponse):

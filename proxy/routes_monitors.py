@@ -27,9 +27,11 @@ router = APIRouter(prefix="/v1/admin", tags=["monitors"])
 
 @router.get("/alerts")
 async def get_alerts(
-    admin: AdminDep, db: DbDep, alias: QueryId = None,
+    admin: AdminDep,
+    db: DbDep,
+    alias: QueryId = None,
     status: Annotated[Literal["open", "all"], Query(description="open (default) or all")] = "open",
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The project's alerts, newest first: monitors' breaches and attestation failures."""
     rows = await list_alerts(db, admin.project_id, alias=alias, include_resolved=status == "all")
     return {"object": "list", "data": [alert_to_dict(a) for a in rows]}

@@ -37,9 +37,18 @@ MODEL = {"type": "string", "minLength": 1, "description": "an alias from GET /v1
 CHAT_DOC = _doc({"model": MODEL, "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}}})
 _IDS = {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}}
 # One prompt per call (proxy/capture.py check_one_prompt): text, token ids, or a list holding one of those.
-COMPLETIONS_DOC = _doc({"model": MODEL, "prompt": {"anyOf": [
-    {"type": "string", "minLength": 1}, _IDS,
-    {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [{"type": "string"}, _IDS]}}]}})  # fmt: skip
+COMPLETIONS_DOC = _doc(
+    {
+        "model": MODEL,
+        "prompt": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                _IDS,
+                {"type": "array", "minItems": 1, "maxItems": 1, "items": {"anyOf": [{"type": "string"}, _IDS]}},
+            ]
+        },
+    }
+)
 TOKENIZER_DOC = _doc({"model": MODEL})
 
 
@@ -89,8 +98,9 @@ async def serve_call(
         response = _error(DatabaseUnavailable(), dialect)
     except Exception:
         log.exception("unexpected error serving %s", scope["path"])
-        response = _error(ApiError("internal error in the proxy; the call may not be recorded",
-                                   code="internal_error"), dialect)  # fmt: skip
+        response = _error(
+            ApiError("internal error in the proxy; the call may not be recorded", code="internal_error"), dialect
+        )
     await response(scope, receive, send)
 
 

@@ -142,8 +142,13 @@ async def list_attestations(alias: PathId, admin: AdminDep, db: DbDep, st: State
     query = select(Attestation).where(Attestation.project_id == admin.project_id, Attestation.alias == alias)
     rows = (await db.scalars(query.order_by(Attestation.version))).all()
     data = [
-        {"version": r.version, "sha256": r.sha256, "fingerprint": r.fingerprint, "measured_on": r.replica,
-         "excluded_replicas": st.attestor.status(admin.project_id, alias, r.version)}
+        {
+            "version": r.version,
+            "sha256": r.sha256,
+            "fingerprint": r.fingerprint,
+            "measured_on": r.replica,
+            "excluded_replicas": st.attestor.status(admin.project_id, alias, r.version),
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
     return {"object": "list", "data": data}

@@ -78,10 +78,20 @@ async def overview(principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
 
 @router.get("/v1/ui/calls")
 async def calls(
-    principal: PrincipalDep, db: DbDep, alias: Filter = None, version: Version = None, tag: Filter = None,
-    dialect: Filter = None, termination: Filter = None, flag: Flag = None, grade: Grade = None,
-    session_id: QueryId = None, mined: Filter = None, before: Filter = None, limit: Limit = 50,
-) -> dict[str, Any]:  # fmt: skip
+    principal: PrincipalDep,
+    db: DbDep,
+    alias: Filter = None,
+    version: Version = None,
+    tag: Filter = None,
+    dialect: Filter = None,
+    termination: Filter = None,
+    flag: Flag = None,
+    grade: Grade = None,
+    session_id: QueryId = None,
+    mined: Filter = None,
+    before: Filter = None,
+    limit: Limit = 50,
+) -> dict[str, Any]:
     """Calls newest first, filtered; ``before`` is the previous page's ``next_cursor``; ``total`` counts all matches."""
     flt = dashboard.CallFilter(alias, version, tag, dialect, termination, flag, grade, session_id, mined)
     rule = await project_rule_async(db, principal.project_id)
@@ -99,9 +109,13 @@ def _no_cursor(before: str | None) -> NotFound:
 
 @router.get("/v1/ui/sessions")
 async def sessions(
-    principal: PrincipalDep, db: DbDep, alias: Filter = None, tag: Filter = None, before: Filter = None,
+    principal: PrincipalDep,
+    db: DbDep,
+    alias: Filter = None,
+    tag: Filter = None,
+    before: Filter = None,
     limit: Limit = 50,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Sessions, most recently active first, with their calls and feedback counted."""
     try:
         return await dashboard.sessions_page(db, principal.project_id, alias=alias, tag=tag, before=before, limit=limit)
@@ -168,11 +182,19 @@ async def health(principal: PrincipalDep, st: StateDep) -> dict[str, Any]:
     if not operator:
         return {**out, "spool": None, "records": None}
     m, spool = st.metrics, st.spool
-    out["spool"] = {"depth": spool.depth, "bytes": spool.bytes, "oldest_age_s": round(spool.oldest_age(), 3),
-                    "full": spool.full, "writable": spool.writable()}  # fmt: skip
+    out["spool"] = {
+        "depth": spool.depth,
+        "bytes": spool.bytes,
+        "oldest_age_s": round(spool.oldest_age(), 3),
+        "full": spool.full,
+        "writable": spool.writable(),
+    }
     # Spooled: the spool's own count (what /metrics exports as onthejob_records_spooled_total).
-    out["records"] = {"spooled": float(spool.appended), "written": _counter_total(m.records_written),
-                      "dropped": _counter_total(m.records_dropped)}  # fmt: skip
+    out["records"] = {
+        "spooled": float(spool.appended),
+        "written": _counter_total(m.records_written),
+        "dropped": _counter_total(m.records_dropped),
+    }
     return out
 
 

@@ -43,9 +43,12 @@ async def dataset_list(principal: PrincipalDep, db: DbDep) -> dict[str, Any]:
 
 @router.get("/datasets/{name}")
 async def dataset(
-    name: PathId, principal: PrincipalDep, db: DbDep,
-    offset: Annotated[int, Query(ge=0, le=10**7)] = 0, limit: Annotated[int, Query(ge=1, le=500)] = 100,
-) -> dict[str, Any]:  # fmt: skip
+    name: PathId,
+    principal: PrincipalDep,
+    db: DbDep,
+    offset: Annotated[int, Query(ge=0, le=10**7)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> dict[str, Any]:
     """One dataset: its items (path, pinned feedback and reward) from ``offset``, and what trained from it."""
     try:
         return await db.run_sync(lambda s: board.dataset_page(s, principal.project_id, name, offset, limit))

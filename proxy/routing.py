@@ -108,8 +108,16 @@ class Router:
                 insert(Project).values(id=project, settings={}, created_at=utcnow()).on_conflict_do_nothing()
             )
             if self.base_models:
-                rows = [{"project_id": project, "name": name, "base_model": name, "created_at": utcnow(),
-                         "updated_at": utcnow()} for name in sorted(self.base_models)]  # fmt: skip
+                rows = [
+                    {
+                        "project_id": project,
+                        "name": name,
+                        "base_model": name,
+                        "created_at": utcnow(),
+                        "updated_at": utcnow(),
+                    }
+                    for name in sorted(self.base_models)
+                ]
                 await db.execute(insert(Alias).values(rows).on_conflict_do_nothing())
             await db.commit()
 
@@ -229,16 +237,19 @@ class Router:
                 return
             except UPSTREAM_FAILURES as exc:
                 if self.replicas.unreachable(replica, f"{type(exc).__name__}: {exc}"):
-                    log.warning("engine %s out of rotation: unreachable while loading %s@v%d", replica.url, alias,
-                                version)  # fmt: skip
+                    log.warning(
+                        "engine %s out of rotation: unreachable while loading %s@v%d", replica.url, alias, version
+                    )
                 return
             report[replica.url] = "loaded"
 
         loads = {asyncio.create_task(one(r)) for r in self.replicas.live}
         await self._first_loaded(loads, report)
         if "loaded" not in report.values():
-            raise UpstreamError(f"no engine replica is up to load {alias!r} version {version} into; try again "
-                                "when GET /readyz shows one up")  # fmt: skip
+            raise UpstreamError(
+                f"no engine replica is up to load {alias!r} version {version} into; try again "
+                "when GET /readyz shows one up"
+            )
         return dict(report)
 
     async def _first_loaded(self, loads: set[asyncio.Task[None]], report: dict[str, str]) -> None:
@@ -290,8 +301,15 @@ class Router:
             dep_id = await self._record(project, alias, version, previous, "active", {"replicas": report})
             self._aliases[(project, alias)] = (row.base_model, version)
             served = lora_name(project, alias, version) if version is not None else row.base_model
-            return {"id": dep_id, "alias": alias, "version": version, "previous_version": previous,
-                    "served_model": served, "status": "active", "replicas": report}  # fmt: skip
+            return {
+                "id": dep_id,
+                "alias": alias,
+                "version": version,
+                "previous_version": previous,
+                "served_model": served,
+                "status": "active",
+                "replicas": report,
+            }
 
     async def _alias_row(self, project: str, alias: str, version: int | None) -> Alias:
         """The alias being deployed (a new one for an adapter's alias not created yet), checked."""
@@ -319,11 +337,18 @@ class Router:
                 row = Alias(project_id=project, name=alias, base_model=adapter.base_model)
             return row
 
-    async def _record(self, project: str, alias: str, version: int | None, previous: int | None, status: str,
-                      detail: dict[str, Any]) -> int:  # fmt: skip
+    async def _record(
+        self, project: str, alias: str, version: int | None, previous: int | None, status: str, detail: dict[str, Any]
+    ) -> int:
         async with self.sessionmaker() as db:
-            dep = Deployment(project_id=project, alias=alias, version=version, previous_version=previous,
-                             status=status, detail=detail)  # fmt: skip
+            dep = Deployment(
+                project_id=project,
+                alias=alias,
+                version=version,
+                previous_version=previous,
+                status=status,
+                detail=detail,
+            )
             db.add(dep)
             await db.commit()
             return int(dep.id)
@@ -353,8 +378,9 @@ class Router:
                 continue  # not one of ours (an operator's --lora-modules): left alone
             if now - self._unneeded.setdefault(name, now) < UNLOAD_GRACE_S:
                 continue
-            status, body = await self.upstream.post_json(replica.url, "/v1/unload_lora_adapter", {"lora_name": name},
-                                                         timeout=30)  # fmt: skip
+            status, body = await self.upstream.post_json(
+                replica.url, "/v1/unload_lora_adapter", {"lora_name": name}, timeout=30
+            )
             if status == 200 or status == 404:
                 replica.models.discard(name)
                 unloaded += 1

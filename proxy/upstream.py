@@ -14,8 +14,14 @@ import orjson
 
 from proxy.http_client import HttpClient, UpstreamConnectError, UpstreamIdleTimeout, UpstreamResponse
 
-__all__ = ["UPSTREAM_FAILURES", "Upstream", "UpstreamConnectError", "UpstreamIdleTimeout", "UpstreamResponse",
-           "sse_batches"]  # fmt: skip
+__all__ = [
+    "UPSTREAM_FAILURES",
+    "Upstream",
+    "UpstreamConnectError",
+    "UpstreamIdleTimeout",
+    "UpstreamResponse",
+    "sse_batches",
+]
 
 # What a broken, refused or reset engine connection raises: every error of proxy/http_client.py is an
 # OSError, its idle timeout too (TimeoutError is one: catch that first where it means something else).

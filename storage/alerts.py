@@ -53,10 +53,20 @@ async def list_alerts(
 
 
 async def raise_alert(
-    db: AsyncSession, project_id: str, alias: str, version: int | None, kind: str, name: str, *,
-    message: str, value: float | None = None, baseline: float | None = None, threshold: float | None = None,
-    baseline_version: int | None = None, detail: dict[str, Any] | None = None,
-) -> tuple[Alert, bool]:  # fmt: skip
+    db: AsyncSession,
+    project_id: str,
+    alias: str,
+    version: int | None,
+    kind: str,
+    name: str,
+    *,
+    message: str,
+    value: float | None = None,
+    baseline: float | None = None,
+    threshold: float | None = None,
+    baseline_version: int | None = None,
+    detail: dict[str, Any] | None = None,
+) -> tuple[Alert, bool]:
     """Open an alert, or refresh the open one with the same key; returns (row, newly opened).
 
     A new alert is logged once (``onthejob.alerts`` at WARNING), with its message.
@@ -71,9 +81,13 @@ async def raise_alert(
     )
     row = await db.scalar(query.limit(1))
     fields: dict[str, Any] = {
-        "value": value, "baseline": baseline, "threshold": threshold, "baseline_version": baseline_version,
-        "message": message, "detail": dict(detail or {}),
-    }  # fmt: skip
+        "value": value,
+        "baseline": baseline,
+        "threshold": threshold,
+        "baseline_version": baseline_version,
+        "message": message,
+        "detail": dict(detail or {}),
+    }
     if row is not None:
         for key, val in fields.items():
             setattr(row, key, val)

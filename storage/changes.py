@@ -239,10 +239,13 @@ def touched_sessions(db: DbSession, project: str, changes: Sequence[ChangeEntry]
 
 def _resolve_pending(db: DbSession, project: str, ids: Iterable[str]) -> list[tuple[str, str | None]]:
     """(feedback id, session id) of items stored pending, by their session, or their target if it landed since."""
-    items = list(db.execute(
-        select(Feedback.id, Feedback.session_id, Feedback.target_kind, Feedback.target_id)
-        .where(Feedback.project_id == project, Feedback.id.in_(list(ids)))
-    ))  # fmt: skip
+    items = list(
+        db.execute(
+            select(Feedback.id, Feedback.session_id, Feedback.target_kind, Feedback.target_id).where(
+                Feedback.project_id == project, Feedback.id.in_(list(ids))
+            )
+        )
+    )
     by_call = {t for _, s, k, t in items if s is None and k in ("completion_id", "client_request_id")}
     found: dict[tuple[str, str], str] = {}
     if by_call:
@@ -295,9 +298,12 @@ def prune_changes(db: DbSession, project: str, *, keep_last: int = KEEP_LAST, ba
     bound = min(Position(x, s) for x, s in cursors)
     if keep_last > 0:
         newest = db.execute(
-            select(Change.xid, Change.seq).where(Change.project_id == project)
-            .order_by(Change.xid.desc(), Change.seq.desc()).offset(keep_last - 1).limit(1)
-        ).first()  # fmt: skip
+            select(Change.xid, Change.seq)
+            .where(Change.project_id == project)
+            .order_by(Change.xid.desc(), Change.seq.desc())
+            .offset(keep_last - 1)
+            .limit(1)
+        ).first()
         if newest is None:
             return 0  # the whole log is within the window
         bound = min(bound, Position(newest[0], newest[1]).before())

@@ -139,14 +139,28 @@ async def calls_page(
     total = int(await db.scalar(select(func.count()).select_from(matching)) or 0)
     page_where = list(where)
     if before:
-        at = await db.scalar(select(Completion.created_at).where(Completion.project_id == project_id,
-                                                                 Completion.id == before))  # fmt: skip
+        at = await db.scalar(
+            select(Completion.created_at).where(Completion.project_id == project_id, Completion.id == before)
+        )
         if at is None:
             raise UnknownCursor(before)
         page_where.append(or_(Completion.created_at < at, and_(Completion.created_at == at, Completion.id < before)))
-    cols = (Completion.id, Completion.created_at, Completion.session_id, Completion.alias, Completion.adapter_version,
-            Completion.dialect, Completion.endpoint, Completion.termination, Completion.status_code, Completion.tags,
-            Completion.usage, Completion.latency_ms, Completion.stream, Completion.parent_id)  # fmt: skip
+    cols = (
+        Completion.id,
+        Completion.created_at,
+        Completion.session_id,
+        Completion.alias,
+        Completion.adapter_version,
+        Completion.dialect,
+        Completion.endpoint,
+        Completion.termination,
+        Completion.status_code,
+        Completion.tags,
+        Completion.usage,
+        Completion.latency_ms,
+        Completion.stream,
+        Completion.parent_id,
+    )
     stmt = select(*cols).where(*page_where).order_by(Completion.created_at.desc(), Completion.id.desc())
     rows = (await db.execute(stmt.limit(limit + 1))).all()
     more = len(rows) > limit
@@ -157,14 +171,27 @@ async def calls_page(
         usage = r.usage or {}
         mine = grades.get(f"c:{r.id}", []) + grades.get(f"s:{r.session_id}", [])
         scored = [g for g in mine if g[1] is not None]
-        data.append({
-            "id": r.id, "created_at": r.created_at.isoformat(), "session_id": r.session_id, "alias": r.alias,
-            "adapter_version": r.adapter_version, "dialect": r.dialect, "endpoint": r.endpoint,
-            "termination": r.termination, "status_code": r.status_code, "tags": r.tags, "stream": r.stream,
-            "linked": r.parent_id is not None, "latency_ms": r.latency_ms,
-            "prompt_tokens": usage.get("prompt_tokens"), "completion_tokens": usage.get("completion_tokens"),
-            "feedback": len(mine), "grade": max(scored, key=lambda g: g[0])[1] if scored else None,
-        })  # fmt: skip
+        data.append(
+            {
+                "id": r.id,
+                "created_at": r.created_at.isoformat(),
+                "session_id": r.session_id,
+                "alias": r.alias,
+                "adapter_version": r.adapter_version,
+                "dialect": r.dialect,
+                "endpoint": r.endpoint,
+                "termination": r.termination,
+                "status_code": r.status_code,
+                "tags": r.tags,
+                "stream": r.stream,
+                "linked": r.parent_id is not None,
+                "latency_ms": r.latency_ms,
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "completion_tokens": usage.get("completion_tokens"),
+                "feedback": len(mine),
+                "grade": max(scored, key=lambda g: g[0])[1] if scored else None,
+            }
+        )
     last = rows[-1] if rows else None
     return {
         "object": "list",
@@ -186,8 +213,14 @@ async def _grades(
         Feedback.completion_id.in_(list(call_ids)),
         and_(Feedback.completion_id.is_(None), Feedback.session_id.in_(list(session_ids))),
     )
-    stmt = select(Feedback.completion_id, Feedback.session_id, Feedback.name, Feedback.value, Feedback.comment,
-                  Feedback.created_at).where(Feedback.project_id == project_id, cond)  # fmt: skip
+    stmt = select(
+        Feedback.completion_id,
+        Feedback.session_id,
+        Feedback.name,
+        Feedback.value,
+        Feedback.comment,
+        Feedback.created_at,
+    ).where(Feedback.project_id == project_id, cond)
     out: dict[str, list[tuple[datetime, float | str | None]]] = {}
     for fb in (await db.execute(stmt)).all():
         key = f"c:{fb.completion_id}" if fb.completion_id else f"s:{fb.session_id}"
@@ -240,9 +273,20 @@ async def sessions_page(
     data = []
     for s in rows:
         n, a, v = counts.get(s.id, (0, None, None))
-        data.append({"id": s.id, "task_id": s.task_id, "source": s.source, "tags": s.tags,
-                     "created_at": s.created_at.isoformat(), "updated_at": s.updated_at.isoformat(),
-                     "calls": n, "alias": a, "adapter_version": v, "feedback": feedback.get(s.id, 0)})  # fmt: skip
+        data.append(
+            {
+                "id": s.id,
+                "task_id": s.task_id,
+                "source": s.source,
+                "tags": s.tags,
+                "created_at": s.created_at.isoformat(),
+                "updated_at": s.updated_at.isoformat(),
+                "calls": n,
+                "alias": a,
+                "adapter_version": v,
+                "feedback": feedback.get(s.id, 0),
+            }
+        )
     last = rows[-1] if rows else None
     return {
         "object": "list",
@@ -307,14 +351,29 @@ async def session_turns(db: AsyncSession, project_id: str, session_id: str) -> l
     out = []
     for call in calls:
         tools = (call.request or {}).get("tools") or []
-        out.append({
-            "id": call.id, "created_at": call.created_at.isoformat(), "alias": call.alias,
-            "adapter_version": call.adapter_version, "parent_id": call.parent_id, "termination": call.termination,
-            "status_code": call.status_code, "error": call.error, "dialect": call.dialect,
-            "tools": [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)],
-            "messages": _new_messages(call, by_id.get(call.parent_id or "")),
-            "choices": [{"index": ch.get("index", 0), "finish_reason": ch.get("finish_reason"),
-                         "message": ch.get("message"), "text": ch.get("text"),
-                         "tokens": len(ch.get("token_ids") or [])} for ch in call.choices],
-        })  # fmt: skip
+        out.append(
+            {
+                "id": call.id,
+                "created_at": call.created_at.isoformat(),
+                "alias": call.alias,
+                "adapter_version": call.adapter_version,
+                "parent_id": call.parent_id,
+                "termination": call.termination,
+                "status_code": call.status_code,
+                "error": call.error,
+                "dialect": call.dialect,
+                "tools": [t.get("function", {}).get("name") for t in tools if isinstance(t, dict)],
+                "messages": _new_messages(call, by_id.get(call.parent_id or "")),
+                "choices": [
+                    {
+                        "index": ch.get("index", 0),
+                        "finish_reason": ch.get("finish_reason"),
+                        "message": ch.get("message"),
+                        "text": ch.get("text"),
+                        "tokens": len(ch.get("token_ids") or []),
+                    }
+                    for ch in call.choices
+                ],
+            }
+        )
     return out

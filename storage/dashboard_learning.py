@@ -46,9 +46,18 @@ async def _sample(db: AsyncSession, project_id: str) -> list[Any]:
         span = (Feedback.created_at >= start, Feedback.created_at < start + width if b < BUCKETS - 1 else true())
         newest = select(Feedback).where(*graded, *span).order_by(Feedback.created_at.desc()).limit(PER_BUCKET)
         sub = newest.subquery()
-        parts.append(select(sub.c.name, sub.c.value, sub.c.comment, sub.c.created_at, Completion.alias,
-                            Completion.adapter_version, sub.c.session_id, sub.c.completion_id).outerjoin(
-            Completion, Completion.id == sub.c.completion_id))  # fmt: skip
+        parts.append(
+            select(
+                sub.c.name,
+                sub.c.value,
+                sub.c.comment,
+                sub.c.created_at,
+                Completion.alias,
+                Completion.adapter_version,
+                sub.c.session_id,
+                sub.c.completion_id,
+            ).outerjoin(Completion, Completion.id == sub.c.completion_id)
+        )
     return list((await db.execute(union_all(*parts))).all())  # one round trip
 
 
@@ -106,9 +115,18 @@ async def deployment_events(db: AsyncSession, project_id: str, alias: str | None
     for d in rows:
         back = d.previous_version is not None and (d.version is None or d.version < d.previous_version)
         kind = "failed" if d.status == "failed" else ("rollback" if back else "deploy")
-        out.append({"id": d.id, "t": d.created_at.timestamp(), "created_at": d.created_at.isoformat(),
-                    "alias": d.alias, "version": d.version, "previous_version": d.previous_version,
-                    "status": d.status, "kind": kind})  # fmt: skip
+        out.append(
+            {
+                "id": d.id,
+                "t": d.created_at.timestamp(),
+                "created_at": d.created_at.isoformat(),
+                "alias": d.alias,
+                "version": d.version,
+                "previous_version": d.previous_version,
+                "status": d.status,
+                "kind": kind,
+            }
+        )
     return out
 
 
@@ -134,12 +152,20 @@ async def training_runs(db: AsyncSession, project_id: str, alias: str | None) ->
     out = []
     for r in runs:
         step = newest.get(r.id)
-        out.append({
-            "id": r.id, "alias": r.alias, "objective": r.objective, "base_model": r.base_model, "status": r.status,
-            "started_at": r.started_at.isoformat(), "finished_at": r.finished_at.isoformat() if r.finished_at else None,
-            "steps": counts.get(r.id, (0, 0))[0], "last_metrics": step.metrics if step else None,
-            "last_version": step.adapter_version if step else None,
-        })  # fmt: skip
+        out.append(
+            {
+                "id": r.id,
+                "alias": r.alias,
+                "objective": r.objective,
+                "base_model": r.base_model,
+                "status": r.status,
+                "started_at": r.started_at.isoformat(),
+                "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+                "steps": counts.get(r.id, (0, 0))[0],
+                "last_metrics": step.metrics if step else None,
+                "last_version": step.adapter_version if step else None,
+            }
+        )
     return out
 
 
@@ -152,7 +178,18 @@ async def run_steps(db: AsyncSession, project_id: str, run_id: int) -> dict[str,
         await db.scalars(select(TrainingStep).where(TrainingStep.run_id == run_id).order_by(TrainingStep.step))
     ).all()
     return {
-        "id": run.id, "alias": run.alias, "objective": run.objective, "status": run.status, "config": run.config,
-        "steps": [{"step": s.step, "adapter_version": s.adapter_version, "created_at": s.created_at.isoformat(),
-                   "metrics": s.metrics} for s in steps],
-    }  # fmt: skip
+        "id": run.id,
+        "alias": run.alias,
+        "objective": run.objective,
+        "status": run.status,
+        "config": run.config,
+        "steps": [
+            {
+                "step": s.step,
+                "adapter_version": s.adapter_version,
+                "created_at": s.created_at.isoformat(),
+                "metrics": s.metrics,
+            }
+            for s in steps
+        ],
+    }

@@ -32,16 +32,26 @@ def promotions(db: DbSession, project: str, alias: str | None) -> list[dict[str,
         decisions = [
             {**store.event_to_dict(e), "t": e.created_at.timestamp()} for e in store.list_events(db, project, name)
         ]
-        evals = [{k: v for k, v in store.eval_to_dict(e).items() if k in EVAL_FIELDS}
-                 for e in store.list_evals(db, project, name)]  # fmt: skip
-        attested = db.scalars(select(Attestation).where(Attestation.project_id == project, Attestation.alias == name)
-                              .order_by(Attestation.version)).all()  # fmt: skip
-        out.append({
-            "alias": name, "policy": store.get_policy(db, project, name).to_dict(), "decisions": decisions,
-            "evals": evals,
-            "attestations": [{"version": a.version, "sha256": a.sha256, "created_at": a.created_at.isoformat()}
-                             for a in attested],
-        })  # fmt: skip
+        evals = [
+            {k: v for k, v in store.eval_to_dict(e).items() if k in EVAL_FIELDS}
+            for e in store.list_evals(db, project, name)
+        ]
+        attested = db.scalars(
+            select(Attestation)
+            .where(Attestation.project_id == project, Attestation.alias == name)
+            .order_by(Attestation.version)
+        ).all()
+        out.append(
+            {
+                "alias": name,
+                "policy": store.get_policy(db, project, name).to_dict(),
+                "decisions": decisions,
+                "evals": evals,
+                "attestations": [
+                    {"version": a.version, "sha256": a.sha256, "created_at": a.created_at.isoformat()} for a in attested
+                ],
+            }
+        )
     return out
 
 
@@ -58,5 +68,10 @@ def dataset_page(db: DbSession, project: str, name: str, offset: int, limit: int
     """
     shown = datasets.show(db, project, name)
     items = shown.pop("items")
-    return {**shown, "items": items[offset : offset + limit], "offset": offset, "total_items": len(items),
-            "versions": lineage.dataset_versions(db, project).get(name, [])}  # fmt: skip
+    return {
+        **shown,
+        "items": items[offset : offset + limit],
+        "offset": offset,
+        "total_items": len(items),
+        "versions": lineage.dataset_versions(db, project).get(name, []),
+    }

@@ -83,15 +83,21 @@ class DatasetFilter:
         if judge not in (None, "agrees", "disagrees"):
             raise DatasetError(f"filter.judge: {judge!r}; use agrees or disagrees")
         return cls(
-            alias=str(raw["alias"]) if raw.get("alias") else None, tags=_names(raw.get("tags")),
-            since=_when("since", raw.get("since")), until=_when("until", raw.get("until")),
+            alias=str(raw["alias"]) if raw.get("alias") else None,
+            tags=_names(raw.get("tags")),
+            since=_when("since", raw.get("since")),
+            until=_when("until", raw.get("until")),
             min_reward=_number("min_reward", raw.get("min_reward")),
             max_reward=_number("max_reward", raw.get("max_reward")),
-            flags=flags, feedback=_names(raw.get("feedback")), judge=judge,
-        )  # fmt: skip
+            flags=flags,
+            feedback=_names(raw.get("feedback")),
+            judge=judge,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """What was given, JSON-ready (stored with the dataset)."""
         out = {k: v for k, v in asdict(self).items() if v not in (None, ())}
-        return {k: v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v
-                for k, v in out.items()}  # fmt: skip
+        return {
+            k: v.isoformat() if isinstance(v, datetime) else list(v) if isinstance(v, tuple) else v
+            for k, v in out.items()
+        }

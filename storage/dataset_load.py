@@ -29,9 +29,11 @@ def pinned(db: DbSession, project: str, name: str) -> tuple[list[Completion], li
     sessions = sorted({i.session_id for i in rows})
     calls: list[Completion] = []
     for start in range(0, len(sessions), 1000):
-        calls += db.scalars(select(Completion).where(Completion.project_id == project,
-                                                     Completion.session_id.in_(sessions[start : start + 1000]))
-                            .order_by(Completion.created_at, Completion.id))  # fmt: skip
+        calls += db.scalars(
+            select(Completion)
+            .where(Completion.project_id == project, Completion.session_id.in_(sessions[start : start + 1000]))
+            .order_by(Completion.created_at, Completion.id)
+        )
     by_id = {c.id: to_call(c) for c in calls}
     by_session: dict[str, list[str]] = {}
     for c in calls:
@@ -45,8 +47,11 @@ def pinned(db: DbSession, project: str, name: str) -> tuple[list[Completion], li
         if any(c is None for c in path_calls):
             left_out["call_gone"] += 1
             continue
-        paths = [p for p in branches([c for c in path_calls if c is not None])
-                 if trajectory_id(p[-1][0].id, p[-1][1] or 0) == item.trajectory_id]  # fmt: skip
+        paths = [
+            p
+            for p in branches([c for c in path_calls if c is not None])
+            if trajectory_id(p[-1][0].id, p[-1][1] or 0) == item.trajectory_id
+        ]
         traj = build_trajectory(paths[0], end_of_turn=eot.get(item.session_id, ())) if paths else None
         if traj is None or digest(traj) != item.digest:
             left_out["changed"] += 1

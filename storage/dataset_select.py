@@ -103,8 +103,9 @@ class Curator:
         return [c for task in sorted(self.failing & set(self.best)) for c in self.best[task]]
 
 
-def curate(pool: Sequence[Candidate], failure_modes: Iterable[str], threshold: float, per_task: int
-           ) -> list[tuple[Candidate, str]]:  # fmt: skip
+def curate(
+    pool: Sequence[Candidate], failure_modes: Iterable[str], threshold: float, per_task: int
+) -> list[tuple[Candidate, str]]:
     """The curated set of a whole pool: ``(candidate, "failure" | "success")``, failures first."""
     curator = Curator(frozenset(failure_modes), threshold, per_task)
     failures = [(c, "failure") for c in pool if curator.add(c)]
@@ -120,28 +121,39 @@ def candidates(db: DbSession, project: str, f: DatasetFilter, page: int = 500) -
     """Every trajectory of the sessions the filter can touch, with its grades and flags, ``page`` sessions a query."""
     sessions = sessions_subquery(project, alias=f.alias, since=f.since)
     if f.flags:  # a mine mode: only flagged sessions are read
-        flagged = select(CompletionFlag.session_id).where(CompletionFlag.project_id == project,
-                                                          CompletionFlag.mode.in_(f.flags))  # fmt: skip
+        flagged = select(CompletionFlag.session_id).where(
+            CompletionFlag.project_id == project, CompletionFlag.mode.in_(f.flags)
+        )
         sessions = sessions.where(Completion.session_id.in_(flagged))
     ids = list(db.scalars(sessions.order_by(Completion.session_id)))
     rule = project_rule(db, project)
     for start in range(0, len(ids), page):
         chunk = ids[start : start + page]
-        calls = list(db.scalars(
-            select(Completion).where(Completion.project_id == project, Completion.session_id.in_(chunk))
-            .order_by(Completion.session_id, Completion.created_at, Completion.id)
-        ))  # fmt: skip
+        calls = list(
+            db.scalars(
+                select(Completion)
+                .where(Completion.project_id == project, Completion.session_id.in_(chunk))
+                .order_by(Completion.session_id, Completion.created_at, Completion.id)
+            )
+        )
         requests = [c.client_request_id for c in calls if c.client_request_id]
-        grades = resolve_grades(db.scalars(feedback_listed_stmt(project, chunk, [c.id for c in calls], requests)),
-                                calls)  # fmt: skip
+        grades = resolve_grades(
+            db.scalars(feedback_listed_stmt(project, chunk, [c.id for c in calls], requests)), calls
+        )
         trajectories = assemble(calls)
         apply_rewards(trajectories, grades, rule)
         modes: dict[str, set[str]] = {}
-        for cid, mode in db.execute(select(CompletionFlag.completion_id, CompletionFlag.mode).where(
-                CompletionFlag.project_id == project, CompletionFlag.session_id.in_(chunk))):  # fmt: skip
+        for cid, mode in db.execute(
+            select(CompletionFlag.completion_id, CompletionFlag.mode).where(
+                CompletionFlag.project_id == project, CompletionFlag.session_id.in_(chunk)
+            )
+        ):
             modes.setdefault(cid, set()).add(mode)
         at = {c.id: c.created_at for c in calls}
         for t in trajectories:
-            yield Candidate(traj=t, at=at.get(t.completion_ids[-1]) if t.completion_ids else None,
-                            grades=tuple(current(grades_about(t, grades))),
-                            modes=frozenset(m for cid in t.completion_ids for m in modes.get(cid, ())))  # fmt: skip
+            yield Candidate(
+                traj=t,
+                at=at.get(t.completion_ids[-1]) if t.completion_ids else None,
+                grades=tuple(current(grades_about(t, grades))),
+                modes=frozenset(m for cid in t.completion_ids for m in modes.get(cid, ())),
+            )

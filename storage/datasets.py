@@ -79,8 +79,17 @@ class Spec:
 
 def _pinned_feedback(grades: Iterable[Grade], detail: Mapping[str, Any]) -> list[dict[str, Any]]:
     scalars = {c.get("feedback_id"): c.get("scalar") for c in detail.get("candidates") or []}
-    return [{"id": g.id, "name": g.name, "value": g.value, "source": g.source, "completion_id": g.completion_id,
-             "scalar": scalars.get(g.id)} for g in grades]  # fmt: skip
+    return [
+        {
+            "id": g.id,
+            "name": g.name,
+            "value": g.value,
+            "source": g.source,
+            "completion_id": g.completion_id,
+            "scalar": scalars.get(g.id),
+        }
+        for g in grades
+    ]
 
 
 # --------------------------------------------------------------------------- reading the database
@@ -91,8 +100,9 @@ def alive(project: str) -> ColumnElement[bool]:
     left). A session deleted before the dataset was made and started afresh since is alive (storage/deletion.py)."""
     of_item = select(Dataset.created_at).where(Dataset.id == DatasetItem.dataset_id).correlate(DatasetItem)
     made = of_item.scalar_subquery()
-    dead = exists().where(Tombstone.project_id == project, Tombstone.session_id == DatasetItem.session_id,
-                          Tombstone.created_at >= made)  # fmt: skip
+    dead = exists().where(
+        Tombstone.project_id == project, Tombstone.session_id == DatasetItem.session_id, Tombstone.created_at >= made
+    )
     calls = exists().where(Completion.project_id == project, Completion.session_id == DatasetItem.session_id)
     return ~dead & calls
 
@@ -115,14 +125,24 @@ def items(db: DbSession, project: str, dataset: Dataset) -> list[DatasetItem]:
 
 def _pin(dataset: Dataset, c: Candidate, role: str) -> DatasetItem:
     t = c.traj
-    return DatasetItem(dataset_id=dataset.id, project_id=dataset.project_id, session_id=t.session_id, task_id=t.task_id,
-                       trajectory_id=t.id, role=role, completion_ids=list(t.completion_ids), digest=digest(t),
-                       reward=t.reward, reward_detail=t.reward_detail,
-                       feedback=_pinned_feedback(c.grades, t.reward_detail))  # fmt: skip
+    return DatasetItem(
+        dataset_id=dataset.id,
+        project_id=dataset.project_id,
+        session_id=t.session_id,
+        task_id=t.task_id,
+        trajectory_id=t.id,
+        role=role,
+        completion_ids=list(t.completion_ids),
+        digest=digest(t),
+        reward=t.reward,
+        reward_detail=t.reward_detail,
+        feedback=_pinned_feedback(c.grades, t.reward_detail),
+    )
 
 
-def create(db: DbSession, project: str, name: str, spec: Spec, description: str = "", page: int = 500
-           ) -> dict[str, Any]:  # fmt: skip
+def create(
+    db: DbSession, project: str, name: str, spec: Spec, description: str = "", page: int = 500
+) -> dict[str, Any]:
     """Select and pin, ``page`` sessions at a time; the caller commits. A taken name raises :class:`DatasetExists`."""
     if not name or len(name) > 200 or "\x00" in name:
         raise DatasetError("name: 1 to 200 characters, no NUL")
@@ -185,10 +205,12 @@ class Tally:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "trajectories": self.trajectories, "sessions": len(self.sessions), "graded": self.graded,
+            "trajectories": self.trajectories,
+            "sessions": len(self.sessions),
+            "graded": self.graded,
             "feedback": len(self.feedback),
             **({"roles": dict(sorted(self.roles.items()))} if set(self.roles) - {"item"} else {}),
-        }  # fmt: skip
+        }
 
 
 def _counts(rows: Iterable[DatasetItem]) -> dict[str, Any]:
@@ -201,17 +223,25 @@ def _counts(rows: Iterable[DatasetItem]) -> dict[str, Any]:
 def summary(dataset: Dataset, counts: Mapping[str, Any]) -> dict[str, Any]:
     """What list and create answer about one dataset."""
     return {
-        "object": "dataset", "name": dataset.name, "description": dataset.description,
+        "object": "dataset",
+        "name": dataset.name,
+        "description": dataset.description,
         "created_at": dataset.created_at.isoformat() if dataset.created_at else None,
-        "filter": dataset.filter, "counts": dict(counts),
+        "filter": dataset.filter,
+        "counts": dict(counts),
         "removed": max(0, dataset.counts.get("trajectories", 0) - counts.get("trajectories", 0)),
-    }  # fmt: skip
+    }
 
 
 def list_datasets(db: DbSession, project: str) -> list[dict[str, Any]]:
     """Every dataset of the project, oldest first, counting only items still alive."""
-    live = dict(db.execute(select(DatasetItem.dataset_id, func.count()).where(
-        DatasetItem.project_id == project, alive(project)).group_by(DatasetItem.dataset_id)).all())  # fmt: skip
+    live = dict(
+        db.execute(
+            select(DatasetItem.dataset_id, func.count())
+            .where(DatasetItem.project_id == project, alive(project))
+            .group_by(DatasetItem.dataset_id)
+        ).all()
+    )
     out = []
     for dataset in db.scalars(select(Dataset).where(Dataset.project_id == project).order_by(Dataset.id)):
         counts = {**dataset.counts, "trajectories": live.get(dataset.id, 0)}
@@ -220,9 +250,16 @@ def list_datasets(db: DbSession, project: str) -> list[dict[str, Any]]:
 
 
 def item_view(item: DatasetItem) -> dict[str, Any]:
-    return {"trajectory_id": item.trajectory_id, "session_id": item.session_id, "task_id": item.task_id,
-            "role": item.role, "completion_ids": item.completion_ids, "reward": item.reward,
-            "reward_feedback_id": item.reward_detail.get("feedback_id"), "feedback": item.feedback}  # fmt: skip
+    return {
+        "trajectory_id": item.trajectory_id,
+        "session_id": item.session_id,
+        "task_id": item.task_id,
+        "role": item.role,
+        "completion_ids": item.completion_ids,
+        "reward": item.reward,
+        "reward_feedback_id": item.reward_detail.get("feedback_id"),
+        "feedback": item.feedback,
+    }
 
 
 def show(db: DbSession, project: str, name: str) -> dict[str, Any]:
@@ -233,8 +270,11 @@ def show(db: DbSession, project: str, name: str) -> dict[str, Any]:
 
 
 def _values(item: DatasetItem) -> dict[str, Any]:
-    return {"completion_ids": item.completion_ids, "reward": item.reward,
-            "feedback": sorted((f["id"], json.dumps(f["value"], sort_keys=True)) for f in item.feedback)}  # fmt: skip
+    return {
+        "completion_ids": item.completion_ids,
+        "reward": item.reward,
+        "feedback": sorted((f["id"], json.dumps(f["value"], sort_keys=True)) for f in item.feedback),
+    }
 
 
 def diff(db: DbSession, project: str, a: str, b: str) -> dict[str, Any]:
@@ -246,8 +286,11 @@ def diff(db: DbSession, project: str, a: str, b: str) -> dict[str, Any]:
         if _values(left[tid]) != _values(right[tid]):
             changed.append({"trajectory_id": tid, "a": item_view(left[tid]), "b": item_view(right[tid])})
     return {
-        "object": "dataset.diff", "a": a, "b": b,
+        "object": "dataset.diff",
+        "a": a,
+        "b": b,
         "only_a": [item_view(left[t]) for t in sorted(left.keys() - right.keys())],
         "only_b": [item_view(right[t]) for t in sorted(right.keys() - left.keys())],
-        "changed": changed, "same": len(left.keys() & right.keys()) - len(changed),
-    }  # fmt: skip
+        "changed": changed,
+        "same": len(left.keys() & right.keys()) - len(changed),
+    }

@@ -55,10 +55,13 @@ class TrainingFeed(ChangeReader[Trajectory, RewardRule]):
     ) -> tuple[dict[str, list[Trajectory]], Counter[str]]:
         """Rebuild these sessions; their trainable trajectories of this alias, by session."""
         ids = list(sessions)
-        calls = list(db.scalars(
-            select(Completion).where(Completion.project_id == self.project, Completion.session_id.in_(ids))
-            .order_by(Completion.session_id, Completion.created_at, Completion.id)
-        ))  # fmt: skip
+        calls = list(
+            db.scalars(
+                select(Completion)
+                .where(Completion.project_id == self.project, Completion.session_id.in_(ids))
+                .order_by(Completion.session_id, Completion.created_at, Completion.id)
+            )
+        )
         requests = [c.client_request_id for c in calls if c.client_request_id]
         feedback = list(db.scalars(feedback_listed_stmt(self.project, ids, [c.id for c in calls], requests)))
         trajectories = build(calls, feedback, rule=rule, render=self.render, end_of_turn=self.end_of_turn)

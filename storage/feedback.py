@@ -72,9 +72,15 @@ async def resolve_target(db: AsyncSession, project_id: str, kind: str, target_id
 
 def _same(row: Feedback, item: FeedbackIn) -> bool:
     same_value = isinstance(row.value, bool) == isinstance(item.value, bool) and row.value == item.value
-    return same_value and (row.target_kind, row.target_id, row.choice, row.name, row.comment, row.source,
-                           row.meta) == (item.target.kind, item.target.id, item.target.choice, item.name,
-                                         item.comment, item.source, item.metadata)  # fmt: skip
+    return same_value and (row.target_kind, row.target_id, row.choice, row.name, row.comment, row.source, row.meta) == (
+        item.target.kind,
+        item.target.id,
+        item.target.choice,
+        item.name,
+        item.comment,
+        item.source,
+        item.metadata,
+    )
 
 
 async def _by_key(db: AsyncSession, project_id: str, key: str) -> Feedback | None:
@@ -128,12 +134,22 @@ async def submit_feedback(db: AsyncSession, project_id: str, items: Sequence[Fee
         fid = new_feedback_id()
         now = utcnow()
         row = Feedback(
-            id=fid, project_id=project_id, idempotency_key=item.id or fid,
-            target_kind=item.target.kind, target_id=item.target.id, choice=item.target.choice,
-            completion_id=completion_id, session_id=session_id,
-            name=item.name, value=item.value, comment=item.comment, source=item.source, meta=item.metadata,
-            created_at=now, attached_at=now if session_id is not None else None,
-        )  # fmt: skip
+            id=fid,
+            project_id=project_id,
+            idempotency_key=item.id or fid,
+            target_kind=item.target.kind,
+            target_id=item.target.id,
+            choice=item.target.choice,
+            completion_id=completion_id,
+            session_id=session_id,
+            name=item.name,
+            value=item.value,
+            comment=item.comment,
+            source=item.source,
+            meta=item.metadata,
+            created_at=now,
+            attached_at=now if session_id is not None else None,
+        )
         try:
             async with db.begin_nested():
                 db.add(row)
@@ -197,9 +213,15 @@ class Swept:
 
 
 def sweep_pending(
-    db: DbSession, *, after: Cursor | None = None, ttl: timedelta = ORPHAN_TTL, now: datetime | None = None,
-    project_id: str | None = None, page: int = 500, pages: int | None = None,
-) -> Swept:  # fmt: skip
+    db: DbSession,
+    *,
+    after: Cursor | None = None,
+    ttl: timedelta = ORPHAN_TTL,
+    now: datetime | None = None,
+    project_id: str | None = None,
+    page: int = 500,
+    pages: int | None = None,
+) -> Swept:
     """Attach pending items of the last ``ttl`` whose target has landed, walking from ``after`` by
     ``(created_at, id)``, ``page`` items a query, at most ``pages`` pages (None: to the end).
 
@@ -235,15 +257,28 @@ def _attach_page(db: DbSession, rows: Sequence[Feedback]) -> int:
             wanted.setdefault(row.target_kind, set()).add(row.target_id)
         cols = (Completion.id, Completion.session_id, Completion.client_request_id, Completion.created_at)
         mine = select(*cols).where(Completion.project_id == project)
-        calls = [*db.execute(mine.where(Completion.id.in_(wanted["completion_id"]))).all(),
-                 *db.execute(mine.where(Completion.client_request_id.in_(wanted["client_request_id"]))).all()
-                 ] if wanted["completion_id"] or wanted["client_request_id"] else []  # fmt: skip
+        calls = (
+            [
+                *db.execute(mine.where(Completion.id.in_(wanted["completion_id"]))).all(),
+                *db.execute(mine.where(Completion.client_request_id.in_(wanted["client_request_id"]))).all(),
+            ]
+            if wanted["completion_id"] or wanted["client_request_id"]
+            else []
+        )
         sessions: set[str] = set()
         if wanted["session_id"]:
-            sessions.update(db.scalars(select(Session.id).where(Session.project_id == project,
-                                                                Session.id.in_(wanted["session_id"]))))  # fmt: skip
-            sessions.update(db.scalars(select(Completion.session_id).distinct().where(
-                Completion.project_id == project, Completion.session_id.in_(wanted["session_id"]))))  # fmt: skip
+            sessions.update(
+                db.scalars(
+                    select(Session.id).where(Session.project_id == project, Session.id.in_(wanted["session_id"]))
+                )
+            )
+            sessions.update(
+                db.scalars(
+                    select(Completion.session_id)
+                    .distinct()
+                    .where(Completion.project_id == project, Completion.session_id.in_(wanted["session_id"]))
+                )
+            )
         targets = Targets(calls, sessions)
         for row in items:
             completion_id, session_id = targets.resolve(row.target_kind, row.target_id)
@@ -262,8 +297,9 @@ async def attach_orphans(db: AsyncSession, project_id: str | None = None, limit:
     return swept.attached
 
 
-def orphans_stmt(ttl: timedelta = ORPHAN_TTL, project_id: str | None = None, now: datetime | None = None
-                 ) -> Select[int]:  # fmt: skip
+def orphans_stmt(
+    ttl: timedelta = ORPHAN_TTL, project_id: str | None = None, now: datetime | None = None
+) -> Select[int]:
     """How many pending items are older than ``ttl`` (aged out of the sweep: their target never landed)."""
     sub = pending_stmt(project_id, (now or datetime.now(UTC)) - ttl).subquery()
     return select(func.count()).select_from(sub)
@@ -336,17 +372,27 @@ def feedback_for_stmt(
     """
     stmt = select(Feedback).where(Feedback.project_id == project_id)
     if completion_id is not None:
-        stmt = stmt.where(or_(
-            Feedback.completion_id == completion_id,
-            and_(Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id",
-                 Feedback.target_id == completion_id),
-        ))  # fmt: skip
+        stmt = stmt.where(
+            or_(
+                Feedback.completion_id == completion_id,
+                and_(
+                    Feedback.attached_at.is_(None),
+                    Feedback.target_kind == "completion_id",
+                    Feedback.target_id == completion_id,
+                ),
+            )
+        )
     if session_id is not None:
-        stmt = stmt.where(or_(
-            Feedback.session_id == session_id,
-            and_(Feedback.attached_at.is_(None), Feedback.target_kind == "session_id",
-                 Feedback.target_id == session_id),
-        ))  # fmt: skip
+        stmt = stmt.where(
+            or_(
+                Feedback.session_id == session_id,
+                and_(
+                    Feedback.attached_at.is_(None),
+                    Feedback.target_kind == "session_id",
+                    Feedback.target_id == session_id,
+                ),
+            )
+        )
     if completion_id is None and session_id is None:
         stmt = stmt.order_by(Feedback.created_at.desc()).limit(200)
     return stmt

@@ -46,14 +46,31 @@ class FeedbackConflict(FeedbackInputError):
 
 
 class FeedbackTarget(BaseModel):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [  # one id; choice only beside a call's
-        {"required": ["completion_id"], "not": {"anyOf": [{"required": ["session_id"]},
-                                                          {"required": ["client_request_id"]}]}},
-        {"required": ["client_request_id"], "not": {"anyOf": [{"required": ["session_id"]},
-                                                              {"required": ["completion_id"]}]}},
-        {"required": ["session_id"], "not": {"anyOf": [{"required": ["completion_id"]},
-                                                       {"required": ["client_request_id"]}, {"required": ["choice"]}]}},
-    ]})  # fmt: skip
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [  # one id; choice only beside a call's
+                {
+                    "required": ["completion_id"],
+                    "not": {"anyOf": [{"required": ["session_id"]}, {"required": ["client_request_id"]}]},
+                },
+                {
+                    "required": ["client_request_id"],
+                    "not": {"anyOf": [{"required": ["session_id"]}, {"required": ["completion_id"]}]},
+                },
+                {
+                    "required": ["session_id"],
+                    "not": {
+                        "anyOf": [
+                            {"required": ["completion_id"]},
+                            {"required": ["client_request_id"]},
+                            {"required": ["choice"]},
+                        ]
+                    },
+                },
+            ]
+        },
+    )
 
     completion_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
     session_id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)
@@ -107,8 +124,12 @@ class FeedbackIn(BaseModel):
 
     target: FeedbackTarget
     name: str = Field(min_length=1, max_length=200, json_schema_extra=_ID)
-    value: Any = Field(default=None, json_schema_extra={"anyOf": [
-        {"type": "number"}, {"type": "boolean"}, {"type": "string", "maxLength": MAX_LABEL_CHARS}]})  # fmt: skip
+    value: Any = Field(
+        default=None,
+        json_schema_extra={
+            "anyOf": [{"type": "number"}, {"type": "boolean"}, {"type": "string", "maxLength": MAX_LABEL_CHARS}]
+        },
+    )
     comment: str | None = Field(default=None, json_schema_extra={"maxLength": COMMENT_CHARS, "pattern": NON_BLANK})
     source: str = Field(default="", max_length=200, json_schema_extra=_ID)
     id: str | None = Field(default=None, min_length=1, max_length=200, json_schema_extra=_ID)  # idempotency key
@@ -239,8 +260,12 @@ def openapi_schema() -> dict[str, Any]:
     a list, or ``{"feedback": [...]}``), so the spec and the validator cannot disagree."""
     item = _spec(FeedbackIn.model_json_schema())
     batch = {"type": "array", "minItems": 1, "maxItems": MAX_BATCH, "items": item}
-    wrapped = {"type": "object", "required": ["feedback"], "additionalProperties": False,
-               "properties": {"feedback": batch}}  # fmt: skip
+    wrapped = {
+        "type": "object",
+        "required": ["feedback"],
+        "additionalProperties": False,
+        "properties": {"feedback": batch},
+    }
     return {"anyOf": [item, batch, wrapped]}
 
 

@@ -106,7 +106,7 @@ class Housekeeper:
             Job("retention", schedule.retention_every_s, lambda db: {"projects": apply_retention(db)}),
             Job(
                 "prune", schedule.prune_every_s, lambda db: {"projects": prune_all(db, keep_last=schedule.keep_changes)}
-            ),  # fmt: skip
+            ),
         ]
         now = time.monotonic()
         for job in self.jobs:  # the sweep after one period; retention and pruning soon after start
@@ -132,8 +132,12 @@ class Housekeeper:
                     db.commit()
         except Exception as exc:  # noqa: BLE001 - the database may be down; the next period catches up
             self.runs[job.name, "failed"] += 1
-            log.warning("housekeeping: %s failed (%s: %s); next at its next period", job.name,
-                        exc.__class__.__name__, str(exc).splitlines()[0] if str(exc) else "")  # fmt: skip
+            log.warning(
+                "housekeeping: %s failed (%s: %s); next at its next period",
+                job.name,
+                exc.__class__.__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
             return None
         self.runs[job.name, "done"] += 1
         self.report(job.name, result)
@@ -169,8 +173,11 @@ def log_result(job: str, result: Result) -> None:
     """The default report: a line for what changed anything."""
     if job == "sweep":
         if result["attached"]:
-            log.info("sweep: attached %d pending feedback items (%d orphans older than the TTL)",
-                     result["attached"], result["orphans"])  # fmt: skip
+            log.info(
+                "sweep: attached %d pending feedback items (%d orphans older than the TTL)",
+                result["attached"],
+                result["orphans"],
+            )
         return
     for project, counts in sorted(result["projects"].items()):
         if job == "retention" and any(counts.values()):

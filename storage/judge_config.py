@@ -99,8 +99,11 @@ class JudgeSettings(BaseModel):
         """What calibration is keyed by: every field that changes a score (not the key, not the gate)."""
         scoring = {k: getattr(self, k) for k in ("rubric", "mode", "base_url", "model", "scale")}
         if self.readout != "text":  # only then: text-readout fingerprints stay what they were
-            scoring |= {"readout": self.readout, "labels": self.labels,
-                        "examples": [e.model_dump() for e in self.examples]}  # fmt: skip
+            scoring |= {
+                "readout": self.readout,
+                "labels": self.labels,
+                "examples": [e.model_dump() for e in self.examples],
+            }
         blob = json.dumps(scoring, sort_keys=True, default=list).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -54,15 +54,29 @@ def calibration_to_dict(row: JudgeCalibration) -> dict[str, Any]:
 
 
 def record_calibration(
-    db: DbSession, project_id: str, settings: JudgeSettings, *, n: int, unreadable: int, spearman: float,
-    accuracy: float, threshold: float, baseline: Mapping[str, Any] | None = None,
-) -> JudgeCalibration:  # fmt: skip
+    db: DbSession,
+    project_id: str,
+    settings: JudgeSettings,
+    *,
+    n: int,
+    unreadable: int,
+    spearman: float,
+    accuracy: float,
+    threshold: float,
+    baseline: Mapping[str, Any] | None = None,
+) -> JudgeCalibration:
     """Store one calibration run (the caller commits)."""
     row = JudgeCalibration(
-        project_id=project_id, fingerprint=settings.fingerprint(), config=settings.model_dump(mode="json"),
-        n=n, unreadable=unreadable, spearman=spearman, accuracy=accuracy, threshold=threshold,
+        project_id=project_id,
+        fingerprint=settings.fingerprint(),
+        config=settings.model_dump(mode="json"),
+        n=n,
+        unreadable=unreadable,
+        spearman=spearman,
+        accuracy=accuracy,
+        threshold=threshold,
         baseline=dict(baseline or {}),
-    )  # fmt: skip
+    )
     db.add(row)
     db.flush()
     return row

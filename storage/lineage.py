@@ -31,8 +31,11 @@ def _steps(db: DbSession, project: str, alias: str, version: int) -> list[tuple[
 
 def version_lineage(db: DbSession, project: str, alias: str, version: int) -> dict[str, Any] | None:
     """What trained ``alias@v{version}``: its parent chain, and its step's trajectories and feedback items."""
-    row = db.scalar(select(Adapter).where(Adapter.project_id == project, Adapter.alias == alias,
-                                          Adapter.version == version, Adapter.committed()))  # fmt: skip
+    row = db.scalar(
+        select(Adapter).where(
+            Adapter.project_id == project, Adapter.alias == alias, Adapter.version == version, Adapter.committed()
+        )
+    )
     if row is None:
         return None
     steps = _steps(db, project, alias, version)
@@ -40,28 +43,39 @@ def version_lineage(db: DbSession, project: str, alias: str, version: int) -> di
         select(UsedFeedback.trajectory_id, UsedFeedback.feedback_id, UsedFeedback.objective)
         .where(UsedFeedback.project_id == project, UsedFeedback.step_id.in_([step for step, _ in steps]))
         .order_by(UsedFeedback.id)
-    ).all()  # fmt: skip
-    parents = dict(db.execute(select(Adapter.version, Adapter.parent_version)
-                              .where(Adapter.project_id == project, Adapter.alias == alias)).all())  # fmt: skip
+    ).all()
+    parents = dict(
+        db.execute(
+            select(Adapter.version, Adapter.parent_version).where(Adapter.project_id == project, Adapter.alias == alias)
+        ).all()
+    )
     chain, at = [], row.parent_version
     while at is not None and at not in chain:
         chain.append(at)
         at = parents.get(at)
     return {
-        "object": "adapter.lineage", "alias": alias, "version": version, "parent_version": row.parent_version,
-        "ancestors": chain, "training_run_id": row.training_run_id,
+        "object": "adapter.lineage",
+        "alias": alias,
+        "version": version,
+        "parent_version": row.parent_version,
+        "ancestors": chain,
+        "training_run_id": row.training_run_id,
         "trajectories": sorted({t for t, _, _ in used}),
         "feedback": sorted({f for _, f, _ in used}),
         "used": [{"trajectory_id": t, "feedback_id": f, "objective": o} for t, f, o in used],
         "datasets": sorted({str(config["dataset"]) for _, config in steps if config.get("dataset")}),
-    }  # fmt: skip
+    }
 
 
 def dataset_versions(db: DbSession, project: str) -> dict[str, list[dict[str, Any]]]:
     """Per dataset name, the versions its runs published (``train --dataset`` names it in the run's config)."""
-    runs = {rid: str(config["dataset"]) for rid, config in db.execute(
-        select(TrainingRun.id, TrainingRun.config).where(TrainingRun.project_id == project))
-        if (config or {}).get("dataset")}  # fmt: skip
+    runs = {
+        rid: str(config["dataset"])
+        for rid, config in db.execute(
+            select(TrainingRun.id, TrainingRun.config).where(TrainingRun.project_id == project)
+        )
+        if (config or {}).get("dataset")
+    }
     if not runs:
         return {}
     out: dict[str, list[dict[str, Any]]] = {}
@@ -70,13 +84,14 @@ def dataset_versions(db: DbSession, project: str) -> dict[str, list[dict[str, An
         .join(TrainingRun, TrainingRun.id == TrainingStep.run_id)
         .where(TrainingStep.run_id.in_(runs), TrainingStep.adapter_version.is_not(None))
         .order_by(TrainingStep.run_id, TrainingStep.adapter_version)
-    ):  # fmt: skip
+    ):
         out.setdefault(runs[rid], []).append({"alias": alias, "version": version, "training_run_id": rid})
     return out
 
 
-def learned_from(db: DbSession, project: str, *, calls: Iterable[str] = (), feedback: Iterable[str] = ()
-                 ) -> list[dict[str, Any]]:  # fmt: skip
+def learned_from(
+    db: DbSession, project: str, *, calls: Iterable[str] = (), feedback: Iterable[str] = ()
+) -> list[dict[str, Any]]:
     """Versions trained on a trajectory holding one of ``calls`` or on one of ``feedback``, and their descendants.
 
     A trajectory's id is its leaf call, and it holds every call up its parent chain: so a
@@ -89,7 +104,7 @@ def learned_from(db: DbSession, project: str, *, calls: Iterable[str] = (), feed
         select(UsedFeedback.alias, UsedFeedback.trajectory_id, UsedFeedback.feedback_id, TrainingStep.adapter_version)
         .join(TrainingStep, TrainingStep.id == UsedFeedback.step_id)
         .where(UsedFeedback.project_id == project)
-    )  # fmt: skip
+    )
     direct = {(a, v) for a, t, f, v in rows if v is not None and (t.rsplit(":", 1)[0] in calls or f in feedback)}
     children: dict[tuple[str, int], list[int]] = {}
     for alias, version, parent in db.execute(
@@ -113,8 +128,11 @@ def _with_descendants(db: DbSession, project: str, calls: set[str]) -> set[str]:
         return calls
     sessions = select(Completion.session_id).where(Completion.project_id == project, Completion.id.in_(calls))
     children: dict[str, list[str]] = {}
-    for cid, parent in db.execute(select(Completion.id, Completion.parent_id).where(
-            Completion.project_id == project, Completion.session_id.in_(sessions))):  # fmt: skip
+    for cid, parent in db.execute(
+        select(Completion.id, Completion.parent_id).where(
+            Completion.project_id == project, Completion.session_id.in_(sessions)
+        )
+    ):
         if parent is not None:
             children.setdefault(parent, []).append(cid)
     found, stack = set(calls), list(calls)
@@ -127,5 +145,6 @@ def _with_descendants(db: DbSession, project: str, calls: set[str]) -> set[str]:
 
 
 def session_calls(db: DbSession, project: str, session_id: str) -> list[str]:
-    return list(db.scalars(select(Completion.id).where(Completion.project_id == project,
-                                                       Completion.session_id == session_id)))  # fmt: skip
+    return list(
+        db.scalars(select(Completion.id).where(Completion.project_id == project, Completion.session_id == session_id))
+    )

@@ -36,9 +36,12 @@ from storage.used import screen_batch, used_keys
 
 
 def sessions_subquery(
-    project_id: str, *, session_ids: Collection[str] | None = None, alias: str | None = None,
+    project_id: str,
+    *,
+    session_ids: Collection[str] | None = None,
+    alias: str | None = None,
     since: datetime | None = None,
-) -> Select[str]:  # fmt: skip
+) -> Select[str]:
     """Ids of the sessions to load: given ones, or those with a call of ``alias`` (since a time)."""
     stmt = select(Completion.session_id).where(Completion.project_id == project_id)
     if session_ids is not None:
@@ -124,9 +127,13 @@ async def project_rule_async(db: AsyncSession, project_id: str) -> RewardRule:
 
 
 def build(
-    completions: Sequence[Any], feedback: Iterable[Feedback], *, rule: RewardRule = DEFAULT_RULE,
-    render: Render | None = None, end_of_turn: Collection[int] | None = None,
-) -> list[Trajectory]:  # fmt: skip
+    completions: Sequence[Any],
+    feedback: Iterable[Feedback],
+    *,
+    rule: RewardRule = DEFAULT_RULE,
+    render: Render | None = None,
+    end_of_turn: Collection[int] | None = None,
+) -> list[Trajectory]:
     """Assemble and grade."""
     trajectories = assemble(completions, render=render, end_of_turn=end_of_turn)
     apply_rewards(trajectories, resolve_grades(feedback, completions), rule)
@@ -137,10 +144,16 @@ def build(
 
 
 def load_with_calls(
-    db: DbSession, project_id: str, *, session_ids: Collection[str] | None = None, alias: str | None = None,
-    since: datetime | None = None, rule: RewardRule | None = None, render: Render | None = None,
+    db: DbSession,
+    project_id: str,
+    *,
+    session_ids: Collection[str] | None = None,
+    alias: str | None = None,
+    since: datetime | None = None,
+    rule: RewardRule | None = None,
+    render: Render | None = None,
     end_of_turn: Collection[int] | None = None,
-) -> tuple[list[Completion], list[Trajectory]]:  # fmt: skip
+) -> tuple[list[Completion], list[Trajectory]]:
     """The chosen sessions' calls (all of the project's when none is chosen) and their graded trajectories."""
     sessions = sessions_subquery(project_id, session_ids=session_ids, alias=alias, since=since)
     rule = rule or project_rule(db, project_id)
@@ -155,9 +168,15 @@ def load_trajectories(db: DbSession, project_id: str, **options: Any) -> list[Tr
 
 
 def load_training_batch(
-    db: DbSession, project_id: str, alias: str, *, since: datetime | None = None,
-    rule: RewardRule | None = None, render: Render | None = None, end_of_turn: Collection[int] | None = None,
-) -> tuple[list[Trajectory], Counter[str]]:  # fmt: skip
+    db: DbSession,
+    project_id: str,
+    alias: str,
+    *,
+    since: datetime | None = None,
+    rule: RewardRule | None = None,
+    render: Render | None = None,
+    end_of_turn: Collection[int] | None = None,
+) -> tuple[list[Trajectory], Counter[str]]:
     """Every graded, untrained trajectory of ``alias``, rebuilt from its whole history; never "eval" ones.
 
     The trainer reads incrementally instead (:class:`storage.feed.TrainingFeed`); this is the
@@ -198,7 +217,7 @@ def _coverage_stmts(project_id: str, alias: str | None) -> tuple[Select[Any, Any
             Completion.client_request_id,
             Completion.adapter_version,
             Completion.created_at,
-        )  # fmt: skip
+        )
         .where(Completion.project_id == project_id, Completion.session_id.in_(sessions))
         .order_by(Completion.created_at, Completion.id)
     )
@@ -232,9 +251,13 @@ async def ungraded_share_async(
 
 
 async def load_trajectories_async(
-    db: AsyncSession, project_id: str, *, session_ids: Collection[str] | None = None,
-    alias: str | None = None, rule: RewardRule | None = None,
-) -> list[Trajectory]:  # fmt: skip
+    db: AsyncSession,
+    project_id: str,
+    *,
+    session_ids: Collection[str] | None = None,
+    alias: str | None = None,
+    rule: RewardRule | None = None,
+) -> list[Trajectory]:
     """Graded trajectories of the chosen sessions (the proxy has no tokenizer: ids and inference only)."""
     sessions = sessions_subquery(project_id, session_ids=session_ids, alias=alias)
     rule = rule or await project_rule_async(db, project_id)

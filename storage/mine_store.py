@@ -46,9 +46,17 @@ def expanded(db: DbSession, rows: list[Any]) -> list[Any]:
     return [SimpleNamespace(**{**r._mapping, "request": full[r.id]}) for r in rows]
 
 
-_CALL_COLUMNS = (Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version,
-                 Completion.termination, Completion.status_code, Completion.request, Completion.choices,
-                 Completion.parent_id)  # fmt: skip
+_CALL_COLUMNS = (
+    Completion.id,
+    Completion.session_id,
+    Completion.alias,
+    Completion.adapter_version,
+    Completion.termination,
+    Completion.status_code,
+    Completion.request,
+    Completion.choices,
+    Completion.parent_id,
+)
 
 
 @dataclass
@@ -92,8 +100,9 @@ def mine(db: DbSession, project: str, *, page: int = 2000, settle_s: float = 10.
     return out
 
 
-def _grade(db: DbSession, project: str, ids: list[str], cfg: MineConfig, rule: Any, found: Found,
-           calls: list[str]) -> tuple[int, int]:  # fmt: skip
+def _grade(
+    db: DbSession, project: str, ids: list[str], cfg: MineConfig, rule: Any, found: Found, calls: list[str]
+) -> tuple[int, int]:
     """Flag the calls these feedback items grade; returns how many named no landed call, and low grades cleared.
 
     Grades of the page's new calls are read again too: one stored before its call landed
@@ -145,28 +154,39 @@ def _regrade(db: DbSession, project: str, targets: set[str], cfg: MineConfig, ru
     """
     if not targets:
         return 0
-    sessions = set(db.scalars(select(Completion.session_id).where(Completion.project_id == project,
-                                                                  among(db, Completion.id, targets))))  # fmt: skip
+    sessions = set(
+        db.scalars(
+            select(Completion.session_id).where(Completion.project_id == project, among(db, Completion.id, targets))
+        )
+    )
     last = _last_calls(db, project, sessions)
     heads = [session for session, cid in last.items() if cid in targets]
     flags = (CompletionFlag.project_id == project, CompletionFlag.mode == "low_grade")
     # An earlier call of these sessions may hold the flag of a session grade from before it was the last.
-    targets = targets | set(db.scalars(select(CompletionFlag.completion_id).where(
-        *flags, among(db, CompletionFlag.session_id, heads))))  # fmt: skip
+    targets = targets | set(
+        db.scalars(select(CompletionFlag.completion_id).where(*flags, among(db, CompletionFlag.session_id, heads)))
+    )
     where = or_(
         among(db, Feedback.completion_id, targets),
-        and_(Feedback.attached_at.is_(None), Feedback.target_kind == "completion_id",
-             among(db, Feedback.target_id, targets)),
-        and_(Feedback.completion_id.is_(None), Feedback.target_kind != "completion_id",
-             among(db, Feedback.session_id, heads)),
-    )  # fmt: skip
+        and_(
+            Feedback.attached_at.is_(None),
+            Feedback.target_kind == "completion_id",
+            among(db, Feedback.target_id, targets),
+        ),
+        and_(
+            Feedback.completion_id.is_(None),
+            Feedback.target_kind != "completion_id",
+            among(db, Feedback.session_id, heads),
+        ),
+    )
     winners: dict[tuple[Any, ...], Feedback] = {}
     for item in db.scalars(select(Feedback).where(Feedback.project_id == project, where)):
         on_call = item.completion_id or (item.target_id if item.target_kind == "completion_id" else None)
         cid = on_call or last.get(item.session_id or "")
         key = (cid, on_call is None, item.source, item.name, item.choice)
-        if cid in targets and (key not in winners or (item.created_at, item.id) > (winners[key].created_at,
-                                                                                   winners[key].id)):  # fmt: skip
+        if cid in targets and (
+            key not in winners or (item.created_at, item.id) > (winners[key].created_at, winners[key].id)
+        ):
             winners[key] = item
     low: dict[str, dict[str, Any]] = {}
     for (cid, *_), item in sorted(winners.items(), key=lambda kv: (kv[1].created_at, kv[1].id)):
@@ -201,15 +221,28 @@ def _store(db: DbSession, project: str, found: Found) -> Counter[str]:
     """Insert the flags (one per completion and mode; a flag already stored stays as it is)."""
     if not found.flags:
         return Counter()
-    calls = {r.id: r for r in db.execute(
-        select(Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version)
-        .where(Completion.project_id == project, among(db, Completion.id, found.flags))
-    )}  # fmt: skip
+    calls = {
+        r.id: r
+        for r in db.execute(
+            select(Completion.id, Completion.session_id, Completion.alias, Completion.adapter_version).where(
+                Completion.project_id == project, among(db, Completion.id, found.flags)
+            )
+        )
+    }
     rows = [
-        {"project_id": project, "completion_id": cid, "session_id": calls[cid].session_id, "alias": calls[cid].alias,
-         "adapter_version": calls[cid].adapter_version, "mode": mode, "detail": detail}
-        for cid, modes in found.flags.items() if cid in calls for mode, detail in modes.items()
-    ]  # fmt: skip
+        {
+            "project_id": project,
+            "completion_id": cid,
+            "session_id": calls[cid].session_id,
+            "alias": calls[cid].alias,
+            "adapter_version": calls[cid].adapter_version,
+            "mode": mode,
+            "detail": detail,
+        }
+        for cid, modes in found.flags.items()
+        if cid in calls
+        for mode, detail in modes.items()
+    ]
     if not rows:
         return Counter()
     dialect = db.get_bind().dialect.name
@@ -221,16 +254,20 @@ def _store(db: DbSession, project: str, found: Found) -> Counter[str]:
 # --------------------------------------------------------------------------- the report
 
 
-def report(db: DbSession, project: str, *, alias: str | None = None, since: datetime | None = None,
-           examples: int = 3) -> dict[str, Any]:  # fmt: skip
+def report(
+    db: DbSession, project: str, *, alias: str | None = None, since: datetime | None = None, examples: int = 3
+) -> dict[str, Any]:
     """Counts, shares and examples per mode, per adapter version (None: the base model), oldest version first."""
     where = [Completion.project_id == project]
     if alias is not None:
         where.append(Completion.alias == alias)
     if since is not None:
         where.append(Completion.created_at >= since)
-    totals = dict(db.execute(select(Completion.adapter_version, func.count()).where(*where)
-                             .group_by(Completion.adapter_version)).all())  # fmt: skip
+    totals = dict(
+        db.execute(
+            select(Completion.adapter_version, func.count()).where(*where).group_by(Completion.adapter_version)
+        ).all()
+    )
     counts = db.execute(
         select(CompletionFlag.adapter_version, CompletionFlag.mode, func.count())
         .join(Completion, Completion.id == CompletionFlag.completion_id)
@@ -246,14 +283,20 @@ def report(db: DbSession, project: str, *, alias: str | None = None, since: date
     for mode in MODES:
         n = sum(v["modes"].get(mode, {}).get("count", 0) for v in versions.values())
         if n:
-            modes[mode] = {"count": n, "share": n / calls if calls else None,
-                           "examples": _examples(db, project, mode, where, examples)}  # fmt: skip
+            modes[mode] = {
+                "count": n,
+                "share": n / calls if calls else None,
+                "examples": _examples(db, project, mode, where, examples),
+            }
     order = sorted(versions, key=lambda v: -1 if v is None else v)
     return {
-        "project": project, "alias": alias, "since": since.isoformat() if since else None, "calls": calls,
+        "project": project,
+        "alias": alias,
+        "since": since.isoformat() if since else None,
+        "calls": calls,
         "modes": modes,
         "versions": [{"version": v, **versions[v]} for v in order],
-    }  # fmt: skip
+    }
 
 
 def _examples(db: DbSession, project: str, mode: str, where: Iterable[Any], n: int) -> list[dict[str, Any]]:
@@ -261,6 +304,7 @@ def _examples(db: DbSession, project: str, mode: str, where: Iterable[Any], n: i
         select(CompletionFlag.session_id, CompletionFlag.completion_id, CompletionFlag.detail)
         .join(Completion, Completion.id == CompletionFlag.completion_id)
         .where(CompletionFlag.project_id == project, CompletionFlag.mode == mode, *where)
-        .order_by(CompletionFlag.id.desc()).limit(n)
-    )  # fmt: skip
+        .order_by(CompletionFlag.id.desc())
+        .limit(n)
+    )
     return [{"session_id": s, "completion_id": c, "detail": d} for s, c, d in rows]

@@ -40,8 +40,17 @@ MODES = (
     "long_answer",  # more completion tokens than the configured threshold
     "low_grade",  # a harness, human or judge grade below the threshold
 )
-KEYS = ("error_patterns", "tool_result_role", "tool_result_prefix", "protocol", "format_schema",
-        "long_answer_tokens", "tool_burst", "refusals", "low_grade")  # fmt: skip
+KEYS = (
+    "error_patterns",
+    "tool_result_role",
+    "tool_result_prefix",
+    "protocol",
+    "format_schema",
+    "long_answer_tokens",
+    "tool_burst",
+    "refusals",
+    "low_grade",
+)
 DEFAULT_REFUSALS = (r"\bI(?:'m| am) sorry,? but\b", r"\bI can(?:no|')t (?:help|assist) with\b", r"\bAs an AI\b")
 
 
@@ -92,7 +101,8 @@ class MineConfig:
                 raise ValueError(f"mine.format_schema: {exc.message}") from exc
         return cls(
             error_patterns=tuple(rx("error_patterns", p) for p in raw["error_patterns"])
-            if "error_patterns" in raw else base.error_patterns,
+            if "error_patterns" in raw
+            else base.error_patterns,
             tool_result_role=str(raw.get("tool_result_role", base.tool_result_role)),
             tool_result_prefix=str(raw.get("tool_result_prefix", base.tool_result_prefix)),
             protocol_line=rx("protocol.line", protocol["line"]) if "line" in protocol else None,
@@ -102,7 +112,7 @@ class MineConfig:
             tool_burst=num("tool_burst", int, base.tool_burst),
             refusals=tuple(rx("refusals", p) for p in raw["refusals"]) if "refusals" in raw else base.refusals,
             low_grade=num("low_grade", float, base.low_grade),
-        )  # fmt: skip
+        )
 
 
 Flags = dict[str, dict[str, Any]]  # mode -> detail
@@ -208,8 +218,9 @@ def tool_errors(row: Any, cfg: MineConfig) -> list[str]:
     They answer the previous call's tool call, so the caller flags the parent.
     """
     messages = (column(row, "request") or {}).get("messages") or []
-    last = max((i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "assistant"),
-               default=None)  # fmt: skip
+    last = max(
+        (i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "assistant"), default=None
+    )
     if last is None:
         return []
     out = []

@@ -107,22 +107,36 @@ def session_stats(
     # The reward rule applied to the session as one branch (its calls in order): the same scalar
     # a linear session's trajectory gets in training.
     branch = Trajectory(
-        id=last.id, project_id=last.project_id, session_id=last.session_id, task_id=last.task_id, alias=last.alias,
-        token_ids=[], mask=[], logprobs=[], completion_ids=[c.id for c in calls],
+        id=last.id,
+        project_id=last.project_id,
+        session_id=last.session_id,
+        task_id=last.task_id,
+        alias=last.alias,
+        token_ids=[],
+        mask=[],
+        logprobs=[],
+        completion_ids=[c.id for c in calls],
         turns=[Turn(c.id, 0, 0, 0, c.adapter_version, c.served_model, {}) for c in calls],
         flags=sorted({c.termination for c in calls}),
-    )  # fmt: skip
+    )
     reward, _ = resolve_reward(branch, list(grades), rule)
     judged = [s for g, s in scored if g.source == rule.judge_source and isinstance(s, float)]
     ended = last.created_at if last.created_at.tzinfo else last.created_at.replace(tzinfo=UTC)
     return SessionStats(
-        session_id=last.session_id, version=last.adapter_version, ended_at=ended.timestamp(), calls=len(calls),
-        completion_tokens=sum(tokens_of(c) for c in calls), answer_tokens=tokens_of(last),
+        session_id=last.session_id,
+        version=last.adapter_version,
+        ended_at=ended.timestamp(),
+        calls=len(calls),
+        completion_tokens=sum(tokens_of(c) for c in calls),
+        answer_tokens=tokens_of(last),
         tool_calls=max(round(sum(tool_calls_of(c.choices) for c in calls)), len(results)),
-        tool_results=len(results), tool_errors=matched + infra,
+        tool_results=len(results),
+        tool_errors=matched + infra,
         timed_out=cut_outcome or any(c.termination in CUT for c in calls),
-        graded=is_graded(grades, rule), reward=reward, judge=sum(judged) / len(judged) if judged else None,
-    )  # fmt: skip
+        graded=is_graded(grades, rule),
+        reward=reward,
+        judge=sum(judged) / len(judged) if judged else None,
+    )
 
 
 async def _window_sessions(
@@ -145,9 +159,14 @@ async def _window_sessions(
 
 
 async def load_window(
-    db: AsyncSession, project_id: str, alias: str, version: int | None, config: MonitorConfig, rule: RewardRule,
+    db: AsyncSession,
+    project_id: str,
+    alias: str,
+    version: int | None,
+    config: MonitorConfig,
+    rule: RewardRule,
     now: datetime | None = None,
-) -> list[SessionStats]:  # fmt: skip
+) -> list[SessionStats]:
     """The settled sessions of one version's window, newest first (eval and judge traffic left out)."""
     now = now or datetime.now(UTC)
     ids = await _window_sessions(db, project_id, alias, version, config, now)
@@ -210,9 +229,14 @@ async def versions_with_traffic(db: AsyncSession, project_id: str, alias: str) -
 
 
 async def run_monitors(
-    db: AsyncSession, project_id: str, alias: str, *, now: datetime | None = None,
-    extra: Mapping[int | None, Mapping[str, Estimate]] | None = None, raise_alerts: bool = True,
-) -> AliasReport:  # fmt: skip
+    db: AsyncSession,
+    project_id: str,
+    alias: str,
+    *,
+    now: datetime | None = None,
+    extra: Mapping[int | None, Mapping[str, Estimate]] | None = None,
+    raise_alerts: bool = True,
+) -> AliasReport:
     """Compute every watched version's window, compare with its baselines, raise (or refresh) alerts.
 
     ``extra``: per version, estimates measured outside the records (``kl_base`` from the drift
@@ -248,10 +272,19 @@ async def run_monitors(
             continue
         for b in found.values():
             row, new = await raise_alert(
-                db, project_id, alias, v, "monitor", b.monitor, message=b.message(v), value=b.value,
-                baseline=b.baseline, threshold=b.limit, baseline_version=b.baseline_version,
+                db,
+                project_id,
+                alias,
+                v,
+                "monitor",
+                b.monitor,
+                message=b.message(v),
+                value=b.value,
+                baseline=b.baseline,
+                threshold=b.limit,
+                baseline_version=b.baseline_version,
                 detail={"against": b.against, "change": b.change, "z": b.z, "window": windows[v][b.monitor].to_dict()},
-            )  # fmt: skip
+            )
             if new:
                 await db.flush()
                 report.opened.append(row.id)

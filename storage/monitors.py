@@ -122,10 +122,13 @@ def parse_config(alias_override: Mapping[str, Any] | None, patterns: Sequence[st
     if ref is not None and ref != "base" and (not isinstance(ref, int) or isinstance(ref, bool) or ref < 1):
         raise MonitorConfigError("reference_version: a version number, 'base', or null (the oldest full window)")
     return MonitorConfig(
-        thresholds=thresholds, window_sessions=ints.get("window_sessions", WINDOW_SESSIONS),
-        min_sessions=ints.get("min_sessions", MIN_SESSIONS), settle_s=float(settle), reference_version=ref,
+        thresholds=thresholds,
+        window_sessions=ints.get("window_sessions", WINDOW_SESSIONS),
+        min_sessions=ints.get("min_sessions", MIN_SESSIONS),
+        settle_s=float(settle),
+        reference_version=ref,
         tool_error_patterns=tuple(patterns) if patterns is not None else TOOL_ERROR_PATTERNS,
-    )  # fmt: skip
+    )
 
 
 def _number(value: Any) -> bool:
@@ -224,9 +227,12 @@ class Breach:
 
 
 def compare(
-    current: Mapping[str, Estimate], baseline: Mapping[str, Estimate], config: MonitorConfig,
-    baseline_version: int | None, against: str,
-) -> list[Breach]:  # fmt: skip
+    current: Mapping[str, Estimate],
+    baseline: Mapping[str, Estimate],
+    config: MonitorConfig,
+    baseline_version: int | None,
+    against: str,
+) -> list[Breach]:
     """The monitors whose window moved beyond its threshold from the baseline's window."""
     out = []
     for name, t in config.thresholds.items():

@@ -115,10 +115,16 @@ def _policy(alias: str, row: PromotionPolicy | None) -> Policy:
         return Policy(alias)
     values = {**DEFAULTS[row.mode], **(row.config or {})}
     return Policy(
-        alias, row.mode, float(values.get("margin", 0.0)), float(values.get("z", 2.0)),
-        float(values.get("share", 0.1)), int(values.get("min_sample", 30)), values.get("eval"),
-        row.candidate_version, row.candidate_since,
-    )  # fmt: skip
+        alias,
+        row.mode,
+        float(values.get("margin", 0.0)),
+        float(values.get("z", 2.0)),
+        float(values.get("share", 0.1)),
+        int(values.get("min_sample", 30)),
+        values.get("eval"),
+        row.candidate_version,
+        row.candidate_since,
+    )
 
 
 def policies_with_candidates(db: Session) -> list[tuple[str, Policy]]:
@@ -165,11 +171,27 @@ def training_parent(db: Session, project_id: str, alias: str) -> tuple[bool, int
 
 
 def record_event(
-    db: Session, project_id: str, alias: str, *, version: int | None, serving: int | None, mode: str,
-    decision: str, reason: str, evidence: Mapping[str, Any] | None = None,
-) -> PromotionEvent:  # fmt: skip
-    row = PromotionEvent(project_id=project_id, alias=alias, version=version, serving_version=serving, mode=mode,
-                         decision=decision, reason=reason, evidence=dict(evidence or {}))  # fmt: skip
+    db: Session,
+    project_id: str,
+    alias: str,
+    *,
+    version: int | None,
+    serving: int | None,
+    mode: str,
+    decision: str,
+    reason: str,
+    evidence: Mapping[str, Any] | None = None,
+) -> PromotionEvent:
+    row = PromotionEvent(
+        project_id=project_id,
+        alias=alias,
+        version=version,
+        serving_version=serving,
+        mode=mode,
+        decision=decision,
+        reason=reason,
+        evidence=dict(evidence or {}),
+    )
     db.add(row)
     db.flush()
     return row
@@ -187,31 +209,63 @@ def decision_of(db: Session, project_id: str, alias: str, version: int) -> str |
     """The final decision recorded for a version, if any (the newest)."""
     row = db.scalar(
         select(PromotionEvent.decision)
-        .where(PromotionEvent.project_id == project_id, PromotionEvent.alias == alias,
-               PromotionEvent.version == version, PromotionEvent.decision.in_(FINAL))
-        .order_by(PromotionEvent.id.desc()).limit(1)
-    )  # fmt: skip
+        .where(
+            PromotionEvent.project_id == project_id,
+            PromotionEvent.alias == alias,
+            PromotionEvent.version == version,
+            PromotionEvent.decision.in_(FINAL),
+        )
+        .order_by(PromotionEvent.id.desc())
+        .limit(1)
+    )
     return str(row) if row is not None else None
 
 
 def event_to_dict(row: PromotionEvent) -> dict[str, Any]:
     return {
-        "id": row.id, "alias": row.alias, "version": row.version, "serving_version": row.serving_version,
-        "mode": row.mode, "decision": row.decision, "reason": row.reason, "evidence": row.evidence,
+        "id": row.id,
+        "alias": row.alias,
+        "version": row.version,
+        "serving_version": row.serving_version,
+        "mode": row.mode,
+        "decision": row.decision,
+        "reason": row.reason,
+        "evidence": row.evidence,
         "created_at": row.created_at.isoformat() if row.created_at else None,
-    }  # fmt: skip
+    }
 
 
 # --------------------------------------------------------------------------- evals
 
 
 def add_eval(
-    db: Session, project_id: str, alias: str, version: int | None, *, name: str, n: int, mean: float,
-    stderr: float, grader: str = "", scores: Mapping[str, float] | None = None, source: str = "",
+    db: Session,
+    project_id: str,
+    alias: str,
+    version: int | None,
+    *,
+    name: str,
+    n: int,
+    mean: float,
+    stderr: float,
+    grader: str = "",
+    scores: Mapping[str, float] | None = None,
+    source: str = "",
     detail: Mapping[str, Any] | None = None,
-) -> Eval:  # fmt: skip
-    row = Eval(project_id=project_id, alias=alias, version=version, name=name, grader=grader, n=n, mean=mean,
-               stderr=stderr, scores=dict(scores or {}), source=source, detail=dict(detail or {}))  # fmt: skip
+) -> Eval:
+    row = Eval(
+        project_id=project_id,
+        alias=alias,
+        version=version,
+        name=name,
+        grader=grader,
+        n=n,
+        mean=mean,
+        stderr=stderr,
+        scores=dict(scores or {}),
+        source=source,
+        detail=dict(detail or {}),
+    )
     db.add(row)
     db.flush()
     return row
@@ -232,10 +286,19 @@ def latest_eval(db: Session, project_id: str, alias: str, version: int | None, n
 
 def eval_to_dict(row: Eval) -> dict[str, Any]:
     return {
-        "id": row.id, "alias": row.alias, "version": row.version, "name": row.name, "grader": row.grader,
-        "n": row.n, "mean": row.mean, "stderr": row.stderr, "scores": row.scores, "source": row.source,
-        "detail": row.detail, "created_at": row.created_at.isoformat() if row.created_at else None,
-    }  # fmt: skip
+        "id": row.id,
+        "alias": row.alias,
+        "version": row.version,
+        "name": row.name,
+        "grader": row.grader,
+        "n": row.n,
+        "mean": row.mean,
+        "stderr": row.stderr,
+        "scores": row.scores,
+        "source": row.source,
+        "detail": row.detail,
+        "created_at": row.created_at.isoformat() if row.created_at else None,
+    }
 
 
 # --------------------------------------------------------------------------- statistics (pure)
@@ -279,8 +342,14 @@ class Comparison:
         def side(s: Stats) -> dict[str, Any]:
             return {"n": s.n, "mean": s.mean, "stderr": s.stderr}
 
-        return {"diff": self.diff, "se": self.se, "paired": self.paired, "coverage": self.coverage,
-                "candidate": side(self.candidate), "serving": side(self.serving)}  # fmt: skip
+        return {
+            "diff": self.diff,
+            "se": self.se,
+            "paired": self.paired,
+            "coverage": self.coverage,
+            "candidate": side(self.candidate),
+            "serving": side(self.serving),
+        }
 
 
 # A gate candidate whose eval scored less than this share of the serving version's items is held:

@@ -28,8 +28,17 @@ import orjson
 Fragment = orjson.Fragment
 
 # The completions columns holding JSON, serialised once into the record.
-JSON_FIELDS = ("client_request", "client_response", "tags", "request", "response", "prompt_token_ids", "choices",
-               "sampling", "usage")  # fmt: skip
+JSON_FIELDS = (
+    "client_request",
+    "client_response",
+    "tags",
+    "request",
+    "response",
+    "prompt_token_ids",
+    "choices",
+    "sampling",
+    "usage",
+)
 
 
 def dump_json(value: Any) -> bytes:
@@ -85,20 +94,44 @@ class CallRecord:
         tags = Fragment(self.tags)
         completion = {
             "link_key": self.link_key,  # first: a sibling worker reads it without a search (LINE_START)
-            "id": self.id, "project_id": self.project_id, "session_id": self.session_id, "task_id": self.task_id,
-            "client_request_id": self.client_request_id, "upstream_id": self.upstream_id, "endpoint": self.endpoint,
-            "dialect": self.dialect, "client_request": Fragment(self.client_request),
-            "client_response": Fragment(self.client_response), "alias": self.alias,
-            "served_model": self.served_model, "adapter_version": self.adapter_version,
-            "tags": tags, "request": Fragment(self.request), "response": Fragment(self.response),
-            "prompt_token_ids": Fragment(self.prompt_token_ids), "choices": Fragment(self.choices),
-            "sampling": Fragment(self.sampling), "usage": Fragment(self.usage), "status_code": self.status_code,
-            "termination": self.termination, "error": self.error, "stream": self.stream,
-            "parent_id": self.parent_id, "created_at": self.created_at, "latency_ms": self.latency_ms,
-            "ttft_ms": self.ttft_ms, "adapter_sha256": self.adapter_sha256, "end_user": self.end_user,
-        }  # fmt: skip
-        session = {"project_id": self.project_id, "id": self.session_id, "task_id": self.task_id,
-                   "source": self.session_source, "tags": tags}  # fmt: skip
+            "id": self.id,
+            "project_id": self.project_id,
+            "session_id": self.session_id,
+            "task_id": self.task_id,
+            "client_request_id": self.client_request_id,
+            "upstream_id": self.upstream_id,
+            "endpoint": self.endpoint,
+            "dialect": self.dialect,
+            "client_request": Fragment(self.client_request),
+            "client_response": Fragment(self.client_response),
+            "alias": self.alias,
+            "served_model": self.served_model,
+            "adapter_version": self.adapter_version,
+            "tags": tags,
+            "request": Fragment(self.request),
+            "response": Fragment(self.response),
+            "prompt_token_ids": Fragment(self.prompt_token_ids),
+            "choices": Fragment(self.choices),
+            "sampling": Fragment(self.sampling),
+            "usage": Fragment(self.usage),
+            "status_code": self.status_code,
+            "termination": self.termination,
+            "error": self.error,
+            "stream": self.stream,
+            "parent_id": self.parent_id,
+            "created_at": self.created_at,
+            "latency_ms": self.latency_ms,
+            "ttft_ms": self.ttft_ms,
+            "adapter_sha256": self.adapter_sha256,
+            "end_user": self.end_user,
+        }
+        session = {
+            "project_id": self.project_id,
+            "id": self.session_id,
+            "task_id": self.task_id,
+            "source": self.session_source,
+            "tags": tags,
+        }
         return orjson.dumps({"completion": completion, "session": session})
 
     @classmethod
@@ -125,16 +158,41 @@ class CallRecord:
         :meth:`encode` is: this runs once per call, and psycopg's ``write_row`` over a tuple of the
         values cost twice as much (a test reads it back column by column).
         """
-        return b"\t".join((
-            _text(self.id), _text(self.project_id), _text(self.session_id), _text(self.task_id),
-            _text(self.client_request_id), _text(self.upstream_id), _text(self.endpoint), _text(self.dialect),
-            _json(self.client_request), _json(self.client_response), _text(self.alias), _text(self.served_model),
-            _number(self.adapter_version), _json(self.tags), _json(self.request), _json(self.response),
-            _json(self.prompt_token_ids), _json(self.choices), _json(self.sampling), _json(self.usage),
-            _number(self.status_code), _text(self.termination), _text(self.error), b"t" if self.stream else b"f",
-            _text(self.link_key), _text(self.parent_id), _text(self.created_at), _number(self.latency_ms),
-            _number(self.ttft_ms), _text(self.adapter_sha256), _text(self.end_user),
-        ))  # fmt: skip
+        return b"\t".join(
+            (
+                _text(self.id),
+                _text(self.project_id),
+                _text(self.session_id),
+                _text(self.task_id),
+                _text(self.client_request_id),
+                _text(self.upstream_id),
+                _text(self.endpoint),
+                _text(self.dialect),
+                _json(self.client_request),
+                _json(self.client_response),
+                _text(self.alias),
+                _text(self.served_model),
+                _number(self.adapter_version),
+                _json(self.tags),
+                _json(self.request),
+                _json(self.response),
+                _json(self.prompt_token_ids),
+                _json(self.choices),
+                _json(self.sampling),
+                _json(self.usage),
+                _number(self.status_code),
+                _text(self.termination),
+                _text(self.error),
+                b"t" if self.stream else b"f",
+                _text(self.link_key),
+                _text(self.parent_id),
+                _text(self.created_at),
+                _number(self.latency_ms),
+                _number(self.ttft_ms),
+                _text(self.adapter_sha256),
+                _text(self.end_user),
+            )
+        )
 
     def row(self) -> dict[str, Any]:
         """The completions row as SQLAlchemy inserts it (JSON parsed back, the time as a datetime)."""
@@ -146,20 +204,39 @@ class CallRecord:
 
     def session_row(self) -> dict[str, Any]:
         """The sessions row this call creates or touches (tags parsed)."""
-        return {"project_id": self.project_id, "id": self.session_id, "task_id": self.task_id,
-                "source": self.session_source, "tags": orjson.loads(self.tags)}  # fmt: skip
+        return {
+            "project_id": self.project_id,
+            "id": self.session_id,
+            "task_id": self.task_id,
+            "source": self.session_source,
+            "tags": orjson.loads(self.tags),
+        }
 
     def session_json_row(self) -> dict[str, Any]:
         """:meth:`session_row` with its tags as the already-serialised JSON (for one orjson pass over a batch)."""
-        return {"project_id": self.project_id, "id": self.session_id, "task_id": self.task_id,
-                "source": self.session_source, "tags": Fragment(self.tags)}  # fmt: skip
+        return {
+            "project_id": self.project_id,
+            "id": self.session_id,
+            "task_id": self.task_id,
+            "source": self.session_source,
+            "tags": Fragment(self.tags),
+        }
 
 
 # The completions columns, in the order of the record's fields.
 COLUMNS = tuple(f.name for f in fields(CallRecord) if f.name != "session_source")
 # What a JSON column holds when an older line lacks it (the ORM models' defaults).
-_EMPTY: dict[str, Any] = {"tags": [], "request": {}, "choices": [], "sampling": {}, "prompt_token_ids": None,
-                          "usage": None, "response": None, "client_request": None, "client_response": None}  # fmt: skip
+_EMPTY: dict[str, Any] = {
+    "tags": [],
+    "request": {},
+    "choices": [],
+    "sampling": {},
+    "prompt_token_ids": None,
+    "usage": None,
+    "response": None,
+    "client_request": None,
+    "client_response": None,
+}
 
 
 # COPY's text format: a backslash starts an escape; tab, newline and carriage return end a field or row.

@@ -45,9 +45,13 @@ def used_feedback_stmt(project_id: str, alias: str) -> Select[str, str, str]:
 
 
 def load_text_feedback(
-    db: DbSession, project_id: str, alias: str, *, since: datetime | None = None,
+    db: DbSession,
+    project_id: str,
+    alias: str,
+    *,
+    since: datetime | None = None,
     session_ids: Collection[str] | None = None,
-) -> TextFeedback:  # fmt: skip
+) -> TextFeedback:
     """Calls, text feedback and hindsight of ``alias``'s sessions, and the keys already trained on among them.
 
     ``session_ids``: only those sessions (the ones that changed), read by lists that Postgres answers
@@ -61,8 +65,11 @@ def load_text_feedback(
         feedback = list(db.scalars(feedback_stmt(project_id, sessions)))
         used_stmt = used_feedback_stmt(project_id, alias)
     else:
-        rows = list(db.scalars(completions_stmt(project_id, sessions_subquery(
-            project_id, session_ids=session_ids, alias=alias))))  # fmt: skip
+        rows = list(
+            db.scalars(
+                completions_stmt(project_id, sessions_subquery(project_id, session_ids=session_ids, alias=alias))
+            )
+        )
         ids = sorted({c.session_id for c in rows})
         requests = [c.client_request_id for c in rows if c.client_request_id]
         feedback = list(db.scalars(feedback_listed_stmt(project_id, ids, [c.id for c in rows], requests)))

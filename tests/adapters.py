@@ -30,9 +30,13 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 def light_adapter(
-    model: ModelInfo, out: Path, seed: int = 1, scale: float = 0.5, rank: int = 8,
+    model: ModelInfo,
+    out: Path,
+    seed: int = 1,
+    scale: float = 0.5,
+    rank: int = 8,
     targets: Sequence[str] = ("q_proj", "v_proj"),
-) -> Path:  # fmt: skip
+) -> Path:
     """The same kind of adapter (rank 8 on q/v unless told), written from the model's config.json
     with numpy (no PEFT, no weights). A is drawn with std fan_in^-0.5, B with ``scale``.
 
@@ -64,8 +68,19 @@ def light_adapter(
             tensors[f"{stem}.lora_B.weight"] = rng.normal(0, scale, (fan_out, rank)).astype(np.float32)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": sorted(targets), "bias": "none",
-              "lora_dropout": 0.0, "fan_in_fan_out": False, "base_model_name_or_path": str(model.path),
-              "modules_to_save": None, "use_rslora": False, "use_dora": False, "inference_mode": True}  # fmt: skip
+    config = {
+        "peft_type": "LORA",
+        "r": rank,
+        "lora_alpha": 2 * rank,
+        "target_modules": sorted(targets),
+        "bias": "none",
+        "lora_dropout": 0.0,
+        "fan_in_fan_out": False,
+        "base_model_name_or_path": str(model.path),
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+        "inference_mode": True,
+    }
     (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
     return out

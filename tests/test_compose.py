@@ -39,8 +39,13 @@ def docker_compose(*args: str) -> subprocess.CompletedProcess[str]:
         if os.environ.get("CI") == "true":
             pytest.fail("docker-compose is not installed (.ci/run installs Debian's docker-compose)")
         pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
-    return subprocess.run([exe, "--env-file", str(ROOT / ".env.example"), "-f", str(ROOT / "docker-compose.yml"),
-                           *args], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    return subprocess.run(
+        [exe, "--env-file", str(ROOT / ".env.example"), "-f", str(ROOT / "docker-compose.yml"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_docker_compose_accepts_the_file() -> None:

@@ -175,18 +175,21 @@ def _write(root: Path, files: dict[str, str]) -> None:
 def test_a_planted_cycle_and_a_planted_cli_import_are_caught(tmp_path: Path) -> None:
     """The checks can fail: a fixture tree with a lazy cross-package cycle, a CLI import from below, and so
     two imports that go up a floor."""
-    _write(tmp_path, {
-        "low/__init__.py": "",
-        "low/a.py": "def f():\n    from high.b import g\n    return g\n",  # lazy: still an edge
-        "high/__init__.py": "",
-        "high/b.py": "from low import a\n\ndef g():\n    return a\n",
-        "high/c.py": "from .b import g\nfrom . import b\n",  # relative imports resolve inside the package
-        "onthejob/__init__.py": "",
-        "onthejob/cli.py": "import high.b\n",
-        "low/uses_cli.py": "from onthejob.cli import main\n",
-        "alone/x.py": "import alone.y\n",
-        "alone/y.py": "import alone.x\n",  # a cycle inside one package is allowed
-    })  # fmt: skip
+    _write(
+        tmp_path,
+        {
+            "low/__init__.py": "",
+            "low/a.py": "def f():\n    from high.b import g\n    return g\n",  # lazy: still an edge
+            "high/__init__.py": "",
+            "high/b.py": "from low import a\n\ndef g():\n    return a\n",
+            "high/c.py": "from .b import g\nfrom . import b\n",  # relative imports resolve inside the package
+            "onthejob/__init__.py": "",
+            "onthejob/cli.py": "import high.b\n",
+            "low/uses_cli.py": "from onthejob.cli import main\n",
+            "alone/x.py": "import alone.y\n",
+            "alone/y.py": "import alone.x\n",  # a cycle inside one package is allowed
+        },
+    )
     graph = import_graph(tmp_path)
     assert graph["high.c"] == {"high.b"}
     assert cycles_across_packages(graph) == [["high.b", "low.a"]]

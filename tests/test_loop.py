@@ -32,13 +32,19 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _call(proxy: Proxy, key: str, model: str, **extra: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """One call through the proxy; returns (reply, stored record's onthejob part)."""
-    resp = httpx.post(f"{proxy.v1}/chat/completions", headers={"authorization": f"Bearer {key}", **extra.pop(
-        "headers", {})}, json={"model": model, "messages": PROMPT, "max_tokens": 8, "logprobs": True, "seed": 11,
-                               **extra}, timeout=120)  # fmt: skip
+    resp = httpx.post(
+        f"{proxy.v1}/chat/completions",
+        headers={"authorization": f"Bearer {key}", **extra.pop("headers", {})},
+        json={"model": model, "messages": PROMPT, "max_tokens": 8, "logprobs": True, "seed": 11, **extra},
+        timeout=120,
+    )
     assert resp.status_code == 200, resp.text
     proxy.wait_drained()
-    stored = httpx.get(f"{proxy.v1}/chat/completions/{resp.headers['x-request-id']}",
-                       headers={"authorization": f"Bearer {key}"}, timeout=10).json()  # fmt: skip
+    stored = httpx.get(
+        f"{proxy.v1}/chat/completions/{resp.headers['x-request-id']}",
+        headers={"authorization": f"Bearer {key}"},
+        timeout=10,
+    ).json()
     return resp.json(), stored["onthejob"]
 
 
@@ -57,8 +63,12 @@ def _trainer_logprobs(model_path: Path, adapter: Path | None, prompt_ids: list[i
     return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
 
 
-def test_graded_traffic_becomes_a_deployed_adapter(start_proxy: ProxyFactory, tiny_engine: Engine,  # noqa: F811
-                                                    pg_factory: Any, tmp_path: Path) -> None:  # fmt: skip
+def test_graded_traffic_becomes_a_deployed_adapter(
+    start_proxy: ProxyFactory,  # noqa: F811
+    tiny_engine: Engine,
+    pg_factory: Any,
+    tmp_path: Path,
+) -> None:
     db_url = pg_factory()
     upgrade(db_url)
     harness, admin = make_key(db_url, "default", "harness"), make_key(db_url, "default", "admin")
@@ -67,17 +77,43 @@ def test_graded_traffic_becomes_a_deployed_adapter(start_proxy: ProxyFactory, ti
     as_harness = {"authorization": f"Bearer {harness}"}
     # Traffic: 4 tasks, 2 sessions each, one graded 1 and one 0 (so RLOO advantages are not all zero).
     for i in range(8):
-        resp = httpx.post(f"{proxy.v1}/chat/completions", headers={**as_harness, "x-session-id": f"s{i}",
-                          "x-task-id": f"t{i % 4}"}, json={"model": model, "messages": PROMPT, "max_tokens": 12,
-                                                           "temperature": 1.0}, timeout=120)  # fmt: skip
+        resp = httpx.post(
+            f"{proxy.v1}/chat/completions",
+            headers={**as_harness, "x-session-id": f"s{i}", "x-task-id": f"t{i % 4}"},
+            json={"model": model, "messages": PROMPT, "max_tokens": 12, "temperature": 1.0},
+            timeout=120,
+        )
         assert resp.status_code == 200
-        fb = httpx.post(f"{proxy.v1}/feedback", headers=as_harness, timeout=10,
-                        json={"target": {"session_id": f"s{i}"}, "name": "reward", "value": float(i >= 4)})  # fmt: skip
+        fb = httpx.post(
+            f"{proxy.v1}/feedback",
+            headers=as_harness,
+            timeout=10,
+            json={"target": {"session_id": f"s{i}"}, "name": "reward", "value": float(i >= 4)},
+        )
         assert fb.status_code in (201, 202)
     proxy.wait_drained()
     adapters = tmp_path / "adapters"
-    out = _cli("train", "--alias", model, "--model", "tiny", "--steps", "1", "--db", db_url, "--proxy", proxy.url,
-               "--admin-key", admin, "--adapters", str(adapters), "--lr", "0.05", "--threads", "1")  # fmt: skip
+    out = _cli(
+        "train",
+        "--alias",
+        model,
+        "--model",
+        "tiny",
+        "--steps",
+        "1",
+        "--db",
+        db_url,
+        "--proxy",
+        proxy.url,
+        "--admin-key",
+        admin,
+        "--adapters",
+        str(adapters),
+        "--lr",
+        "0.05",
+        "--threads",
+        "1",
+    )
     print(out.stdout[-3000:], out.stderr[-3000:])
     assert out.returncode == 0, out.stdout + out.stderr
     as_admin = {"authorization": f"Bearer {admin}"}
@@ -114,7 +150,14 @@ def test_graded_traffic_becomes_a_deployed_adapter(start_proxy: ProxyFactory, ti
     tiny_engine.start()
     _, rec = _call(proxy, harness, model)
     assert (rec["adapter"], rec["adapter_version"]) == (f"{model}@v1", 1)
-    again = max(abs(a - b) for a, b in zip(rec["logprobs"][0], _trainer_logprobs(
-        tiny_engine.model.path, Path(adapter["path"]), rec["prompt_token_ids"], rec["completion_token_ids"][0]),
-        strict=True))  # fmt: skip
+    again = max(
+        abs(a - b)
+        for a, b in zip(
+            rec["logprobs"][0],
+            _trainer_logprobs(
+                tiny_engine.model.path, Path(adapter["path"]), rec["prompt_token_ids"], rec["completion_token_ids"][0]
+            ),
+            strict=True,
+        )
+    )
     assert again < 0.02

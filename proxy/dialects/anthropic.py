@@ -41,26 +41,53 @@ IGNORED_BLOCKS = ("thinking", "redacted_thinking")
 REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload")
 
 
-TEXT_BLOCK = {"type": "object", "required": ["type", "text"], "additionalProperties": True,
-              "properties": {"type": {"enum": ["text"]}, "text": {"type": "string", "minLength": 1}}}  # fmt: skip
+TEXT_BLOCK = {
+    "type": "object",
+    "required": ["type", "text"],
+    "additionalProperties": True,
+    "properties": {"type": {"enum": ["text"]}, "text": {"type": "string", "minLength": 1}},
+}
 TEXT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK}]}
 CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
 # An inline system message with no text is dropped (as vLLM drops it): alone it leaves nothing to answer.
 SYSTEM_CONTENT = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
-MESSAGE = {"oneOf": [
-    {"type": "object", "required": ["role", "content"], "additionalProperties": True,
-     "properties": {"role": {"enum": list(ROLES)}, "content": CONTENT}},
-    {"type": "object", "required": ["role", "content"], "additionalProperties": True,
-     "properties": {"role": {"enum": ["system"]}, "content": SYSTEM_CONTENT}},
-]}  # fmt: skip
+MESSAGE = {
+    "oneOf": [
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "additionalProperties": True,
+            "properties": {"role": {"enum": list(ROLES)}, "content": CONTENT},
+        },
+        {
+            "type": "object",
+            "required": ["role", "content"],
+            "additionalProperties": True,
+            "properties": {"role": {"enum": ["system"]}, "content": SYSTEM_CONTENT},
+        },
+    ]
+}
 # The OpenAPI documentation of a request: the text-only core (tool blocks and tools are accepted too,
 # checked here with the field named, beyond what a schema can say: a tool_result needs its tool_use).
-COUNT_SCHEMA: dict[str, Any] = {"type": "object", "additionalProperties": True, "required": ["model", "messages"],
-                "properties": {"model": {"type": "string", "minLength": 1}, "system": TEXT,
-                               "messages": {"type": "array", "minItems": 1, "items": MESSAGE}}}  # fmt: skip
-MESSAGES_SCHEMA: dict[str, Any] = {**COUNT_SCHEMA, "required": ["model", "messages", "max_tokens"],
-                   "properties": {**COUNT_SCHEMA["properties"], "stream": {"type": "boolean"},
-                                  "max_tokens": {"type": "integer", "minimum": 1}}}  # fmt: skip
+COUNT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": True,
+    "required": ["model", "messages"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "system": TEXT,
+        "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
+    },
+}
+MESSAGES_SCHEMA: dict[str, Any] = {
+    **COUNT_SCHEMA,
+    "required": ["model", "messages", "max_tokens"],
+    "properties": {
+        **COUNT_SCHEMA["properties"],
+        "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer", "minimum": 1},
+    },
+}
 
 
 def _fail(param: str, message: str) -> InvalidRequest:

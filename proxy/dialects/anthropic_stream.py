@@ -148,8 +148,17 @@ class MessageStream(DialectStream):
 
     def _delta(self, kind: bytes, field: bytes, value: str) -> bytes:
         # The one event per token: a byte template instead of a dict through orjson (the same bytes).
-        return (DELTA_HEAD + str(len(self.parts) - 1).encode() + b',"delta":{"type":"' + kind + b'","' + field
-                + b'":' + orjson.dumps(value) + b"}}\n\n")  # fmt: skip
+        return (
+            DELTA_HEAD
+            + str(len(self.parts) - 1).encode()
+            + b',"delta":{"type":"'
+            + kind
+            + b'","'
+            + field
+            + b'":'
+            + orjson.dumps(value)
+            + b"}}\n\n"
+        )
 
     def _finish(self, events: list[bytes], chat_usage: dict[str, Any]) -> None:
         if not self.parts:  # an empty reply is one empty text block, as the non-streamed Message has

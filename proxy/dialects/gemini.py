@@ -151,8 +151,9 @@ def _turns(contents: list[Any]) -> list[tuple[str, list[Located]]]:
     return turns
 
 
-def _turn(role: str, parts: list[Located], calls_before: list[dict[str, Any]],
-          out: list[dict[str, Any]]) -> list[dict[str, Any]]:  # fmt: skip
+def _turn(
+    role: str, parts: list[Located], calls_before: list[dict[str, Any]], out: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Append one turn as chat messages; return the tool calls it made (for the next turn's responses)."""
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -208,8 +209,11 @@ def _function_call(call: Any, at: str, turn: int, k: int) -> dict[str, Any]:
         raise _fail(f"{at}.id", "must be a string")
     # As vLLM's tool parsers write arguments, so a resent call matches the captured reply.
     arguments = dumps(args)
-    return {"id": call_id or f"call_{turn}_{k}", "type": "function",
-            "function": {"name": call["name"], "arguments": arguments}}  # fmt: skip
+    return {
+        "id": call_id or f"call_{turn}_{k}",
+        "type": "function",
+        "function": {"name": call["name"], "arguments": arguments},
+    }
 
 
 def _function_response(response: Any, at: str, unanswered: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,9 +45,12 @@ def generation_config(config: Any, out: dict[str, Any]) -> None:
         return
     if not isinstance(config, dict):
         raise fail("generationConfig", "must be an object")
-    for name, chat, low, high in (("temperature", "temperature", 0.0, 2.0), ("topP", "top_p", 0.0, 1.0),
-                                  ("presencePenalty", "presence_penalty", -2.0, 2.0),
-                                  ("frequencyPenalty", "frequency_penalty", -2.0, 2.0)):  # fmt: skip
+    for name, chat, low, high in (
+        ("temperature", "temperature", 0.0, 2.0),
+        ("topP", "top_p", 0.0, 1.0),
+        ("presencePenalty", "presence_penalty", -2.0, 2.0),
+        ("frequencyPenalty", "frequency_penalty", -2.0, 2.0),
+    ):
         value = _number(config, name, low, high)
         if value is not None:
             out[chat] = value
@@ -177,8 +180,10 @@ def tool_config(config: Any, tools: list[dict[str, Any]]) -> tuple[Any, list[dic
     if allowed is not None:
         names = {t["function"]["name"] for t in tools}
         if not isinstance(allowed, list) or not all(isinstance(n, str) and n in names for n in allowed):
-            raise fail("toolConfig.functionCallingConfig.allowedFunctionNames",
-                        f"must name functions declared in 'tools' ({', '.join(sorted(names))})")  # fmt: skip
+            raise fail(
+                "toolConfig.functionCallingConfig.allowedFunctionNames",
+                f"must name functions declared in 'tools' ({', '.join(sorted(names))})",
+            )
     if mode in ("ANY", "VALIDATED"):  # Google: these modes ensure the calls adhere to the schema (guided decoding)
         tools = [{**t, "function": {**t["function"], "strict": True}} for t in tools]
     if mode != "ANY" or not allowed:

@@ -42,8 +42,11 @@ def usage(chat_usage: dict[str, Any] | None, prompt_ids: int = 0) -> dict[str, A
     chat_usage = chat_usage or {}
     prompt = int(chat_usage.get("prompt_tokens") or prompt_ids)
     output = int(chat_usage.get("completion_tokens") or 0)
-    out: dict[str, Any] = {"promptTokenCount": prompt, "candidatesTokenCount": output,
-                           "totalTokenCount": prompt + output}  # fmt: skip
+    out: dict[str, Any] = {
+        "promptTokenCount": prompt,
+        "candidatesTokenCount": output,
+        "totalTokenCount": prompt + output,
+    }
     details = chat_usage.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     if isinstance(cached, int) and cached:
@@ -63,14 +66,19 @@ def function_call(call_id: str | None, name: str | None, arguments: str | None) 
     return {"functionCall": call}
 
 
-def response(response_id: str, model: str, parts: list[dict[str, Any]], finish: str | None,
-             usage_metadata: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+def response(
+    response_id: str, model: str, parts: list[dict[str, Any]], finish: str | None, usage_metadata: dict[str, Any]
+) -> dict[str, Any]:
     """One GenerateContentResponse (a whole reply, or one streamed chunk)."""
     candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
     if finish is not None:
         candidate["finishReason"] = finish
-    return {"candidates": [candidate], "usageMetadata": usage_metadata, "modelVersion": model,
-            "responseId": response_id}  # fmt: skip
+    return {
+        "candidates": [candidate],
+        "usageMetadata": usage_metadata,
+        "modelVersion": model,
+        "responseId": response_id,
+    }
 
 
 def from_chat(reply: dict[str, Any], response_id: str, model: str) -> dict[str, Any]:
@@ -83,8 +91,13 @@ def from_chat(reply: dict[str, Any], response_id: str, model: str) -> dict[str, 
     for call in message.get("tool_calls") or ():
         fn = call.get("function") or {}
         parts.append(function_call(call.get("id"), fn.get("name"), fn.get("arguments")))
-    return response(response_id, model, parts or [{"text": ""}], finish_reason(choice.get("finish_reason")) or "OTHER",
-                    usage(reply.get("usage")))  # fmt: skip
+    return response(
+        response_id,
+        model,
+        parts or [{"text": ""}],
+        finish_reason(choice.get("finish_reason")) or "OTHER",
+        usage(reply.get("usage")),
+    )
 
 
 def error_status(exc: ApiError) -> int:
@@ -98,6 +111,10 @@ def error_body(exc: ApiError) -> dict[str, Any]:
     code, status = GOOGLE_ERRORS.get(exc.status, (exc.status, "UNKNOWN"))
     error: dict[str, Any] = {"code": code, "message": exc.message, "status": status}
     if exc.param:
-        error["details"] = [{"@type": "type.googleapis.com/google.rpc.BadRequest",
-                             "fieldViolations": [{"field": exc.param, "description": exc.message}]}]  # fmt: skip
+        error["details"] = [
+            {
+                "@type": "type.googleapis.com/google.rpc.BadRequest",
+                "fieldViolations": [{"field": exc.param, "description": exc.message}],
+            }
+        ]
     return {"error": error}

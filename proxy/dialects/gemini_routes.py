@@ -150,15 +150,33 @@ async def session_count_tokens(request: Request, session_id: PathId, model: str)
 for version in VERSIONS:
     for method, endpoint in (("generateContent", generate_content), ("streamGenerateContent", stream_generate_content)):
         streams = method == "streamGenerateContent"
-        router.add_api_route(f"{version}{{model}}:{method}", endpoint, methods=["POST"],
-                             openapi_extra=SSE_DOC if streams else DOC, responses=STREAMED if streams else ERRORS,
-                             tags=["gemini"], include_in_schema=version == VERSIONS[0])  # fmt: skip
-        router.add_api_route(f"/s/{{session_id}}{version}{{model}}:{method}", endpoint, methods=["POST"],
-                             include_in_schema=False)  # fmt: skip
-    router.add_api_route(f"{version}{{model}}:countTokens", count_tokens, methods=["POST"], openapi_extra=DOC,
-                         responses=ERRORS, tags=["gemini"], include_in_schema=version == VERSIONS[0])  # fmt: skip
-    router.add_api_route(f"/s/{{session_id}}{version}{{model}}:countTokens", session_count_tokens, methods=["POST"],
-                         include_in_schema=False)  # fmt: skip
+        router.add_api_route(
+            f"{version}{{model}}:{method}",
+            endpoint,
+            methods=["POST"],
+            openapi_extra=SSE_DOC if streams else DOC,
+            responses=STREAMED if streams else ERRORS,
+            tags=["gemini"],
+            include_in_schema=version == VERSIONS[0],
+        )
+        router.add_api_route(
+            f"/s/{{session_id}}{version}{{model}}:{method}", endpoint, methods=["POST"], include_in_schema=False
+        )
+    router.add_api_route(
+        f"{version}{{model}}:countTokens",
+        count_tokens,
+        methods=["POST"],
+        openapi_extra=DOC,
+        responses=ERRORS,
+        tags=["gemini"],
+        include_in_schema=version == VERSIONS[0],
+    )
+    router.add_api_route(
+        f"/s/{{session_id}}{version}{{model}}:countTokens",
+        session_count_tokens,
+        methods=["POST"],
+        include_in_schema=False,
+    )
 
 
 # models.list and models.get, as the google-genai SDK calls them: ``GET /v1beta/models`` and

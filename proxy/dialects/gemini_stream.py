@@ -101,7 +101,10 @@ class GeminiStream(DialectStream):
     def _text(self, text: str) -> bytes:
         # The one event per token: a byte template instead of a dict through orjson (the same JSON).
         meta = b'{"promptTokenCount":%d,"candidatesTokenCount":%d,"totalTokenCount":%d}' % (
-            self.prompt_ids, self.output_ids, self.prompt_ids + self.output_ids)  # fmt: skip
+            self.prompt_ids,
+            self.output_ids,
+            self.prompt_ids + self.output_ids,
+        )
         return self._head + orjson.dumps(text) + self._tail + meta + self._ids + END
 
     def _send_calls(self) -> bytes:

@@ -29,8 +29,18 @@ SpoolScan = Callable[[list[bytes]], Iterable[CallRecord]]
 # Memory for this worker's recent lines (~300 Responses calls of ~3 kB); past it a continuation is
 # read from the spools or the database. bench.dialect_cpu saw no CPU effect of the bound either way.
 RECENT_BYTES = 1024 * 1024
-COLUMNS = ("id", "project_id", "session_id", "task_id", "dialect", "status_code", "request", "choices",
-           "client_request", "client_response")  # fmt: skip
+COLUMNS = (
+    "id",
+    "project_id",
+    "session_id",
+    "task_id",
+    "dialect",
+    "status_code",
+    "request",
+    "choices",
+    "client_request",
+    "client_response",
+)
 
 
 class RecentCalls:

@@ -37,8 +37,19 @@ from proxy.dialects.responses_stream import ResponsesStream
 from proxy.errors import ApiError, InvalidRequest
 
 # Sampling fields with the same name and meaning in both APIs (vLLM's extras included).
-PASSTHROUGH = ("temperature", "top_p", "parallel_tool_calls", "top_k", "min_p", "seed", "stop",
-               "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")  # fmt: skip
+PASSTHROUGH = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+)
 # Accepted, answer-changing, and impossible here: refused with the field named.
 REFUSED = {
     "background": "background responses are not supported; send the request and wait for it (or stream)",
@@ -84,7 +95,9 @@ _ITEMS = [
     },
 ]
 REQUEST_SCHEMA: dict[str, Any] = {
-    "type": "object", "additionalProperties": True, "required": ["model", "input"],
+    "type": "object",
+    "additionalProperties": True,
+    "required": ["model", "input"],
     "properties": {
         "model": {"type": "string", "minLength": 1, "description": "an alias from GET /v1/models"},
         "input": {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"anyOf": _ITEMS}}]},
@@ -92,14 +105,29 @@ REQUEST_SCHEMA: dict[str, Any] = {
         "max_output_tokens": {"type": "integer", "minimum": 1},
         "stream": {"type": "boolean"},
     },
-}  # fmt: skip
+}
 TEXT_PARTS = frozenset({"input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text"})
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # Tools the openai SDK knows that only OpenAI's servers run: left out of what the engine sees, as its route does.
-HOSTED_TOOLS = frozenset({"file_search", "computer", "computer_use_preview", "web_search", "web_search_2025_08_26",
-                          "mcp", "code_interpreter", "programmatic_tool_calling", "image_generation", "local_shell",
-                          "shell", "tool_search", "web_search_preview", "web_search_preview_2025_03_11",
-                          "apply_patch"})  # fmt: skip
+HOSTED_TOOLS = frozenset(
+    {
+        "file_search",
+        "computer",
+        "computer_use_preview",
+        "web_search",
+        "web_search_2025_08_26",
+        "mcp",
+        "code_interpreter",
+        "programmatic_tool_calling",
+        "image_generation",
+        "local_shell",
+        "shell",
+        "tool_search",
+        "web_search_preview",
+        "web_search_preview_2025_03_11",
+        "apply_patch",
+    }
+)
 
 
 class ResponsesDialect(Dialect):
@@ -249,7 +277,7 @@ def input_messages(value: Any, field: str = "input") -> list[dict[str, Any]]:
                 f"'{where}.type': unsupported input item type {kind!r}; this proxy takes message, function_call, "
                 "function_call_output and reasoning items",
                 param=f"{where}.type",
-            )  # fmt: skip
+            )
     return messages
 
 

@@ -78,24 +78,74 @@ def tools_echo(tools: Any) -> list[dict[str, Any]]:
         if tool.get("type", "function") != "function":
             out.append(tool)  # a namespace or hosted tool: the SDK's Response lists it as given
             continue
-        echo = {"type": "function", "name": tool.get("name"), "description": tool.get("description"),
-                "parameters": tool.get("parameters"), "strict": tool.get("strict")}  # fmt: skip
+        echo = {
+            "type": "function",
+            "name": tool.get("name"),
+            "description": tool.get("description"),
+            "parameters": tool.get("parameters"),
+            "strict": tool.get("strict"),
+        }
         out.append(echo)
     return out
 
 
 # Every field of the SDK's ``Response`` in its order, with what it holds unless the request says otherwise.
 _ENVELOPE: dict[str, Any] = dict.fromkeys(
-    ("id", "object", "created_at", "status", "background", "completed_at", "conversation", "error",
-     "incomplete_details", "instructions", "max_output_tokens", "max_tool_calls", "metadata", "model", "output",
-     "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key", "prompt_cache_options",
-     "prompt_cache_retention", "prompt_cache_diagnostics", "reasoning", "safety_identifier", "service_tier",
-     "temperature", "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "usage", "user",
-     "access_programs", "image", "input_transformations", "moderation", "tool_usage")
-)  # fmt: skip
+    (
+        "id",
+        "object",
+        "created_at",
+        "status",
+        "background",
+        "completed_at",
+        "conversation",
+        "error",
+        "incomplete_details",
+        "instructions",
+        "max_output_tokens",
+        "max_tool_calls",
+        "metadata",
+        "model",
+        "output",
+        "parallel_tool_calls",
+        "previous_response_id",
+        "prompt",
+        "prompt_cache_key",
+        "prompt_cache_options",
+        "prompt_cache_retention",
+        "prompt_cache_diagnostics",
+        "reasoning",
+        "safety_identifier",
+        "service_tier",
+        "temperature",
+        "text",
+        "tool_choice",
+        "tools",
+        "top_logprobs",
+        "top_p",
+        "truncation",
+        "usage",
+        "user",
+        "access_programs",
+        "image",
+        "input_transformations",
+        "moderation",
+        "tool_usage",
+    )
+)
 # Echoed from the request as given (null when absent), and echoed with a default when absent.
-_ECHOED = ("instructions", "max_output_tokens", "max_tool_calls", "previous_response_id", "prompt_cache_key",
-           "prompt_cache_retention", "reasoning", "safety_identifier", "top_logprobs", "user")  # fmt: skip
+_ECHOED = (
+    "instructions",
+    "max_output_tokens",
+    "max_tool_calls",
+    "previous_response_id",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "reasoning",
+    "safety_identifier",
+    "top_logprobs",
+    "user",
+)
 _DEFAULTS = {"parallel_tool_calls": True, "temperature": 1.0, "tool_choice": "auto", "top_p": 1.0}
 _ENVELOPE.update(object="response", background=False, service_tier="default", truncation="disabled", **_DEFAULTS)
 _FROM_REQUEST = frozenset(_ECHOED).union(_DEFAULTS)  # what the request's own value replaces, even a null
@@ -162,13 +212,28 @@ def message_item(id_: str, status: str, parts: list[dict[str, Any]]) -> dict[str
 def function_call_item(
     id_: str, status: str, call_id: str, name: str, arguments: str, namespace: str | None = None
 ) -> dict[str, Any]:
-    return {"id": id_, "type": "function_call", "status": status, "call_id": call_id, "name": name,
-            "arguments": arguments, "namespace": namespace, "caller": None, "async": None}  # fmt: skip
+    return {
+        "id": id_,
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "namespace": namespace,
+        "caller": None,
+        "async": None,
+    }
 
 
 def reasoning_item(id_: str, status: str, text: str) -> dict[str, Any]:
-    return {"id": id_, "type": "reasoning", "status": status, "summary": [], "encrypted_content": None,
-            "content": [{"type": "reasoning_text", "text": text}]}  # fmt: skip
+    return {
+        "id": id_,
+        "type": "reasoning",
+        "status": status,
+        "summary": [],
+        "encrypted_content": None,
+        "content": [{"type": "reasoning_text", "text": text}],
+    }
 
 
 def logprobs_out(chat_logprobs: Any, top: int) -> list[dict[str, Any]]:
@@ -179,8 +244,14 @@ def logprobs_out(chat_logprobs: Any, top: int) -> list[dict[str, Any]]:
             {"token": t["token"], "logprob": t["logprob"], "bytes": t.get("bytes") or []}
             for t in (entry.get("top_logprobs") or ())[:top]
         ]
-        out.append({"token": entry["token"], "logprob": entry["logprob"], "bytes": entry.get("bytes") or [],
-                    "top_logprobs": alternatives})  # fmt: skip
+        out.append(
+            {
+                "token": entry["token"],
+                "logprob": entry["logprob"],
+                "bytes": entry.get("bytes") or [],
+                "top_logprobs": alternatives,
+            }
+        )
     return out
 
 
@@ -203,6 +274,14 @@ def output_items(
         fn = call.get("function") or {}
         name = fn.get("name") or ""
         namespace, name = names.get(name, (None, name)) if names else (None, name)
-        items.append(function_call_item(item_id("fc_"), "completed", call.get("id") or item_id("call_"),
-                                        name, fn.get("arguments") or "", namespace))  # fmt: skip
+        items.append(
+            function_call_item(
+                item_id("fc_"),
+                "completed",
+                call.get("id") or item_id("call_"),
+                name,
+                fn.get("arguments") or "",
+                namespace,
+            )
+        )
     return items

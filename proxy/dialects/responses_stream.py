@@ -30,8 +30,11 @@ from storage.records import dump_json
 
 TEXT_DELTA = "response.output_text.delta"
 NO_LOGPROBS = b',"logprobs":[]'
-TERMINAL_EVENT = {"completed": b"response.completed", "incomplete": b"response.incomplete",
-                  "failed": b"response.failed"}  # fmt: skip
+TERMINAL_EVENT = {
+    "completed": b"response.completed",
+    "incomplete": b"response.incomplete",
+    "failed": b"response.failed",
+}
 PREFIX = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}
 EVENT = b'event: %b\ndata: {%b,"type":"%b","sequence_number":%d}\n\n'
 EMPTY = b'""'
@@ -142,8 +145,13 @@ class ResponsesStream(DialectStream):
 
     def fail(self, exc: ApiError) -> bytes:
         """Responses' ``error`` event (its fields at the top level, unlike the JSON error envelope)."""
-        data = {"code": exc.code or exc.type, "message": exc.message, "param": exc.param, "type": "error",
-                "sequence_number": self.seq}  # fmt: skip
+        data = {
+            "code": exc.code or exc.type,
+            "message": exc.message,
+            "param": exc.param,
+            "type": "error",
+            "sequence_number": self.seq,
+        }
         self.seq += 1
         return sse("error", data)
 
@@ -158,13 +166,22 @@ class ResponsesStream(DialectStream):
         cur = self.current = _Item(kind, item_id(PREFIX[kind]), len(self.items), tool_index)
         index = b'"output_index":' + str(cur.index).encode()
         if kind == "message":
-            out.append(self._event(b"response.output_item.added",
-                                   index + b',"item":' + message_item(cur.id, "in_progress", b"")))  # fmt: skip
-            out.append(self._event(b"response.content_part.added",
-                                   cur.where() + b',"content_index":0,"part":' + text_part(EMPTY)))  # fmt: skip
+            out.append(
+                self._event(
+                    b"response.output_item.added", index + b',"item":' + message_item(cur.id, "in_progress", b"")
+                )
+            )
+            out.append(
+                self._event(
+                    b"response.content_part.added", cur.where() + b',"content_index":0,"part":' + text_part(EMPTY)
+                )
+            )
         elif kind == "reasoning":
-            out.append(self._event(b"response.output_item.added",
-                                   index + b',"item":' + reasoning_item(cur.id, "in_progress", EMPTY)))  # fmt: skip
+            out.append(
+                self._event(
+                    b"response.output_item.added", index + b',"item":' + reasoning_item(cur.id, "in_progress", EMPTY)
+                )
+            )
         return out
 
     def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
@@ -181,8 +198,11 @@ class ResponsesStream(DialectStream):
             if cur.name in self.names:
                 cur.namespace, cur.name = self.names[cur.name]
             item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, EMPTY, cur.namespace)
-            out.append(self._event(b"response.output_item.added",
-                                   b'"output_index":' + str(cur.index).encode() + b',"item":' + item))  # fmt: skip
+            out.append(
+                self._event(
+                    b"response.output_item.added", b'"output_index":' + str(cur.index).encode() + b',"item":' + item
+                )
+            )
         if fn.get("arguments"):
             out.append(self._delta("response.function_call_arguments.delta", fn["arguments"]))
         return out
@@ -197,8 +217,17 @@ class ResponsesStream(DialectStream):
         if template is None:
             where = b"" if kind == "response.function_call_arguments.delta" else b',"content_index":0'
             name = kind.encode()
-            head = (b"event: " + name + b'\ndata: {"type":"' + name + b'","item_id":"' + cur.id.encode()
-                    + b'","output_index":' + str(cur.index).encode() + where)  # fmt: skip
+            head = (
+                b"event: "
+                + name
+                + b'\ndata: {"type":"'
+                + name
+                + b'","item_id":"'
+                + cur.id.encode()
+                + b'","output_index":'
+                + str(cur.index).encode()
+                + where
+            )
             template = cur.heads[kind] = head.replace(b"%", b"%%") + b',"delta":%b%b,"sequence_number":%d}\n\n'
         seq = self.seq
         self.seq = seq + 1
@@ -222,10 +251,15 @@ class ResponsesStream(DialectStream):
             out.append(self._event(b"response.reasoning_text.done", where + b',"content_index":0,"text":' + text))
             item = reasoning_item(cur.id, status, text)
         else:
-            out.append(self._event(b"response.function_call_arguments.done",
-                                   where + b',"name":' + js(cur.name) + b',"arguments":' + text))  # fmt: skip
+            out.append(
+                self._event(
+                    b"response.function_call_arguments.done",
+                    where + b',"name":' + js(cur.name) + b',"arguments":' + text,
+                )
+            )
             item = function_call_item(cur.id, status, cur.call_id, cur.name, text, cur.namespace)
         self.items.append(item)
-        out.append(self._event(b"response.output_item.done", b'"output_index":' + str(cur.index).encode()
-                               + b',"item":' + item))  # fmt: skip
+        out.append(
+            self._event(b"response.output_item.done", b'"output_index":' + str(cur.index).encode() + b',"item":' + item)
+        )
         return out

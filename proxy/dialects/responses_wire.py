@@ -30,19 +30,25 @@ def text_part(text: bytes, logprobs: bytes = b"[]") -> bytes:
 def message_item(id_: str, status: str, parts: bytes) -> bytes:
     """:func:`responses_out.message_item` serialised (``parts``: its content parts, comma-joined)."""
     return b'{"id":"%b","type":"message","role":"assistant","status":"%b","content":[%b],"phase":null}' % (
-        id_.encode(), status.encode(), parts)  # fmt: skip
+        id_.encode(),
+        status.encode(),
+        parts,
+    )
 
 
 def function_call_item(
     id_: str, status: str, call_id: Any, name: Any, arguments: bytes, namespace: Any = None
 ) -> bytes:
     """:func:`responses_out.function_call_item` serialised (``arguments`` already is)."""
-    return (b'{"id":"%b","type":"function_call","status":"%b","call_id":%b,"name":%b,"arguments":%b,'
-            b'"namespace":%b,"caller":null,"async":null}') % (id_.encode(), status.encode(), js(call_id), js(name),
-                                                               arguments, js(namespace))  # fmt: skip
+    return (
+        b'{"id":"%b","type":"function_call","status":"%b","call_id":%b,"name":%b,"arguments":%b,'
+        b'"namespace":%b,"caller":null,"async":null}'
+    ) % (id_.encode(), status.encode(), js(call_id), js(name), arguments, js(namespace))
 
 
 def reasoning_item(id_: str, status: str, text: bytes) -> bytes:
     """:func:`responses_out.reasoning_item` serialised (``text`` already is)."""
-    return (b'{"id":"%b","type":"reasoning","status":"%b","summary":[],"encrypted_content":null,'
-            b'"content":[{"type":"reasoning_text","text":%b}]}') % (id_.encode(), status.encode(), text)  # fmt: skip
+    return (
+        b'{"id":"%b","type":"reasoning","status":"%b","summary":[],"encrypted_content":null,'
+        b'"content":[{"type":"reasoning_text","text":%b}]}'
+    ) % (id_.encode(), status.encode(), text)

@@ -31,8 +31,10 @@ def failures(log: Log, rows: set[str], adapters: list[dict[str, object]] | None 
 
 
 def test_a_200_missing_without_a_later_delete_is_lost() -> None:
-    log = Log(calls=[chat("customer-1", 1, "a"), chat("customer-1", 5, "b"), chat("customer-3", 1, "c")],
-              deletes=[delete("customer-1", 3), delete("customer-3", 0, status=503)])  # fmt: skip
+    log = Log(
+        calls=[chat("customer-1", 1, "a"), chat("customer-1", 5, "b"), chat("customer-3", 1, "c")],
+        deletes=[delete("customer-1", 3), delete("customer-3", 0, status=503)],
+    )
     # a: deleted by the delete at 3 (sent after it); b: sent after the delete answered, must be there;
     # c: its session's delete failed, so it must be there too.
     assert failures(log, rows=set()) == {"every_200_recorded_or_deleted": 2}
@@ -65,9 +67,17 @@ def test_a_batch_after_the_delete_may_hold_only_later_calls() -> None:
 def test_an_adapter_folder_must_hash_to_its_row(tmp_path: Path) -> None:
     config = tmp_path / "model"
     config.mkdir()
-    (config / "config.json").write_text(json.dumps({"hidden_size": 8, "num_attention_heads": 2,
-                                                    "num_key_value_heads": 1, "intermediate_size": 16,
-                                                    "num_hidden_layers": 1}))  # fmt: skip
+    (config / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": 8,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "intermediate_size": 16,
+                "num_hidden_layers": 1,
+            }
+        )
+    )
     from engine.weights import ModelInfo
 
     folder = light_adapter(ModelInfo(path=config, name="m", sha256="b" * 64), tmp_path / "v1")
@@ -89,8 +99,9 @@ def test_error_bodies_in_their_dialects_shape() -> None:
     assert not envelope_ok(answer(b"Internal Server Error", "text/plain"))
     assert not envelope_ok(answer(b'{"detail": "Not Found"}'))
     assert not envelope_ok(answer(ERROR, dialect="anthropic"))
-    assert envelope_ok(answer(b'{"type": "error", "error": {"type": "invalid_request_error", "message": "m"}}',
-                              dialect="anthropic"))  # fmt: skip
+    assert envelope_ok(
+        answer(b'{"type": "error", "error": {"type": "invalid_request_error", "message": "m"}}', dialect="anthropic")
+    )
     log = Log(calls=[answer(b"Internal Server Error", "text/plain")])
     assert failures(log, set()) == {"no_plain_text_error_body": 1}
 
@@ -109,15 +120,23 @@ def test_a_refusal_for_want_of_a_replica_while_one_listed_the_model() -> None:
 @pytest.mark.slow
 def test_a_short_soak_passes_every_check() -> None:
     """The soak itself, 18 s of load (two publishes, the hang, the restart): CI keeps it working."""
-    done = subprocess.run([sys.executable, "-m", "bench.soak", "--minutes", "0.3", "--seed", "0", "--clients", "4"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--minutes", "0.3", "--seed", "0", "--clients", "4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     summary = json.loads(next(line for line in done.stdout.splitlines() if line.startswith('{"seed"')))
     assert summary["ok"] and set(summary["checks"]) == {
-        "every_200_recorded_or_deleted", "no_deleted_call_landed", "no_deleted_session_in_a_batch",
-        "every_adapter_folder_hashes_to_its_sha256", "no_plain_text_error_body",
+        "every_200_recorded_or_deleted",
+        "no_deleted_call_landed",
+        "no_deleted_session_in_a_batch",
+        "every_adapter_folder_hashes_to_its_sha256",
+        "no_plain_text_error_body",
         "no_replica_refusal_while_one_was_healthy",
-    }  # fmt: skip
+    }
     assert all(c["checked"] > 0 for name, c in summary["checks"].items() if name != "no_plain_text_error_body")
     assert sorted(p["version"] for p in summary["publishes"]) == [1, 2, 3, 4]
     assert {"database stopped", "database started"} <= set(summary["marks"])

@@ -21,8 +21,11 @@ from onthejob.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-BUILDS = {"base": K8S / "base", "single-node-cpu": K8S / "overlays" / "single-node-cpu",
-          "gpu-cluster": K8S / "overlays" / "gpu-cluster"}  # fmt: skip
+BUILDS = {
+    "base": K8S / "base",
+    "single-node-cpu": K8S / "overlays" / "single-node-cpu",
+    "gpu-cluster": K8S / "overlays" / "gpu-cluster",
+}
 GPU_BUILDS = ("base", "gpu-cluster")
 # preStop.sleep needs 1.30; the newest schemas kubernetes-validate ships.
 KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
@@ -112,8 +115,9 @@ def engines(docs: list[Doc]) -> list[Doc]:
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
 @pytest.mark.parametrize("build", BUILDS)
-def test_every_manifest_is_valid_against_the_api_schemas(rendered: dict[str, list[Doc]], build: str,
-                                                         version: str) -> None:  # fmt: skip
+def test_every_manifest_is_valid_against_the_api_schemas(
+    rendered: dict[str, list[Doc]], build: str, version: str
+) -> None:
     assert rendered[build]
     for doc in rendered[build]:
         kubernetes_validate.validate(doc, version, strict=True)
@@ -138,8 +142,14 @@ def test_every_onthejob_command_is_accepted_by_the_cli_parser(rendered: dict[str
             continue
         parsed[doc["metadata"]["name"]] = build_parser().parse_args(args).command
         assert container["image"].split(":")[0].endswith("onthejob"), doc["metadata"]["name"]
-    want = {"migrate": "db", "proxy": "serve", "trainer": "train", "judge": "judge", "housekeep": "housekeep",
-            "monitor": "monitor"}  # fmt: skip
+    want = {
+        "migrate": "db",
+        "proxy": "serve",
+        "trainer": "train",
+        "judge": "judge",
+        "housekeep": "housekeep",
+        "monitor": "monitor",
+    }
     if build == "single-node-cpu":
         want["engine-0"] = "engine"
     assert parsed == want
@@ -243,8 +253,10 @@ def test_the_engine_arguments_are_docker_composes() -> None:
     lines = (ROOT / ".env.example").read_text().splitlines()
     values = dict(line.split("=", 1) for line in lines if "=" in line and not line.lstrip().startswith("#"))
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-    want = [_COMPOSE_VAR.sub(lambda m: values.get(m.group(1), m.group(2) or ""), str(a))
-            for a in compose["services"]["vllm"]["command"]]  # fmt: skip
+    want = [
+        _COMPOSE_VAR.sub(lambda m: values.get(m.group(1), m.group(2) or ""), str(a))
+        for a in compose["services"]["vllm"]["command"]
+    ]
     engine = yaml.safe_load((K8S / "engine" / "engine.yaml").read_text().split("---")[1])
     assert pod(engine)["containers"][0]["args"] == want
 

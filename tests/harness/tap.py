@@ -92,9 +92,12 @@ class EngineTap:
             body = await request.body()
             headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP | {"host"}}
             upstream = client.build_request(
-                request.method, self.upstream + request.url.path, params=request.query_params, headers=headers,
+                request.method,
+                self.upstream + request.url.path,
+                params=request.query_params,
+                headers=headers,
                 content=body,
-            )  # fmt: skip
+            )
             resp = await client.send(upstream, stream=True)
             out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP}
             call = None

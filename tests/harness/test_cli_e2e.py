@@ -76,8 +76,16 @@ def workdir(tmp_path: Path) -> Path:
 
 
 def run_cli(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
-    done = subprocess.run(cmd, env=env, cwd=cwd, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          timeout=RUN_TIMEOUT, check=False)  # fmt: skip
+    done = subprocess.run(
+        cmd,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
     assert done.returncode == 0, f"{cmd[0]} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -93,8 +101,9 @@ def recorded_exactly(proxy: Proxy, tap: EngineTap, dialect: str) -> list[dict[st
         capture = rec["onthejob"]
         assert capture["dialect"] == dialect and capture["status_code"] == 200, capture
         assert capture["prompt_token_ids"] and capture["completion_token_ids"][0], rec["id"]
-    got = sorted((tuple(r["onthejob"]["prompt_token_ids"]), tuple(r["onthejob"]["completion_token_ids"][0]))
-                 for r in records)  # fmt: skip
+    got = sorted(
+        (tuple(r["onthejob"]["prompt_token_ids"]), tuple(r["onthejob"]["completion_token_ids"][0])) for r in records
+    )
     sampled = sorted((tuple(c.prompt_token_ids or ()), tuple(c.token_ids.get(0, ()))) for c in served)
     assert got == sampled, "the recorded token ids differ from what the engine returned"
     return list(records)
@@ -110,8 +119,11 @@ def main_loop_session(records: list[dict[str, Any]], tool_key: str) -> str:
 
 
 def feedback_attaches(proxy: Proxy, session: str) -> None:
-    fb = httpx.post(f"{proxy.v1}/feedback", json={"target": {"session_id": session}, "name": "reward",
-                                                   "value": 1.0, "id": "cli-run-1"}, timeout=10)  # fmt: skip
+    fb = httpx.post(
+        f"{proxy.v1}/feedback",
+        json={"target": {"session_id": session}, "name": "reward", "value": 1.0, "id": "cli-run-1"},
+        timeout=10,
+    )
     assert fb.status_code == 201 and fb.json()["status"] == "attached", fb.text
     listed = httpx.get(f"{proxy.v1}/feedback", params={"session_id": session}, timeout=10).json()["data"]
     assert [item["id"] for item in listed] == [fb.json()["id"]], listed
@@ -132,9 +144,15 @@ def one_token_exact_trajectory(proxy: Proxy, session: str, records: list[dict[st
     assert traj["reward"] == 1.0
 
 
-def test_claude_code_print_mode_through_the_proxy(cli_bin: Path, proxy: Proxy, tap: EngineTap,
-                                                  trap: OutboundTrap, tiny_long_engine: Engine,
-                                                  workdir: Path, tmp_path: Path) -> None:  # fmt: skip
+def test_claude_code_print_mode_through_the_proxy(
+    cli_bin: Path,
+    proxy: Proxy,
+    tap: EngineTap,
+    trap: OutboundTrap,
+    tiny_long_engine: Engine,
+    workdir: Path,
+    tmp_path: Path,
+) -> None:
     env = claude_env(tmp_path / "home", proxy.url, tiny_long_engine.model.name, trap.url)
     claude = str(cli_bin / "claude")
     run_cli([claude, "-p", "Read notes.txt and tell me what to do next."], env, workdir)
@@ -149,8 +167,15 @@ def test_claude_code_print_mode_through_the_proxy(cli_bin: Path, proxy: Proxy, t
     assert trap.attempts == [], f"Claude Code tried to reach off the machine: {trap.attempts}"
 
 
-def test_codex_exec_through_the_proxy(cli_bin: Path, proxy: Proxy, tap: EngineTap, trap: OutboundTrap,
-                                      tiny_long_engine: Engine, workdir: Path, tmp_path: Path) -> None:  # fmt: skip
+def test_codex_exec_through_the_proxy(
+    cli_bin: Path,
+    proxy: Proxy,
+    tap: EngineTap,
+    trap: OutboundTrap,
+    tiny_long_engine: Engine,
+    workdir: Path,
+    tmp_path: Path,
+) -> None:
     env = codex_env(tmp_path / "home", proxy.v1, tiny_long_engine.model.name, trap.url)
     codex = str(cli_bin / "codex")
     run_cli([codex, "exec", "--skip-git-repo-check", "Read notes.txt and tell me what to do next."], env, workdir)

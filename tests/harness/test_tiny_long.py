@@ -32,10 +32,15 @@ def test_template_shows_tools_calls_results_and_inline_system(tiny_long_model: M
         {"role": "system", "content": "You are an agent."},
         {"role": "user", "content": "list files"},
         {"role": "system", "content": "Reminder: be brief."},
-        {"role": "assistant", "content": None,
-         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"cmd": "ls"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "Bash", "arguments": '{"cmd": "ls"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "notes.txt"},
-    ]  # fmt: skip
+    ]
     prompt = tok.apply_chat_template(messages, tools=[TOOL], tokenize=False, add_generation_prompt=True)
     assert prompt.startswith("<|im_start|>system\nYou are an agent.\n\n# Tools")
     assert '"name": "Bash"' in prompt and "<|im_start|>system\nReminder: be brief.<|im_end|>" in prompt

@@ -65,10 +65,14 @@ async def scripted_judge(*, inverted: bool = False, mumble: bool = False) -> Asy
             reply = (
                 f"The last answer {'matches' if RIGHT in text else 'misses'} the task.\nScore: {_score(text, inverted)}"
             )
-        return web.json_response({
-            "id": "chatcmpl-scripted", "object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "id": "chatcmpl-scripted",
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)

@@ -42,11 +42,17 @@ def _length_grader(item: EvalItem, reply: str) -> float:
 
 def test_eval_sets_take_prompts_or_messages_and_unique_ids(tmp_path: Path) -> None:
     path = tmp_path / "set.jsonl"
-    path.write_text(json.dumps({"id": "a", "prompt": "2+2?", "reference": "4"}) + "\n\n"
-                    + json.dumps({"messages": [{"role": "user", "content": "hi"}], "note": 1}) + "\n")  # fmt: skip
+    path.write_text(
+        json.dumps({"id": "a", "prompt": "2+2?", "reference": "4"})
+        + "\n\n"
+        + json.dumps({"messages": [{"role": "user", "content": "hi"}], "note": 1})
+        + "\n"
+    )
     items = load_set(path)
     assert [(i.id, i.messages[0]["content"], i.reference, i.meta) for i in items] == [
-        ("a", "2+2?", "4", {}), ("3", "hi", None, {"note": 1})]  # fmt: skip
+        ("a", "2+2?", "4", {}),
+        ("3", "hi", None, {"note": 1}),
+    ]
     path.write_text(json.dumps({"id": "a", "prompt": "x"}) + "\n" + json.dumps({"id": "a", "prompt": "y"}) + "\n")
     with pytest.raises(GraderError, match="ids repeat"):
         load_set(path)

@@ -19,8 +19,13 @@ def test_defaults_and_fingerprint() -> None:
     assert cfg.fingerprint() != other.fingerprint()
     assert cfg.fingerprint() == "46f771edb3b73698"  # text-readout fingerprints did not move when readout came
     read = parse_judge_settings({"rubric": "Correct and brief.", "readout": "probability"})
-    shown = parse_judge_settings({"rubric": "Correct and brief.", "readout": "probability",
-                                  "examples": [{"text": "Answer: 4\nReview: Right.", "good": True}]})  # fmt: skip
+    shown = parse_judge_settings(
+        {
+            "rubric": "Correct and brief.",
+            "readout": "probability",
+            "examples": [{"text": "Answer: 4\nReview: Right.", "good": True}],
+        }
+    )
     assert read is not None and shown is not None
     assert len({cfg.fingerprint(), read.fingerprint(), shown.fingerprint()}) == 3  # examples change the score
 

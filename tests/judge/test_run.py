@@ -22,15 +22,30 @@ from tests.storage.test_trajectories import P1
 
 pytestmark = pytest.mark.anyio
 
-JUDGE = {"rubric": "Right answer on an 'ANSWER: N' line, briefly.", "scale": [0, 100], "min_labelled": 4,
-         "self_evaluation": True}  # fmt: skip
+JUDGE = {
+    "rubric": "Right answer on an 'ANSWER: N' line, briefly.",
+    "scale": [0, 100],
+    "min_labelled": 4,
+    "self_evaluation": True,
+}
 QUESTION = [{"role": "user", "content": "A box holds 3 rows of 4 eggs. How many eggs?"}]
 
 
 def _session(db: Session, project: str, name: str, answer: str, **kw: Any) -> str:
     cid = f"cmpl-{uuid.uuid4().hex[:12]}"
-    insert(db, row(cid, P1, [choice([50, 2], content=answer)], messages=QUESTION, project=project, session=name,
-                   task="eggs", **kw))  # fmt: skip
+    insert(
+        db,
+        row(
+            cid,
+            P1,
+            [choice([50, 2], content=answer)],
+            messages=QUESTION,
+            project=project,
+            session=name,
+            task="eggs",
+            **kw,
+        ),
+    )
     return cid
 
 
@@ -71,8 +86,10 @@ async def test_a_pass_calibrates_judges_and_posts_through_the_proxy(
     assert (again.judged, again.posted, again.skipped["already_judged"]) == (0, 0, 2)
 
     db.expire_all()
-    rows = {f.session_id: f for f in db.scalars(select(Feedback).where(Feedback.project_id == p,
-                                                                       Feedback.source == "judge"))}  # fmt: skip
+    rows = {
+        f.session_id: f
+        for f in db.scalars(select(Feedback).where(Feedback.project_id == p, Feedback.source == "judge"))
+    }
     assert set(rows) == {"commented", "silent"}
     assert (rows["commented"].name, rows["commented"].value) == ("reward", 90.0)
     assert rows["commented"].comment == "The last answer matches the task."  # the reasoning, not the score line
@@ -89,13 +106,35 @@ async def test_the_command_reads_its_endpoint_from_settings_and_hindsight_stands
     from storage.judge_config import JudgeSettings
 
     async with scripted_judge() as judge:
-        settings = {"judge": {**JUDGE, "base_url": judge.url, "api_key_env": "TEST_JUDGE_KEY", "model": "big-judge",
-                              "self_evaluation": False}, "implicit_feedback": True}  # fmt: skip
+        settings = {
+            "judge": {
+                **JUDGE,
+                "base_url": judge.url,
+                "api_key_env": "TEST_JUDGE_KEY",
+                "model": "big-judge",
+                "self_evaluation": False,
+            },
+            "implicit_feedback": True,
+        }
         p = new_project(db, settings)
         first = _session(db, p, "chat", "ANSWER: 7")
-        insert(db, row(f"cmpl-{uuid.uuid4().hex[:12]}", P1, [choice([50, 2], content=RIGHT)], project=p, session="chat",
-                       parent=first, at=1, messages=[*QUESTION, {"role": "assistant", "content": "ANSWER: 7"},
-                                                     {"role": "user", "content": "No, count again."}]))  # fmt: skip
+        insert(
+            db,
+            row(
+                f"cmpl-{uuid.uuid4().hex[:12]}",
+                P1,
+                [choice([50, 2], content=RIGHT)],
+                project=p,
+                session="chat",
+                parent=first,
+                at=1,
+                messages=[
+                    *QUESTION,
+                    {"role": "assistant", "content": "ANSWER: 7"},
+                    {"role": "user", "content": "No, count again."},
+                ],
+            ),
+        )
         _session(db, p, "silent", "ANSWER: 7")
         db.commit()
         monkeypatch.setenv("TEST_JUDGE_KEY", "secret-judge-key")

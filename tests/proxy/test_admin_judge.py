@@ -24,9 +24,13 @@ def test_judge_and_reward_settings_over_the_admin_api(
         return httpx.put(f"{proxy.v1}/admin/project", headers=admin, json=body, timeout=10)
 
     assert httpx.get(f"{proxy.v1}/admin/judge", headers=admin, timeout=10).json()["configured"] is False
-    for body, param in (({"judge": {"rubric": "x", "mode": "pairwise"}}, "judge.mode"),
-                        ({"judge": {}}, "judge.rubric"), ({"reward": {"colour": 1}}, "reward"),
-                        ({"reward": {"labels": 3}}, "reward"), ({}, "settings")):  # fmt: skip
+    for body, param in (
+        ({"judge": {"rubric": "x", "mode": "pairwise"}}, "judge.mode"),
+        ({"judge": {}}, "judge.rubric"),
+        ({"reward": {"colour": 1}}, "reward"),
+        ({"reward": {"labels": 3}}, "reward"),
+        ({}, "settings"),
+    ):
         bad = put(body)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
     ok = put({"judge": JUDGE, "reward": {"numeric": ["reward", "score"]}, "implicit_feedback": True})
@@ -40,8 +44,16 @@ def test_judge_and_reward_settings_over_the_admin_api(
     assert (state["configured"], state["accepted"], state["reason"]) == (True, False, "judge_uncalibrated")
     eng = sync_engine(url)
     with Session(eng) as db:
-        record_calibration(db, "default", JudgeSettings.model_validate(JUDGE), n=8, unreadable=1, spearman=0.7,
-                           accuracy=0.75, threshold=50.0)  # fmt: skip
+        record_calibration(
+            db,
+            "default",
+            JudgeSettings.model_validate(JUDGE),
+            n=8,
+            unreadable=1,
+            spearman=0.7,
+            accuracy=0.75,
+            threshold=50.0,
+        )
         db.commit()
     eng.dispose()
     state = httpx.get(f"{proxy.v1}/admin/judge", headers=admin, timeout=10).json()

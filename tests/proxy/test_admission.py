@@ -54,8 +54,9 @@ def test_limits_are_the_columns() -> None:
         ({}, {}, "p" * 201, "session_id"),
     ],
 )
-def test_each_check_names_its_field(headers: dict[str, str], body: dict[str, Any], path: str | None,
-                                    field: str) -> None:  # fmt: skip
+def test_each_check_names_its_field(
+    headers: dict[str, str], body: dict[str, Any], path: str | None, field: str
+) -> None:
     with pytest.raises(InvalidRequest) as info:
         admission.check_call(headers, body, path)
     assert info.value.param == field and field in info.value.message

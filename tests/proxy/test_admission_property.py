@@ -26,22 +26,27 @@ from tests.proxy.conftest import Proxy, ProxyFactory
 EXAMPLES = int(os.environ.get("ONTHEJOB_FUZZ_EXAMPLES", "12"))
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 # Each dialect's route, one body: every one is admitted by the same edge check (proxy/handle.py).
-ROUTES = {"chat/completions": CHAT, "messages": CHAT, "responses": {"model": "stub-model", "input": "hi",
-                                                                     "max_output_tokens": 2}}  # fmt: skip
+ROUTES = {
+    "chat/completions": CHAT,
+    "messages": CHAT,
+    "responses": {"model": "stub-model", "input": "hi", "max_output_tokens": 2},
+}
 LIMIT = admission.SESSION_ID_CHARS  # every id column here holds 200
 
 # Header values: what HTTP carries (latin-1, no control characters), around the limit.
 latin1 = st.characters(min_codepoint=0x21, max_codepoint=0xFF, exclude_characters="\x7f")
 header_text = st.text(latin1, min_size=1, max_size=12) | st.integers(LIMIT - 2, LIMIT + 2).flatmap(
-    lambda n: st.text(latin1, min_size=n, max_size=n))  # fmt: skip
+    lambda n: st.text(latin1, min_size=n, max_size=n)
+)
 near_limit = st.integers(LIMIT - 2, LIMIT + 2).flatmap(lambda n: st.text(min_size=n, max_size=n))
 body_text = st.text(max_size=40) | near_limit | st.just("a\x00b") | st.just("é" * LIMIT + "ü")
 numbers = st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
 containers = st.lists(st.text(max_size=3), max_size=3) | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
 wrong = st.none() | st.booleans() | numbers | containers
 any_value = body_text | wrong
-tag_lists = st.lists(body_text | st.integers(), max_size=4) | st.lists(st.text(min_size=1, max_size=3), min_size=99,
-                                                                        max_size=102)  # fmt: skip
+tag_lists = st.lists(body_text | st.integers(), max_size=4) | st.lists(
+    st.text(min_size=1, max_size=3), min_size=99, max_size=102
+)
 
 # (field, where it goes, values)
 FIELDS: list[tuple[str, str, Any]] = [
@@ -88,8 +93,13 @@ def test_a_value_is_refused_or_recorded(proxy: Proxy, route: str) -> None:
         for field, where, values in FIELDS:
 
             @given(value=values)
-            @settings(max_examples=2 * EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck),
-                      database=None, derandomize=True)  # fmt: skip
+            @settings(
+                max_examples=2 * EXAMPLES,
+                deadline=None,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+                derandomize=True,
+            )
             def check(value: Any) -> None:
                 resp = _send(client, proxy, route, field, where, value)  # noqa: B023 - called in this iteration
                 what = f"{field}={value!r}"  # noqa: B023

@@ -53,10 +53,14 @@ def test_overwritten_weights_reloaded_into_one_engine_are_caught(
     start_proxy: ProxyFactory, tiny_engine: Engine, other_engine: Engine, pg_factory: Any, tmp_path: Path
 ) -> None:
     db_url = pg_factory()
-    proxy = start_proxy(f"{tiny_engine.url},{other_engine.url}", db_url,
-                        env={"ONTHEJOB_ATTEST_EVERY": "1", "ONTHEJOB_RATE_LIMIT_RPS": "0"})  # fmt: skip
-    httpx.post(f"{proxy.v1}/admin/aliases", json={"name": ALIAS, "base_model": tiny_engine.model.name},
-               timeout=30).raise_for_status()  # fmt: skip
+    proxy = start_proxy(
+        f"{tiny_engine.url},{other_engine.url}",
+        db_url,
+        env={"ONTHEJOB_ATTEST_EVERY": "1", "ONTHEJOB_RATE_LIMIT_RPS": "0"},
+    )
+    httpx.post(
+        f"{proxy.v1}/admin/aliases", json={"name": ALIAS, "base_model": tiny_engine.model.name}, timeout=30
+    ).raise_for_status()
     _publish(db_url, tiny_engine, tmp_path, 1, seed=1, alias=ALIAS)
     httpx.post(f"{proxy.v1}/admin/deployments", json={"alias": ALIAS, "version": 1}, timeout=120).raise_for_status()
     deadline = time.monotonic() + 120
@@ -70,12 +74,15 @@ def test_overwritten_weights_reloaded_into_one_engine_are_caught(
 
     # Someone overwrites v1's weights on disk, and one engine reloads it under the same name.
     folder = tmp_path / "v1"
-    shutil.copy(random_adapter(tiny_engine.model, tmp_path / "other", seed=7) / "adapter_model.safetensors",
-                folder / "adapter_model.safetensors")  # fmt: skip
+    shutil.copy(
+        random_adapter(tiny_engine.model, tmp_path / "other", seed=7) / "adapter_model.safetensors",
+        folder / "adapter_model.safetensors",
+    )
     name = {"lora_name": f"{ALIAS}@v1"}
     httpx.post(f"{other_engine.url}/v1/unload_lora_adapter", json=name, timeout=60).raise_for_status()
-    httpx.post(f"{other_engine.url}/v1/load_lora_adapter", json={**name, "lora_path": str(folder)},
-               timeout=60).raise_for_status()  # fmt: skip
+    httpx.post(
+        f"{other_engine.url}/v1/load_lora_adapter", json={**name, "lora_path": str(folder)}, timeout=60
+    ).raise_for_status()
     assert not same(expected, _probe(other_engine.url, f"{ALIAS}@v1")), "the overwrite changed nothing"
 
     deadline = time.monotonic() + 120
@@ -90,8 +97,9 @@ def test_overwritten_weights_reloaded_into_one_engine_are_caught(
     assert [(a["kind"], a["version"], a["replica"]) for a in alerts] == [("attestation", 1, other_engine.url)]
     # Every call for the alias now goes to the engine that serves the attested weights.
     for i in range(6):
-        reply = httpx.post(f"{proxy.v1}/completions", json=probe_body(ALIAS), headers={"x-session-id": f"s{i}"},
-                           timeout=120)  # fmt: skip
+        reply = httpx.post(
+            f"{proxy.v1}/completions", json=probe_body(ALIAS), headers={"x-session-id": f"s{i}"}, timeout=120
+        )
         assert same(expected, parse_probe(reply.json())), f"call {i}"
 
 

@@ -61,12 +61,14 @@ def test_a_mismatch_on_the_only_replica_keeps_the_alias_served(
 ) -> None:
     db_url = pg_factory()
     proxy = start_proxy(tiny_engine.url, db_url, env={"ONTHEJOB_ATTEST_EVERY": "1", "ONTHEJOB_RATE_LIMIT_RPS": "0"})
-    httpx.post(f"{proxy.v1}/admin/aliases", json={"name": ALIAS, "base_model": tiny_engine.model.name},
-               timeout=30).raise_for_status()  # fmt: skip
+    httpx.post(
+        f"{proxy.v1}/admin/aliases", json={"name": ALIAS, "base_model": tiny_engine.model.name}, timeout=30
+    ).raise_for_status()
     for version in (1, 2):
         _publish(db_url, tiny_engine, tmp_path, version, seed=version, alias=ALIAS)
-        httpx.post(f"{proxy.v1}/admin/deployments", json={"alias": ALIAS, "version": version},
-                   timeout=120).raise_for_status()  # fmt: skip
+        httpx.post(
+            f"{proxy.v1}/admin/deployments", json={"alias": ALIAS, "version": version}, timeout=120
+        ).raise_for_status()
         attested = _attested(proxy.v1, version)
     fingerprint = attested["fingerprint"]
     assert fingerprint["kind"] == "calibrated" and fingerprint["samples"] >= 3 and "noise" in fingerprint

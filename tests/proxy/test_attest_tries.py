@@ -28,8 +28,9 @@ def test_three_tries_under_load_no_false_alert_every_swap_caught(
     names = ["attestci@v1", "attestci@v2"]
     loaded = [*zip(names, paths, strict=True), ("attestciother@v1", other)]
     for name, path in loaded:
-        httpx.post(f"{tiny_engine.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)},
-                   timeout=300).raise_for_status()  # fmt: skip
+        httpx.post(
+            f"{tiny_engine.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=300
+        ).raise_for_status()
     try:
         result = asyncio.run(bench(tiny_engine.url, tiny_model, names, "attestciother@v1", TRIES, 8))
     finally:

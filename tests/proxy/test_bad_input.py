@@ -34,8 +34,12 @@ def fuzz_proxy(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any) -
 def api_schema(fuzz_proxy: Proxy) -> Any:
     spec = httpx.get(f"{fuzz_proxy.url}/openapi.json", timeout=10).json()
     # Bound generation on the OpenAI routes so the stub answers quickly (the spec itself is open).
-    for path in ("/v1/chat/completions", "/v1/completions", "/s/{session_id}/v1/chat/completions",
-                 "/s/{session_id}/v1/completions"):  # fmt: skip
+    for path in (
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/s/{session_id}/v1/chat/completions",
+        "/s/{session_id}/v1/completions",
+    ):
         body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         body["properties"]["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": 16}
         body["properties"]["stream"] = {"type": "boolean"}
@@ -74,20 +78,42 @@ def test_api_answers_within_its_spec(api_schema: Any) -> None:
 def test_fuzzed_engine_sse_never_crashes_the_proxy(fuzz_proxy: Proxy) -> None:
     json_values = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-            st.sampled_from(["choices", "delta", "index", "token_ids", "logprobs", "content", "usage",
-                             "finish_reason", "prompt_token_ids", "tool_calls", "function", "error"]),
-            inner, max_size=4,
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "choices",
+                        "delta",
+                        "index",
+                        "token_ids",
+                        "logprobs",
+                        "content",
+                        "usage",
+                        "finish_reason",
+                        "prompt_token_ids",
+                        "tool_calls",
+                        "function",
+                        "error",
+                    ]
+                ),
+                inner,
+                max_size=4,
+            )
         ),
         max_leaves=12,
-    )  # fmt: skip
+    )
     lines = st.lists(json_values.map(json.dumps) | st.text(max_size=20).filter(lambda s: "\n" not in s), max_size=6)
 
     @given(lines)
     @settings(max_examples=5 * EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=FIXED)
     def check(chunks: list[str]) -> None:
-        body = {"model": "stub-model", "messages": [{"role": "user", "content": "x"}], "stream": True,
-                "stub_chunks": chunks}  # fmt: skip
+        body = {
+            "model": "stub-model",
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "stub_chunks": chunks,
+        }
         with httpx.stream("POST", f"{fuzz_proxy.v1}/chat/completions", json=body, timeout=20) as resp:
             assert resp.status_code == 200
             got = [line for line in resp.iter_lines() if line]

@@ -22,8 +22,10 @@ pytestmark = pytest.mark.anyio
 async def test_workers_starting_together_register_each_base_alias_once(pg_factory: Any) -> None:
     engine = async_engine(pg_factory())
     maker = async_sessionmaker(engine, expire_on_commit=False)
-    routers = [Router(maker, Upstream(["http://127.0.0.1:9"], connect_timeout=1, idle_timeout=1), Metrics(), "default")
-               for _ in range(4)]  # fmt: skip
+    routers = [
+        Router(maker, Upstream(["http://127.0.0.1:9"], connect_timeout=1, idle_timeout=1), Metrics(), "default")
+        for _ in range(4)
+    ]
     for router in routers:
         router.base_models = {"model-a", "model-b"}  # what each worker's discovery found on the engines
     try:

@@ -22,8 +22,13 @@ def _reference() -> str:
     requests = Counter("onthejob_requests", "Calls answered", [*CALL, "status", "termination"], registry=r)
     terminations = Counter("onthejob_terminations", "Recorded calls by termination", ["reason"], registry=r)
     latency = Histogram("onthejob_request_seconds", "Time to the last byte", CALL, registry=r, buckets=BUCKETS)
-    ttft = Histogram("onthejob_time_to_first_token_seconds", "Time to the first chunk (streams) or to the whole reply",
-                     CALL, registry=r, buckets=BUCKETS)  # fmt: skip
+    ttft = Histogram(
+        "onthejob_time_to_first_token_seconds",
+        "Time to the first chunk (streams) or to the whole reply",
+        CALL,
+        registry=r,
+        buckets=BUCKETS,
+    )
     tokens = Counter("onthejob_tokens", "Tokens in answered calls", [*CALL, "kind"], registry=r)
     for route, dialect, status, termination, seconds, ttft_s, prompt, completion in CALLS:
         requests.labels(route, dialect, str(status), termination).inc()
@@ -41,10 +46,16 @@ def _reference() -> str:
 
 def _call_series(exposition: str) -> list[str]:
     """The lines of the five per-call families (their ``_created`` samples aside: the meter has none)."""
-    names = ("onthejob_requests", "onthejob_terminations", "onthejob_request_seconds",
-             "onthejob_time_to_first_token_seconds", "onthejob_tokens")  # fmt: skip
-    return sorted(line for line in exposition.splitlines()
-                  if any(name in line for name in names) and "_created" not in line)  # fmt: skip
+    names = (
+        "onthejob_requests",
+        "onthejob_terminations",
+        "onthejob_request_seconds",
+        "onthejob_time_to_first_token_seconds",
+        "onthejob_tokens",
+    )
+    return sorted(
+        line for line in exposition.splitlines() if any(name in line for name in names) and "_created" not in line
+    )
 
 
 def test_the_meter_exposes_what_prometheus_client_objects_would() -> None:

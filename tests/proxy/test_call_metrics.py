@@ -30,8 +30,10 @@ def test_every_call_is_counted_timed_and_its_tokens_added(
         assert (
             c.post("/chat/completions", json={"model": "stub-model", "messages": "no"}, headers=key).status_code == 400
         )
-        wrong = [c.post("/chat/completions", json=chat, headers={"authorization": f"Bearer otj-wrong-{i}"})
-                 for i in range(11)]  # fmt: skip
+        wrong = [
+            c.post("/chat/completions", json=chat, headers={"authorization": f"Bearer otj-wrong-{i}"})
+            for i in range(11)
+        ]
         metrics = c.get(f"{proxy.url}/metrics", headers=operator).text
     assert [r.status_code for r in wrong] == [401] * 10 + [429]  # the 11th failure from this address waits
     assert wrong[-1].json()["error"]["code"] == "too_many_failed_authentications"
@@ -49,15 +51,20 @@ def test_every_call_is_counted_timed_and_its_tokens_added(
     assert metric_sample(metrics, "onthejob_time_to_first_token_seconds_count", **chat_labels) == 2
     assert metric_sample(metrics, "onthejob_tokens_total", **chat_labels, kind="completion") == 6
     assert metric_sample(metrics, "onthejob_tokens_total", **chat_labels, kind="prompt") == 32  # 16 per call
-    assert metric_sample(metrics, "onthejob_tokens_total", route="completions", dialect="completions",
-                         kind="completion") == 5  # fmt: skip
+    assert (
+        metric_sample(metrics, "onthejob_tokens_total", route="completions", dialect="completions", kind="completion")
+        == 5
+    )
     assert metric_sample(metrics, "onthejob_records_spooled_total") == 3  # the three answered calls, fsync'd
 
     # Where calls with an earlier assistant turn found their parent: a follow-up in this worker's memory;
     # a few-shot prompt nowhere, asked of the database once and then believed for a few seconds.
     opening = [{"role": "user", "content": "a fresh start"}]
-    few_shot = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
-                {"role": "user", "content": "3+3?"}]  # fmt: skip
+    few_shot = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "3+3?"},
+    ]
     with httpx.Client(base_url=proxy.v1, timeout=10) as c:
         first = c.post("/chat/completions", json={**chat, "messages": opening}, headers=key)
         said = first.json()["choices"][0]["message"]
@@ -67,6 +74,8 @@ def test_every_call_is_counted_timed_and_its_tokens_added(
         for _ in range(2):
             assert c.post("/chat/completions", json={**chat, "messages": few_shot}, headers=key).status_code == 200
         metrics = c.get(f"{proxy.url}/metrics", headers=operator).text
-    found = {where: metric_sample(metrics, "onthejob_link_lookups_total", found_in=where)
-             for where in ("memory", "none", "believed_none", "spool", "database")}  # fmt: skip
+    found = {
+        where: metric_sample(metrics, "onthejob_link_lookups_total", found_in=where)
+        for where in ("memory", "none", "believed_none", "spool", "database")
+    }
     assert found == {"memory": 1, "none": 1, "believed_none": 1, "spool": None, "database": None}

@@ -72,8 +72,12 @@ class Shout(Dialect):
         return chat | {k: body[k] for k in ("max_tokens", "stream") if k in body}
 
     def reply(self, chat: dict[str, Any], ex: Exchange) -> dict[str, Any]:
-        return {"id": ex.id, "type": "shout", "text": chat["choices"][0]["message"]["content"].upper(),
-                "ids": chat["choices"][0]["token_ids"]}  # fmt: skip
+        return {
+            "id": ex.id,
+            "type": "shout",
+            "text": chat["choices"][0]["message"]["content"].upper(),
+            "ids": chat["choices"][0]["token_ids"],
+        }
 
     def stream(self, ex: Exchange) -> DialectStream:
         return ShoutStream()
@@ -94,8 +98,16 @@ async def parts(stub_upstream: str, tmp_path: Path) -> AsyncIterator[tuple[Upstr
     spool = Spool(tmp_path / "spool", 10**9)
     policies = Policies(tmp_path)
     policies.update({})  # the database answered: no project asked for redaction
-    recording = Recording(spool, Linker(spool, maker), metrics, enabled=True, full_policy="refuse", wake_at=10**6,
-                          wake=asyncio.Event(), policies=policies)  # fmt: skip
+    recording = Recording(
+        spool,
+        Linker(spool, maker),
+        metrics,
+        enabled=True,
+        full_policy="refuse",
+        wake_at=10**6,
+        wake=asyncio.Event(),
+        policies=policies,
+    )
     yield upstream, Router(maker, upstream, metrics, "default"), recording, spool
     spool.close()
     await upstream.close()
@@ -106,10 +118,20 @@ def new_call(parts: tuple[Upstream, Router, Recording, Spool], client: dict[str,
     upstream, router, recording, _ = parts
     body = SHOUT.to_chat(client, None)  # the edge translation
     keys = prefix_keys(body["messages"])
-    return ProxiedCall(upstream, router, recording, project="default", endpoint="chat", body=body,
-                route=Route("m", "stub-model", None, "stub-model"), naming=Naming("ses_seam", None, (), None, "header"),
-                session=SessionRef("ses_seam", "header", None, None), prompt_key=keys[-1],
-                dialect=SHOUT, client_request=client)  # fmt: skip
+    return ProxiedCall(
+        upstream,
+        router,
+        recording,
+        project="default",
+        endpoint="chat",
+        body=body,
+        route=Route("m", "stub-model", None, "stub-model"),
+        naming=Naming("ses_seam", None, (), None, "header"),
+        session=SessionRef("ses_seam", "header", None, None),
+        prompt_key=keys[-1],
+        dialect=SHOUT,
+        client_request=client,
+    )
 
 
 async def test_a_non_streamed_reply_goes_through_the_dialect_and_the_record_keeps_both_sides(parts: Any) -> None:
@@ -164,12 +186,19 @@ async def test_a_redacted_projects_dialect_record_is_walked_from_the_bytes_its_c
     for stream in (False, True):
         client = {"model": "m", "input": "hi", "instructions": "key sk-123", "max_output_tokens": 3, "stream": stream}
         body = responses.to_chat(client, None)
-        call = ProxiedCall(*parts[:3], project="default", endpoint="chat", body=body,
-                           route=Route("m", "stub-model", None, "stub-model"),
-                           naming=Naming("ses_seam", None, (), None, "header"),
-                           session=SessionRef("ses_seam", "header", None, None),
-                           prompt_key=prefix_keys(body["messages"])[-1], dialect=responses,
-                           client_request=client, raw_body=json.dumps(client).encode())  # fmt: skip
+        call = ProxiedCall(
+            *parts[:3],
+            project="default",
+            endpoint="chat",
+            body=body,
+            route=Route("m", "stub-model", None, "stub-model"),
+            naming=Naming("ses_seam", None, (), None, "header"),
+            session=SessionRef("ses_seam", "header", None, None),
+            prompt_key=prefix_keys(body["messages"])[-1],
+            dialect=responses,
+            client_request=client,
+            raw_body=json.dumps(client).encode(),
+        )
         if stream:
             streamed = call.stream(await call.open())
             sent: list[dict[str, Any]] = []
@@ -204,12 +233,19 @@ async def test_the_clients_body_is_recorded_as_the_bytes_it_sent_unless_they_can
         chat = body
         if dialect is not None:
             client, chat = orjson.loads(sent), dialect.to_chat(orjson.loads(sent), None)
-        call = ProxiedCall(*parts[:3], project="default", endpoint="chat", body=chat if client else orjson.loads(sent),
-                           route=Route("m", "stub-model", None, "stub-model"),
-                           naming=Naming("ses_seam", None, (), None, "header"),
-                           session=SessionRef("ses_seam", "header", None, None),
-                           prompt_key=prefix_keys(chat["messages"])[-1], dialect=dialect, client_request=client,
-                           raw_body=sent)  # fmt: skip
+        call = ProxiedCall(
+            *parts[:3],
+            project="default",
+            endpoint="chat",
+            body=chat if client else orjson.loads(sent),
+            route=Route("m", "stub-model", None, "stub-model"),
+            naming=Naming("ses_seam", None, (), None, "header"),
+            session=SessionRef("ses_seam", "header", None, None),
+            prompt_key=prefix_keys(chat["messages"])[-1],
+            dialect=dialect,
+            client_request=client,
+            raw_body=sent,
+        )
         await call.complete(await call.open())
         (line,) = [x for x in (parts[3].folder / "active.jsonl").read_bytes().splitlines() if call.id.encode() in x]
         return line, orjson.loads(line)["completion"]

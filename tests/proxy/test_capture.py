@@ -22,15 +22,27 @@ def test_prepare_forces_capture_and_remembers_what_the_client_wanted() -> None:
 
 def test_sampling_params_fill_engine_defaults() -> None:
     assert sampling_params({"temperature": 0.5, "max_tokens": 9}) == {
-        "temperature": 0.5, "max_tokens": 9, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "n": 1}  # fmt: skip
+        "temperature": 0.5,
+        "max_tokens": 9,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "n": 1,
+    }
 
 
 def test_strip_restores_what_the_engine_would_have_sent() -> None:
-    reply = {"model": "support@v3", "prompt_token_ids": [1, 2],
-             "choices": [{"index": 0, "token_ids": [5], "logprobs": {"content": [{"logprob": -1.0}]}}]}  # fmt: skip
+    reply = {
+        "model": "support@v3",
+        "prompt_token_ids": [1, 2],
+        "choices": [{"index": 0, "token_ids": [5], "logprobs": {"content": [{"logprob": -1.0}]}}],
+    }
     out = strip(copy.deepcopy(reply), Wants(False, False, False, False), "support")
-    assert out == {"model": "support", "prompt_token_ids": None,
-                   "choices": [{"index": 0, "token_ids": None, "logprobs": None}]}  # fmt: skip
+    assert out == {
+        "model": "support",
+        "prompt_token_ids": None,
+        "choices": [{"index": 0, "token_ids": None, "logprobs": None}],
+    }
     kept = strip(copy.deepcopy(reply), Wants(True, True, False, False), "support")
     assert kept is not None and kept["choices"][0]["token_ids"] == [5] and kept["prompt_token_ids"] == [1, 2]
     usage_chunk = {"choices": [], "usage": {"total_tokens": 3}}
@@ -43,10 +55,27 @@ def test_strip_restores_what_the_engine_would_have_sent() -> None:
 
 def test_assembler_adds_up_tokens_text_and_tool_calls() -> None:
     asm = Assembler("chat")
-    asm.add({"id": "x", "created": 1, "model": "m", "prompt_token_ids": [1, 2, 3],
-             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})  # fmt: skip
-    asm.add({"choices": [{"index": 0, "delta": {"content": "Hel"}, "token_ids": [10, 11],
-                          "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]}}]})  # fmt: skip
+    asm.add(
+        {
+            "id": "x",
+            "created": 1,
+            "model": "m",
+            "prompt_token_ids": [1, 2, 3],
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+        }
+    )
+    asm.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"content": "Hel"},
+                    "token_ids": [10, 11],
+                    "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]},
+                }
+            ]
+        }
+    )
     asm.add(
         {
             "choices": [
@@ -61,9 +90,19 @@ def test_assembler_adds_up_tokens_text_and_tool_calls() -> None:
             ]
         }
     )
-    asm.add({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"1+1"}'}}]},
-                          "token_ids": [13], "logprobs": {"content": [{"logprob": -0.4}]},
-                          "finish_reason": "tool_calls"}]})  # fmt: skip
+    asm.add(
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"1+1"}'}}]},
+                    "token_ids": [13],
+                    "logprobs": {"content": [{"logprob": -0.4}]},
+                    "finish_reason": "tool_calls",
+                }
+            ]
+        }
+    )
     asm.add({"choices": [], "usage": {"completion_tokens": 4}})
     (choice,) = asm.captured_choices()
     assert choice["token_ids"] == [10, 11, 12, 13]
@@ -78,8 +117,17 @@ def test_assembler_adds_up_tokens_text_and_tool_calls() -> None:
 
 def test_captured_choices_read_both_logprob_shapes() -> None:
     message = {"role": "assistant", "content": "a", "refusal": None}
-    chat = {"choices": [{"index": 0, "token_ids": [1], "logprobs": {"content": [{"logprob": -2.0}]},
-                         "finish_reason": "stop", "message": message}]}  # fmt: skip
+    chat = {
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": [1],
+                "logprobs": {"content": [{"logprob": -2.0}]},
+                "finish_reason": "stop",
+                "message": message,
+            }
+        ]
+    }
     (c,) = captured_choices(chat, "chat")
     assert c["logprobs"] == [-2.0] and c["message"] == {"role": "assistant", "content": "a"}
     text = {"choices": [{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [-1.5]}, "text": "a"}]}

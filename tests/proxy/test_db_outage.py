@@ -61,8 +61,12 @@ def test_calls_survive_a_database_outage(start_proxy: ProxyFactory, tiny_engine:
     metrics = httpx.get(f"{proxy.url}/metrics", headers=as_admin, timeout=10).text  # verified before: cached
     assert "onthejob_db_up 0.0" in metrics
     # An unknown key cannot be verified now: 503, never a false 401.
-    other = httpx.post(f"{proxy.v1}/chat/completions", headers={"authorization": "Bearer otj-unknown"},
-                       json={"model": model, "messages": [{"role": "user", "content": "x"}]}, timeout=10)  # fmt: skip
+    other = httpx.post(
+        f"{proxy.v1}/chat/completions",
+        headers={"authorization": "Bearer otj-unknown"},
+        json={"model": model, "messages": [{"role": "user", "content": "x"}]},
+        timeout=10,
+    )
     assert other.status_code == 503
     cluster.start()
     proxy.wait_drained(timeout=60)

@@ -66,8 +66,9 @@ async def test_a_worker_following_the_log_links_nothing_to_a_deleted_session(
         assert (after.source, after.parent_id) == ("new", None) and after.id != "ses_gone"
 
         # A call of that session made after the delete is a parent as usual.
-        later = record(1, session="ses_gone", project_id=project, link_key=key,
-                       created_at=datetime.now(UTC).isoformat())  # fmt: skip
+        later = record(
+            1, session="ses_gone", project_id=project, link_key=key, created_at=datetime.now(UTC).isoformat()
+        )
         linker.remember(project, [key], Link("ses_gone", later.id, None, None, later.created_at))
         again = await linker.resolve(project, UNNAMED, FOLLOW, prefix_keys(FOLLOW))
         assert (again.id, again.parent_id) == ("ses_gone", later.id)

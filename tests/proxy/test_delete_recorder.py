@@ -51,10 +51,14 @@ async def test_a_tombstone_drops_only_calls_made_before_the_delete_on_the_databa
             deleted_at = (await conn.execute(tombstone)).scalar_one()
         at = deleted_at.astimezone(UTC) + AHEAD  # the delete's moment on the proxy's clock
         before, after = (at - timedelta(minutes=1)).isoformat(), (at + timedelta(minutes=1)).isoformat()
-        recorder = await drain(engine, tmp_path / "a", [
-            record(0, session="customer-42", created_at=before),
-            record(1, session="customer-42", created_at=after),
-        ])  # fmt: skip
+        recorder = await drain(
+            engine,
+            tmp_path / "a",
+            [
+                record(0, session="customer-42", created_at=before),
+                record(1, session="customer-42", created_at=after),
+            ],
+        )
         assert recorder.metrics.records_dropped.labels("deleted")._value.get() == 1
         # Later, another worker's copy of a call made before the delete.
         late = await drain(engine, tmp_path / "b", [record(2, session="customer-42", created_at=before)])

@@ -32,8 +32,9 @@ def _stored(db_url: str) -> dict[str, tuple[str, str | None]]:
     eng = sync_engine(db_url)
     try:
         with Session(eng) as db:
-            return {i: (s, p) for i, s, p in db.execute(select(Completion.id, Completion.session_id,
-                                                                 Completion.parent_id))}  # fmt: skip
+            return {
+                i: (s, p) for i, s, p in db.execute(select(Completion.id, Completion.session_id, Completion.parent_id))
+            }
     finally:
         eng.dispose()
 

@@ -58,10 +58,28 @@ def _trained(db: Session, project: str, trajectory_id: str) -> None:
     step = TrainingStep(run_id=run.id, step=1, adapter_version=1)
     db.add(step)
     db.flush()
-    db.add(UsedFeedback(project_id=project, alias="agent", trajectory_id=trajectory_id, feedback_id="fb",
-                        objective="reward", step_id=step.id))  # fmt: skip
-    db.add_all(Adapter(project_id=project, alias="agent", version=v, parent_version=parent, path="/x", sha256="0",
-                       base_model="tiny") for v, parent in ((1, None), (2, 1), (3, None)))  # fmt: skip
+    db.add(
+        UsedFeedback(
+            project_id=project,
+            alias="agent",
+            trajectory_id=trajectory_id,
+            feedback_id="fb",
+            objective="reward",
+            step_id=step.id,
+        )
+    )
+    db.add_all(
+        Adapter(
+            project_id=project,
+            alias="agent",
+            version=v,
+            parent_version=parent,
+            path="/x",
+            sha256="0",
+            base_model="tiny",
+        )
+        for v, parent in ((1, None), (2, 1), (3, None))
+    )
 
 
 async def test_a_deleted_session_is_gone_everywhere_and_its_learners_are_named(
@@ -82,8 +100,10 @@ async def test_a_deleted_session_is_gone_everywhere_and_its_learners_are_named(
     assert r.status_code == 200
     body: dict[str, Any] = r.json()
     assert body["deleted"] == {"calls": 2, "feedback": 1, "dataset_items": 0}
-    assert body["adapters"] == [{"alias": "agent", "version": 1, "direct": True},
-                                {"alias": "agent", "version": 2, "direct": False}]  # fmt: skip
+    assert body["adapters"] == [
+        {"alias": "agent", "version": 1, "direct": True},
+        {"alias": "agent", "version": 2, "direct": False},
+    ]
 
     assert (await client.get("/v1/sessions/s1", headers=as_(world.a))).status_code == 404
     assert (await client.get("/v1/feedback", params={"session_id": "s1"}, headers=as_(world.a))).json()["data"] == []
@@ -109,7 +129,11 @@ async def test_lineage_of_a_version_and_who_learned_from_a_session_or_feedback_i
     assert r.status_code == 200
     v1 = r.json()
     assert (v1["parent_version"], v1["ancestors"], v1["trajectories"], v1["feedback"]) == (
-        None, [], [f"{world.a2}:0"], ["fb"])  # fmt: skip
+        None,
+        [],
+        [f"{world.a2}:0"],
+        ["fb"],
+    )
     v2 = (await client.get("/v1/admin/aliases/agent/versions/2/lineage", headers=as_(world.a))).json()
     assert (v2["parent_version"], v2["ancestors"], v2["trajectories"]) == (1, [1], [])  # inherits v1's weights
     assert (await client.get("/v1/admin/aliases/agent/versions/9/lineage", headers=as_(world.a))).status_code == 404
@@ -138,8 +162,11 @@ async def test_deleting_an_end_user_deletes_each_of_their_sessions(
     eng = sync_engine(pg_url)
     with Session(eng) as db:
         db.execute(update(Completion).where(Completion.id == world.a1).values(end_user="alice"))
-        insert(db, row("alice-2", [1], [choice([5, 2])], project=world.a, session="s2", at=5),
-               row("bob-1", [1], [choice([5, 2])], project=world.a, session="s3", at=6))  # fmt: skip
+        insert(
+            db,
+            row("alice-2", [1], [choice([5, 2])], project=world.a, session="s2", at=5),
+            row("bob-1", [1], [choice([5, 2])], project=world.a, session="s3", at=6),
+        )
         db.execute(update(Completion).where(Completion.id == "alice-2").values(end_user="alice"))
         db.execute(update(Completion).where(Completion.id == "bob-1").values(end_user="bob"))
         db.add(feedback_row(world.a, "thumbs", True, session="s2", completion="alice-2"))
@@ -149,8 +176,10 @@ async def test_deleting_an_end_user_deletes_each_of_their_sessions(
 
     body = (await client.delete("/v1/admin/end-users/alice", headers=as_(world.a))).json()
     assert (body["sessions"], body["deleted"]) == (["s1", "s2"], {"calls": 3, "feedback": 1, "dataset_items": 0})
-    assert body["adapters"] == [{"alias": "agent", "version": 1, "direct": True},
-                                {"alias": "agent", "version": 2, "direct": False}]  # fmt: skip
+    assert body["adapters"] == [
+        {"alias": "agent", "version": 1, "direct": True},
+        {"alias": "agent", "version": 2, "direct": False},
+    ]
     for session, status in (("s1", 404), ("s2", 404), ("s3", 200)):
         assert (await client.get(f"/v1/sessions/{session}", headers=as_(world.a))).status_code == status
     assert (await client.get("/v1/sessions/s1", headers=as_(world.b))).status_code == 200  # another project's

@@ -47,8 +47,9 @@ def _load(proxy: Proxy, stop: threading.Event, received: list[str], stream: bool
                 time.sleep(0.05)  # the proxy is down: a real client would retry
 
 
-def test_sigkill_under_load_loses_no_acknowledged_call(start_proxy: ProxyFactory, stub_upstream: str,
-                                                        pg_factory: Any) -> None:  # fmt: skip
+def test_sigkill_under_load_loses_no_acknowledged_call(
+    start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any
+) -> None:
     db_url = pg_factory()
     port = free_port()
     proxy = start_proxy(stub_upstream, db_url, port=port)
@@ -73,12 +74,18 @@ def test_sigkill_under_load_loses_no_acknowledged_call(start_proxy: ProxyFactory
     print(f"SIGKILL: {len(acknowledged)} acknowledged, {len(stored)} stored, 0 missing")
 
 
-def test_sigterm_finishes_streams_in_flight_and_flushes(start_proxy: ProxyFactory, stub_upstream: str,
-                                                         pg_factory: Any) -> None:  # fmt: skip
+def test_sigterm_finishes_streams_in_flight_and_flushes(
+    start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any
+) -> None:
     db_url = pg_factory()
     proxy = start_proxy(stub_upstream, db_url)
-    body = {"model": "stub-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": 20, "stream": True,
-            "stub_gap_ms": 50}  # fmt: skip
+    body = {
+        "model": "stub-model",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 20,
+        "stream": True,
+        "stub_gap_ms": 50,
+    }
     result: dict[str, Any] = {}
 
     def slow_stream() -> None:
@@ -122,17 +129,36 @@ def test_full_spool_refuses_rather_than_serving_unrecorded(
     assert ready.status_code == 503 and ready.json()["spool"]["full"] is True
 
 
-def test_two_workers_record_everything(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any,
-                                       tmp_path: Any) -> None:  # fmt: skip
+def test_two_workers_record_everything(
+    start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any, tmp_path: Any
+) -> None:
     import subprocess
     import sys
 
     db_url = pg_factory()
     port = free_port()
     spool = tmp_path / "spool-workers"
-    proc = subprocess.Popen([sys.executable, "-m", "onthejob.cli", "serve", "--upstream", stub_upstream, "--db", db_url,
-                             "--port", str(port), "--spool", str(spool), "--no-auth", "--workers", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "onthejob.cli",
+            "serve",
+            "--upstream",
+            stub_upstream,
+            "--db",
+            db_url,
+            "--port",
+            str(port),
+            "--spool",
+            str(spool),
+            "--no-auth",
+            "--workers",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         # Ready means both workers: ten ready answers in a row on new connections (one worker up

@@ -56,8 +56,9 @@ def _signal(engine: Engine, sig: signal.Signals) -> None:
 def _served(engine: Engine) -> float:
     """Requests this engine finished, from its own /metrics."""
     text = httpx.get(f"{engine.url}/metrics", timeout=10).text
-    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total{"))  # fmt: skip
+    return sum(
+        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith("vllm:request_success_total{")
+    )
 
 
 def _lists(engine: Engine) -> set[str]:
@@ -65,9 +66,17 @@ def _lists(engine: Engine) -> set[str]:
 
 
 def _chat(proxy: Proxy, model: str, session: str, **extra: Any) -> httpx.Response:
-    return httpx.post(f"{proxy.v1}/chat/completions", headers={"x-session-id": session}, timeout=120,
-                      json={"model": model, "messages": [{"role": "user", "content": f"Hello from {session}"}],
-                            "max_tokens": 4, **extra})  # fmt: skip
+    return httpx.post(
+        f"{proxy.v1}/chat/completions",
+        headers={"x-session-id": session},
+        timeout=120,
+        json={
+            "model": model,
+            "messages": [{"role": "user", "content": f"Hello from {session}"}],
+            "max_tokens": 4,
+            **extra,
+        },
+    )
 
 
 def _which(proxy: Proxy, engines: list[Engine], model: str, session: str) -> int:
@@ -95,8 +104,16 @@ def _until(what: str, check: Any, timeout: float = 60.0) -> None:
 def _adapter(db_url: str, model: ModelInfo, folder: Path, version: int) -> None:
     eng = sync_engine(db_url)
     with Session(eng) as db:
-        db.add(Adapter(project_id="default", alias=model.name, version=version, path=str(folder), sha256="0" * 64,
-                       base_model=model.name))  # fmt: skip
+        db.add(
+            Adapter(
+                project_id="default",
+                alias=model.name,
+                version=version,
+                path=str(folder),
+                sha256="0" * 64,
+                base_model=model.name,
+            )
+        )
         db.commit()
     eng.dispose()
 
@@ -160,14 +177,27 @@ def test_affinity_a_deployment_while_one_engine_hangs_and_unloading(
     assert metric_sample(metrics, "onthejob_adapter_unloads_total", result="ok") == 2
 
 
-def _stream(proxy: Proxy, model: str, session: str, started: threading.Event, out: dict[str, Any],
-            tokens: int, at_first: Callable[[], None] | None = None) -> None:  # fmt: skip
+def _stream(
+    proxy: Proxy,
+    model: str,
+    session: str,
+    started: threading.Event,
+    out: dict[str, Any],
+    tokens: int,
+    at_first: Callable[[], None] | None = None,
+) -> None:
     """A stream of ``tokens``: records its id, whether it ended with [DONE] and no error event;
     ``at_first`` runs when its first event arrives (before ``started`` is set)."""
-    body = {"model": model, "messages": [{"role": "user", "content": f"Hello from {session}"}], "stream": True,
-            "max_tokens": tokens, "ignore_eos": True}  # fmt: skip
-    with httpx.stream("POST", f"{proxy.v1}/chat/completions", headers={"x-session-id": session}, json=body,
-                      timeout=120) as resp:  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": f"Hello from {session}"}],
+        "stream": True,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+    }
+    with httpx.stream(
+        "POST", f"{proxy.v1}/chat/completions", headers={"x-session-id": session}, json=body, timeout=120
+    ) as resp:
         out["id"] = resp.headers["x-request-id"]
         lines = []
         for line in resp.iter_lines():
@@ -197,9 +227,13 @@ def test_an_engine_killed_mid_run(
     # be sent to the other engine at the kill, having had no answer): either way only they may fail.
     long = on_second[0]
     freeze = functools.partial(_signal, second_engine, signal.SIGSTOP)
-    threads = [threading.Thread(target=_stream, args=(proxy, model, s, started, out, 1000 if s == long else 50,
-                                                      freeze if s == long else None))
-               for s, (out, started) in streams.items()]  # fmt: skip
+    threads = [
+        threading.Thread(
+            target=_stream,
+            args=(proxy, model, s, started, out, 1000 if s == long else 50, freeze if s == long else None),
+        )
+        for s, (out, started) in streams.items()
+    ]
     for t in threads:
         t.start()
     assert streams[long][1].wait(60)

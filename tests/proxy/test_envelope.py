@@ -65,8 +65,9 @@ def test_schemathesis_finds_no_plain_text_error_with_the_database_down(no_databa
             continue  # the call routes are served (and spooled) with the database down: tests/proxy/test_db_outage.py
 
         @given(case=operation.as_strategy())
-        @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), database=None,
-                  derandomize=True)  # fmt: skip
+        @settings(
+            max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True
+        )
         def check(case: Any) -> None:
             resp = case.call(timeout=30)
             where = f"{case.method} {case.formatted_path}"  # noqa: B023 - called in this iteration
@@ -85,8 +86,12 @@ def test_every_503_says_when_to_retry(start_proxy: ProxyFactory, stub_upstream: 
     proxy = start_proxy(stub_upstream, dead, auth=True)
     for resp in (
         httpx.get(f"{proxy.v1}/chat/completions/cmpl-x", headers={"authorization": "Bearer otj-x"}, timeout=30),
-        httpx.post(f"{proxy.v1}/messages", headers={"x-api-key": "otj-x"}, timeout=30,
-                   json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
-    ):  # fmt: skip
+        httpx.post(
+            f"{proxy.v1}/messages",
+            headers={"x-api-key": "otj-x"},
+            timeout=30,
+            json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+        ),
+    ):
         assert resp.status_code in (503, 529), resp.text  # 529: Anthropic's "overloaded" for our 503
         assert int(resp.headers["retry-after"]) > 0 and resp.json()["error"]["message"]

@@ -79,8 +79,9 @@ def _last_id(proxy: Proxy, timeout: float = 15.0) -> str:
     ("fault", "termination"),
     [("reset_midstream", "upstream_error"), ("stall_midstream", "timeout"), ("malformed", "upstream_error")],
 )
-def test_streamed_faults_end_with_an_error_event_and_a_partial_record(proxy: Proxy, fault: str,
-                                                                      termination: str) -> None:  # fmt: skip
+def test_streamed_faults_end_with_an_error_event_and_a_partial_record(
+    proxy: Proxy, fault: str, termination: str
+) -> None:
     cid, lines = _stream(proxy, _body(stub_fault=fault, max_tokens=8, stub_gap_ms=30))
     assert lines[-1] == "data: [DONE]"
     assert '"error"' in lines[-2]
@@ -103,8 +104,9 @@ def test_refused_connection_is_a_502_and_the_proxy_stays_up(start_proxy: ProxyFa
 
 def test_client_disconnect_cancels_upstream_and_records_the_partial(proxy: Proxy, stub_upstream: str) -> None:
     before = httpx.get(f"{stub_upstream}/stub/stats", timeout=5).json()
-    with httpx.stream("POST", f"{proxy.v1}/chat/completions", timeout=30,
-                      json=_body(stream=True, max_tokens=50, stub_gap_ms=100)) as resp:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{proxy.v1}/chat/completions", timeout=30, json=_body(stream=True, max_tokens=50, stub_gap_ms=100)
+    ) as resp:
         cid = resp.headers["x-request-id"]
         lines = resp.iter_lines()
         got = [next(lines) for _ in range(6)]  # a few chunks, then hang up

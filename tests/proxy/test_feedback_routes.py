@@ -196,8 +196,10 @@ async def test_history_session_view_and_trajectories(client: httpx.AsyncClient, 
     assert (await client.post("/v1/feedback", json=note, headers=as_(world.a))).status_code == 201
     history = (await client.get("/v1/feedback", params={"session_id": "s1"}, headers=as_(world.a))).json()["data"]
     assert [(f["name"], f["value"], f["current"]) for f in history] == [
-        ("thumbs", False, False), ("thumbs", True, True), ("note", None, True)
-    ]  # fmt: skip
+        ("thumbs", False, False),
+        ("thumbs", True, True),
+        ("note", None, True),
+    ]
     on_call = (await client.get("/v1/feedback", params={"completion_id": world.a1}, headers=as_(world.a))).json()
     assert [f["name"] for f in on_call["data"]] == ["note"]
 
@@ -236,13 +238,20 @@ async def test_feedback_text_goes_through_the_projects_redaction_policy(client: 
         no_text = new_project(db, {"redact": {"store_text": False}})
         db.commit()
     for project in (patterns, no_text):
-        item = fb({"session_id": "s-redact"}, "outcome", "success", comment=f"leaked {secret} in the answer",
-                  metadata={"note": f"customer pasted {secret}"}, id="r1")  # fmt: skip
+        item = fb(
+            {"session_id": "s-redact"},
+            "outcome",
+            "success",
+            comment=f"leaked {secret} in the answer",
+            metadata={"note": f"customer pasted {secret}"},
+            id="r1",
+        )
         r = await client.post("/v1/feedback", json=item, headers=as_(project))
         assert r.status_code == 202, r.text
         assert secret not in r.text
-        label = await client.post("/v1/feedback", json=fb({"session_id": "s-redact"}, "label", secret, id="r2"),
-                                  headers=as_(project))  # fmt: skip
+        label = await client.post(
+            "/v1/feedback", json=fb({"session_id": "s-redact"}, "label", secret, id="r2"), headers=as_(project)
+        )
         assert label.status_code == 202 and secret not in label.text
         again = await client.post("/v1/feedback", json=item, headers=as_(project))  # an idempotent retry
         assert again.status_code == 202 and again.json()["id"] == r.json()["id"]
@@ -268,13 +277,23 @@ async def test_feedback_on_one_choice_grades_that_choice_and_makes_a_preference_
     with Session(eng) as db:
         p = new_project(db)
         ask = [{"role": "user", "content": "What is 2+3?"}]
-        insert(db, row(cid, P1, [choice([53, 2], index=0, content="5"), choice([54, 2], index=1, content="six")],
-                       project=p, session="n2", messages=ask))  # fmt: skip
+        insert(
+            db,
+            row(
+                cid,
+                P1,
+                [choice([53, 2], index=0, content="5"), choice([54, 2], index=1, content="six")],
+                project=p,
+                session="n2",
+                messages=ask,
+            ),
+        )
         db.commit()
     eng.dispose()
     for k, value in ((0, 1.0), (1, 0.0)):
-        r = await client.post("/v1/feedback", json=fb({"completion_id": cid, "choice": k}, "reward", value),
-                              headers=as_(p))  # fmt: skip
+        r = await client.post(
+            "/v1/feedback", json=fb({"completion_id": cid, "choice": k}, "reward", value), headers=as_(p)
+        )
         assert r.status_code == 201, r.text
         assert r.json()["target"] == {"completion_id": cid, "choice": k}
     bad = await client.post("/v1/feedback", json=fb({"session_id": "n2", "choice": 0}), headers=as_(p))

@@ -19,8 +19,10 @@ from tests.proxy.conftest import ProxyFactory
 
 pytestmark = [pytest.mark.engine, pytest.mark.default_model]
 
-SYSTEM = ("You can use a calculator. To use it, reply with a line 'CALC: <expression>'. "
-          "You will get 'RESULT: <value>'. Then give the final answer as 'ANSWER: <number>'.")  # fmt: skip
+SYSTEM = (
+    "You can use a calculator. To use it, reply with a line 'CALC: <expression>'. "
+    "You will get 'RESULT: <value>'. Then give the final answer as 'ANSWER: <number>'."
+)
 
 
 def calculator(text: str) -> str:
@@ -30,12 +32,15 @@ def calculator(text: str) -> str:
     return str(eval(expr, {"__builtins__": {}})) if expr and set(expr) <= allowed else "error"  # noqa: S307
 
 
-def test_tool_using_session_becomes_one_token_exact_trajectory(start_proxy: ProxyFactory, default_engine: Engine,
-                                                                pg_url: str) -> None:  # fmt: skip
+def test_tool_using_session_becomes_one_token_exact_trajectory(
+    start_proxy: ProxyFactory, default_engine: Engine, pg_url: str
+) -> None:
     proxy = start_proxy(default_engine.url, pg_url)
     client = openai.OpenAI(base_url=proxy.v1, api_key="unused", max_retries=0)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM},
-                                      {"role": "user", "content": "What is 17 times 3?"}]  # fmt: skip
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "What is 17 times 3?"},
+    ]
     sessions, call_ids, tool_outputs = set(), [], []
     for turn in range(3):
         raw = client.chat.completions.with_raw_response.create(
@@ -49,8 +54,11 @@ def test_tool_using_session_becomes_one_token_exact_trajectory(start_proxy: Prox
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": result}]
     assert len(sessions) == 1, "the conversation must link into one session without any header"
     session = sessions.pop()
-    fb = httpx.post(f"{proxy.v1}/feedback", json={"target": {"session_id": session}, "name": "reward",
-                                                   "value": 0.75, "id": "grade-1"}, timeout=10)  # fmt: skip
+    fb = httpx.post(
+        f"{proxy.v1}/feedback",
+        json={"target": {"session_id": session}, "name": "reward", "value": 0.75, "id": "grade-1"},
+        timeout=10,
+    )
     assert fb.status_code in (201, 202), fb.text
     proxy.wait_drained()
     got = httpx.get(f"{proxy.v1}/sessions/{session}/trajectories", timeout=30).json()

@@ -32,8 +32,20 @@ def _world(db: Session) -> tuple[str, str, str]:
     project = new_project(db, {"retention_days": 1})
     ancient, late = f"ancient-{uuid.uuid4().hex[:8]}", f"late-{uuid.uuid4().hex[:8]}"
     fid = new_feedback_id()
-    db.add(Feedback(id=fid, project_id=project, idempotency_key=fid, target_kind="completion_id", target_id=late,
-                    name="thumbs", value=True, source="", meta={}, created_at=utcnow()))  # fmt: skip
+    db.add(
+        Feedback(
+            id=fid,
+            project_id=project,
+            idempotency_key=fid,
+            target_kind="completion_id",
+            target_id=late,
+            name="thumbs",
+            value=True,
+            source="",
+            meta={},
+            created_at=utcnow(),
+        )
+    )
     late_row = row(late, P1, [], project=project, session="s-late")
     late_row["created_at"] = utcnow()
     insert(db, row(ancient, P1, [], project=project, session="s-old"), late_row)
@@ -83,8 +95,11 @@ def test_a_failing_job_is_counted_and_the_others_still_run(tmp_path: Path) -> No
     eng = sync_engine(f"sqlite:///{tmp_path / 'nothing.db'}")  # no schema: every job fails
     keeper = Housekeeper(eng, Schedule())
     assert keeper.run_all() == {"sweep": None, "retention": None, "prune": None}
-    assert {key for key, n in keeper.runs.items() if n} == {("sweep", "failed"), ("retention", "failed"),
-                                                             ("prune", "failed")}  # fmt: skip
+    assert {key for key, n in keeper.runs.items() if n} == {
+        ("sweep", "failed"),
+        ("retention", "failed"),
+        ("prune", "failed"),
+    }
     eng.dispose()
 
 
@@ -99,8 +114,14 @@ def test_onthejob_housekeep_once(pg_url: str, db: Session, capsys: pytest.Captur
 
 @pytest.fixture
 async def proxy_app(pg_url: str, tmp_path: Path) -> AsyncIterator[Any]:
-    settings = Settings(upstreams=["http://127.0.0.1:1"], database_url=pg_url, spool_dir=tmp_path / "spool",
-                        auth=False, reconcile_every_s=0.2, retention_every_s=0.2)  # fmt: skip
+    settings = Settings(
+        upstreams=["http://127.0.0.1:1"],
+        database_url=pg_url,
+        spool_dir=tmp_path / "spool",
+        auth=False,
+        reconcile_every_s=0.2,
+        retention_every_s=0.2,
+    )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         yield app
@@ -110,9 +131,20 @@ async def proxy_app(pg_url: str, tmp_path: Path) -> AsyncIterator[Any]:
 async def test_the_proxy_runs_the_jobs_in_a_thread_and_exports_orphans(proxy_app: Any, db: Session) -> None:
     project, ancient, fid = _world(db)
     old = new_feedback_id()  # an orphan: pending past its TTL
-    db.add(Feedback(id=old, project_id=project, idempotency_key=old, target_kind="completion_id",
-                    target_id="cmpl-never", name="thumbs", value=True, source="", meta={},
-                    created_at=utcnow() - timedelta(hours=2)))  # fmt: skip
+    db.add(
+        Feedback(
+            id=old,
+            project_id=project,
+            idempotency_key=old,
+            target_kind="completion_id",
+            target_id="cmpl-never",
+            name="thumbs",
+            value=True,
+            source="",
+            meta={},
+            created_at=utcnow() - timedelta(hours=2),
+        )
+    )
     db.commit()
     state = proxy_app.state.onthejob
     assert state.housekeeper is not None

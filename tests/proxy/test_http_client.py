@@ -36,7 +36,10 @@ async def read_request(reader: asyncio.StreamReader) -> bytes | None:
 
 def reply(body: bytes, status: int = 200) -> bytes:
     return b"HTTP/1.1 %d OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        status, len(body), body)  # fmt: skip
+        status,
+        len(body),
+        body,
+    )
 
 
 def run(handler: Handler, scenario: Callable[[str, dict[str, Any]], Awaitable[None]]) -> dict[str, Any]:
@@ -257,9 +260,28 @@ def test_an_engine_behind_tls_is_reached_with_the_system_trust_store(
     """``https://`` engine URLs: verified against the default trust store, which an operator extends
     with OpenSSL's ``SSL_CERT_FILE`` (here a self-signed certificate for 127.0.0.1)."""
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=engine",
-                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=engine",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     served.load_cert_chain(cert, key)

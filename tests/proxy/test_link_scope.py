@@ -43,9 +43,13 @@ def test_linking_stays_within_a_key_and_an_end_user_and_refuses_to_guess(
 
     # One key, two end users, named each way a client may name them.
     for n, (alice, bob) in enumerate(
-        [({"user": "alice"}, {"user": "bob"}),
-         ({"metadata": {"user_id": "alice"}}, {"metadata": {"user_id": "bob"}}),
-         ({"metadata": {"end_user": "alice"}}, {"metadata": {"end_user": "bob"}})], start=2):  # fmt: skip
+        [
+            ({"user": "alice"}, {"user": "bob"}),
+            ({"metadata": {"user_id": "alice"}}, {"metadata": {"user_id": "bob"}}),
+            ({"metadata": {"end_user": "alice"}}, {"metadata": {"end_user": "bob"}}),
+        ],
+        start=2,
+    ):
         s_alice, reply = call(key_a, opening(n), **alice)
         s_bob, _ = call(key_a, opening(n), **bob)
         assert call(key_a, then(opening(n), reply), **alice)[0] == s_alice

@@ -29,8 +29,10 @@ async def converse(bases: list[str], n: int) -> None:
     messages: list[dict[str, Any]] = [{"role": "user", "content": f"conversation {n} turn 0"}]
     async with httpx.AsyncClient(timeout=30) as client:
         for turn in range(TURNS):
-            r = await client.post(f"{bases[(n + turn) % 2]}/v1/chat/completions",
-                                  json={"model": "stub-model", "messages": messages, "max_tokens": 4})  # fmt: skip
+            r = await client.post(
+                f"{bases[(n + turn) % 2]}/v1/chat/completions",
+                json={"model": "stub-model", "messages": messages, "max_tokens": 4},
+            )
             assert r.status_code == 200, r.text
             messages += [r.json()["choices"][0]["message"], {"role": "user", "content": f"turn {turn + 1}"}]
 

@@ -91,8 +91,19 @@ async def test_a_drifting_version_is_held_under_gate_and_rolled_back_under_canar
     # gate: v1 answers 40 % shorter, but its eval equals the base model's (the drift does not show in it): promoted,
     # it serves, and the monitors see it. v2, trained from it, is held as it is published.
     shorter = [Phase(None), Phase(1, answer=0.6)]
-    gated = await simulate("gate", 5, proxy.url, sm, "default", SESSIONS, phases=shorter, alias="gated",
-                           batch=SESSIONS, stub=True, policy="gate")  # fmt: skip
+    gated = await simulate(
+        "gate",
+        5,
+        proxy.url,
+        sm,
+        "default",
+        SESSIONS,
+        phases=shorter,
+        alias="gated",
+        batch=SESSIONS,
+        stub=True,
+        policy="gate",
+    )
     assert [(d.version, d.decision, d.served) for d in gated.decisions] == [(1, "promoted", 0)]
     assert ("answer_tokens", 1) in {(a["monitor"], a["version"]) for a in gated.opened}, gated.opened
     submit = {"alias": "gated", "version": 2, "candidate": True}
@@ -105,8 +116,20 @@ async def test_a_drifting_version_is_held_under_gate_and_rolled_back_under_canar
     # canary: v1 floods tool calls in half its sessions; half the sessions (sticky) reach it, and its own
     # timeout_rate alert rolls it back before the live reward (which never sees an ungraded flood) could promote it.
     floods = [Phase(None), Phase(1, flood=0.5)]
-    canaried = await simulate("canary", 5, proxy.url, sm, "default", SESSIONS, phases=floods, alias="canaried",
-                              batch=SESSIONS, stub=True, policy="canary", max_sessions=4 * SESSIONS)  # fmt: skip
+    canaried = await simulate(
+        "canary",
+        5,
+        proxy.url,
+        sm,
+        "default",
+        SESSIONS,
+        phases=floods,
+        alias="canaried",
+        batch=SESSIONS,
+        stub=True,
+        policy="canary",
+        max_sessions=4 * SESSIONS,
+    )
     (decision,) = canaried.decisions
     assert (decision.version, decision.decision) == (1, "rolled_back"), canaried.opened
     assert "timeout_rate@v1" in decision.alerts and 0 < decision.served < decision.after
@@ -126,8 +149,10 @@ async def test_on_the_real_engine_a_flood_is_recorded_timed_out_and_drift_is_mea
         await harness.session("plain", Phase(None), random.Random(0))
     proxy.wait_drained()
     async with sm() as db:
-        stats = {s.session_id: s for s in await load_window(db, "default", "agent", None,
-                                                              parse_config({"settle_s": 0}), DEFAULT_RULE)}  # fmt: skip
+        stats = {
+            s.session_id: s
+            for s in await load_window(db, "default", "agent", None, parse_config({"settle_s": 0}), DEFAULT_RULE)
+        }
         # Drift of the base model's own traffic from the base model: 0 up to what min_tokens does to μ
         # (it renormalises without end-of-turn). The estimator's bias, measured.
         drift = await DriftProbe(tiny_engine.url, sample=4).estimates(db, "default", "agent")

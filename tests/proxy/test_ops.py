@@ -32,8 +32,11 @@ def in_process(tmp_path: Path, stub_upstream: str, pg_factory: Any) -> AppFactor
     @asynccontextmanager
     async def start(**settings: Any) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient, str]]:
         defaults = {"auth": False, "reconcile_every_s": 3600.0, "alias_refresh_s": 3600.0, "probe_every_s": 3600.0}
-        app = create_app(Settings(upstreams=[stub_upstream], database_url=db_url, spool_dir=tmp_path / "spool",
-                                  **{**defaults, **settings}))  # fmt: skip
+        app = create_app(
+            Settings(
+                upstreams=[stub_upstream], database_url=db_url, spool_dir=tmp_path / "spool", **{**defaults, **settings}
+            )
+        )
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
@@ -104,9 +107,18 @@ async def test_trainer_step_metrics_are_exported_from_storage(in_process: AppFac
             db.add(run)
             db.flush()
             for step, loss in ((1, 0.5), (2, 0.25)):
-                metrics = {"loss": loss, "reward_mean": 0.7, "ratio_mean": 1.01, "ratio_max": 1.9,
-                           "clipped_frac": 0.02, "ess": 0.93, "kl_mu_pi": 0.004, "tokens": 812, "trajectories": 9,
-                           "excluded": {"ungraded": 3, "ratio_out_of_band": 1}}  # fmt: skip
+                metrics = {
+                    "loss": loss,
+                    "reward_mean": 0.7,
+                    "ratio_mean": 1.01,
+                    "ratio_max": 1.9,
+                    "clipped_frac": 0.02,
+                    "ess": 0.93,
+                    "kl_mu_pi": 0.004,
+                    "tokens": 812,
+                    "trajectories": 9,
+                    "excluded": {"ungraded": 3, "ratio_out_of_band": 1},
+                }
                 db.add(TrainingStep(run_id=run.id, step=step, adapter_version=step, metrics=metrics))
             db.commit()
         eng.dispose()

@@ -20,8 +20,14 @@ def test_nothing_known_yet_refuses_with_a_clear_503(tmp_path: Path) -> None:
 
 def test_policies_read_from_the_database_are_kept_on_disk_for_the_next_start(tmp_path: Path) -> None:
     live = Policies(tmp_path)
-    live.update({"acme": {"redact": {"patterns": ["sk-[a-z0-9]+"]}}, "quiet": {"redact": {"store_text": False}},
-                 "plain": {}, "bare": None})  # fmt: skip
+    live.update(
+        {
+            "acme": {"redact": {"patterns": ["sk-[a-z0-9]+"]}},
+            "quiet": {"redact": {"store_text": False}},
+            "plain": {},
+            "bare": None,
+        }
+    )
     assert redact_text("key sk-abc1", live.get("acme")) == f"key {MASK}"
     assert live.get("never-seen") == RedactionPolicy()  # the database answered and has no settings for it
     assert json.loads((tmp_path / "policies.json").read_text())["quiet"] == {"store_text": False}

@@ -36,23 +36,34 @@ class Admin:
         self.proxy, self.admin, self.harness = proxy, admin, harness
 
     def req(self, method: str, path: str, body: Any = None, status: int | None = None) -> Any:
-        resp = httpx.request(method, f"{self.proxy.v1}{path}", json=body, timeout=120,
-                             headers={"authorization": f"Bearer {self.admin}"})  # fmt: skip
+        resp = httpx.request(
+            method, f"{self.proxy.v1}{path}", json=body, timeout=120, headers={"authorization": f"Bearer {self.admin}"}
+        )
         assert resp.status_code == (status or resp.status_code) and resp.status_code < 500, resp.text
         return resp.json()
 
     def call(self, model: str, session: str, key: str | None = None) -> httpx.Response:
-        return httpx.post(f"{self.proxy.v1}/chat/completions", timeout=120,
-                          headers={"authorization": f"Bearer {key or self.harness}", "x-session-id": session},
-                          json={"model": model, "max_tokens": 4, "temperature": 0,
-                                "messages": [{"role": "user", "content": f"hello {session}"}]})  # fmt: skip
+        return httpx.post(
+            f"{self.proxy.v1}/chat/completions",
+            timeout=120,
+            headers={"authorization": f"Bearer {key or self.harness}", "x-session-id": session},
+            json={
+                "model": model,
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": f"hello {session}"}],
+            },
+        )
 
     def served(self, resp: httpx.Response) -> dict[str, Any]:
         """The stored record of a call: which version served it, its content hash, its tags."""
         assert resp.status_code == 200, resp.text
         self.proxy.wait_drained()
-        return httpx.get(f"{self.proxy.v1}/chat/completions/{resp.headers['x-request-id']}", timeout=10,  # type: ignore[no-any-return]
-                         headers={"authorization": f"Bearer {self.admin}"}).json()["onthejob"]  # fmt: skip
+        return httpx.get(
+            f"{self.proxy.v1}/chat/completions/{resp.headers['x-request-id']}",
+            timeout=10,  # type: ignore[no-any-return]
+            headers={"authorization": f"Bearer {self.admin}"},
+        ).json()["onthejob"]
 
     def decisions(self) -> list[tuple[int | None, str]]:
         return [(e["version"], e["decision"]) for e in self.req("GET", f"/admin/aliases/{ALIAS}/promotions")["data"]]
@@ -71,8 +82,17 @@ def _publish(db_url: str, engine: Engine, tmp_path: Path, version: int, seed: in
     path = random_adapter(engine.model, tmp_path / f"v{version}", seed=seed)
     eng = sync_engine(db_url)
     with Session(eng) as db:
-        row = record_adapter(db, project_id="default", alias=alias, version=version, parent_version=None, path=path,
-                             base=engine.model, run_id=None, metrics={})  # fmt: skip
+        row = record_adapter(
+            db,
+            project_id="default",
+            alias=alias,
+            version=version,
+            parent_version=None,
+            path=path,
+            base=engine.model,
+            run_id=None,
+            metrics={},
+        )
         db.commit()
         sha = row.sha256
     eng.dispose()
@@ -82,8 +102,12 @@ def _publish(db_url: str, engine: Engine, tmp_path: Path, version: int, seed: in
 def _eval(a: Admin, version: str, scores: dict[str, float]) -> Any:
     n = len(scores)
     mean = sum(scores.values()) / n
-    return a.req("POST", f"/admin/aliases/{ALIAS}/versions/{version}/evals", status=201,
-                 body={"name": "heldout", "n": n, "mean": mean, "stderr": 0.1, "scores": scores})  # fmt: skip
+    return a.req(
+        "POST",
+        f"/admin/aliases/{ALIAS}/versions/{version}/evals",
+        status=201,
+        body={"name": "heldout", "n": n, "mean": mean, "stderr": 0.1, "scores": scores},
+    )
 
 
 def test_gate_holds_a_worse_candidate_and_promotes_a_better_one(
@@ -91,8 +115,9 @@ def test_gate_holds_a_worse_candidate_and_promotes_a_better_one(
 ) -> None:
     db_url = pg_factory()
     harness, admin = make_key(db_url, "default", "harness"), make_key(db_url, "default", "admin")
-    proxy = start_proxy(tiny_engine.url, db_url, auth=True,
-                        env={"ONTHEJOB_RATE_LIMIT_RPS": "0", "ONTHEJOB_PROMOTION_EVERY": "0.5"})  # fmt: skip
+    proxy = start_proxy(
+        tiny_engine.url, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "0", "ONTHEJOB_PROMOTION_EVERY": "0.5"}
+    )
     a = Admin(proxy, admin, harness)
     a.req("POST", "/admin/aliases", {"name": ALIAS, "base_model": tiny_engine.model.name}, status=201)
     sha1, sha2 = _publish(db_url, tiny_engine, tmp_path, 1, seed=1), _publish(db_url, tiny_engine, tmp_path, 2, seed=2)
@@ -128,8 +153,14 @@ def test_gate_holds_a_worse_candidate_and_promotes_a_better_one(
     asyncio.run(_alert(db_url, 3))
     a.wait_for((3, "held"))  # decided by the proxy's own loop
     assert a.deployed() == 2
-    assert a.decisions() == [(1, "candidate"), (1, "held"), (2, "candidate"), (2, "promoted"), (3, "candidate"),
-                             (3, "held")]  # fmt: skip
+    assert a.decisions() == [
+        (1, "candidate"),
+        (1, "held"),
+        (2, "candidate"),
+        (2, "promoted"),
+        (3, "candidate"),
+        (3, "held"),
+    ]
 
     # Canary: half the sessions (sticky) go to v4; it earns less reward, so it is rolled back.
     v4 = _publish(db_url, tiny_engine, tmp_path, 4, seed=4)
@@ -144,9 +175,16 @@ def test_gate_holds_a_worse_candidate_and_promotes_a_better_one(
             assert first["adapter_sha256"] == v4
     assert set(arms.values()) == {2, 4}
     for session, version in arms.items():
-        httpx.post(f"{proxy.v1}/feedback", headers={"authorization": f"Bearer {harness}"}, timeout=10,
-                   json={"target": {"session_id": session}, "name": "reward",
-                         "value": (0.0 if version == 4 else 1.0) + 0.01 * len(session)}).raise_for_status()  # fmt: skip
+        httpx.post(
+            f"{proxy.v1}/feedback",
+            headers={"authorization": f"Bearer {harness}"},
+            timeout=10,
+            json={
+                "target": {"session_id": session},
+                "name": "reward",
+                "value": (0.0 if version == 4 else 1.0) + 0.01 * len(session),
+            },
+        ).raise_for_status()
     a.wait_for((4, "rolled_back"))
     event = a.req("GET", f"/admin/aliases/{ALIAS}/promotions")["data"][-1]
     assert event["evidence"]["live_reward"]["diff"] < -0.9
@@ -157,8 +195,9 @@ def test_gate_holds_a_worse_candidate_and_promotes_a_better_one(
 def _configured_eval(a: Admin, db_url: str, engine: Engine, tmp_path: Path) -> None:
     """The trainer's after-publish hook runs the policy's eval (serving first, once); `onthejob eval` too."""
     items = tmp_path / "smoke.jsonl"
-    items.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"say {i}", "reference": "(?s)."}) + "\n"
-                             for i in range(3)))  # fmt: skip
+    items.write_text(
+        "".join(json.dumps({"id": f"q{i}", "prompt": f"say {i}", "reference": "(?s)."}) + "\n" for i in range(3))
+    )
     config = {"set": str(items), "grader": "regex", "name": "smoke", "max_tokens": 4}
     a.req("PUT", f"/admin/aliases/{ALIAS}/policy", {"mode": "gate", "eval": config})
     _publish(db_url, engine, tmp_path, 5, seed=5)
@@ -166,16 +205,32 @@ def _configured_eval(a: Admin, db_url: str, engine: Engine, tmp_path: Path) -> N
     said = after_publish(a.proxy.url, a.admin, ALIAS, "default", db_url)(5)
     # Random adapters can make the tiny model sample only special tokens (an empty reply), so the
     # scores are whatever the engine answered; the decision must be the gate's verdict on them.
-    evals = {v: [e for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/{v}/evals")["data"] if e["name"] == "smoke"]
-             for v in (2, 5)}  # fmt: skip
+    evals = {
+        v: [e for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/{v}/evals")["data"] if e["name"] == "smoke"]
+        for v in (2, 5)
+    }
     assert [(e["version"], e["n"]) for e in evals[2]] == [(2, 3)] and [e["n"] for e in evals[5]] == [3]
     stats = {v: store.Stats.of({k: float(x) for k, x in evals[v][0]["scores"].items()}) for v in (2, 5)}
     verdict = store.gate_verdict(store.compare(stats[5], stats[2]), 0.0, 2.0)
     assert said.startswith(f"eval smoke {stats[5].mean:.3f} ± {stats[5].stderr:.3f} (n 3): {verdict}"), said
     assert a.deployed() == (5 if verdict == "promoted" else 2)
-    args = build_parser().parse_args(["eval", "--alias", ALIAS, "--set", str(items), "--grader", "exact",
-                                      "--proxy", a.proxy.url, "--admin-key", a.admin, "--plot",
-                                      str(tmp_path / "e.png")])  # fmt: skip
+    args = build_parser().parse_args(
+        [
+            "eval",
+            "--alias",
+            ALIAS,
+            "--set",
+            str(items),
+            "--grader",
+            "exact",
+            "--proxy",
+            a.proxy.url,
+            "--admin-key",
+            a.admin,
+            "--plot",
+            str(tmp_path / "e.png"),
+        ]
+    )
     assert args.handler(args) == 0  # the serving version (v5), graded exactly: no reply is the text "(?s)."
     smoke = [e for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/5/evals")["data"] if e["name"] == "smoke"]
     assert [(e["grader"], e["mean"]) for e in smoke] == [("regex", stats[5].mean), ("exact", 0.0)]

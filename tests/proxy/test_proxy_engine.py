@@ -123,14 +123,25 @@ def _carried(chunks: list[dict[str, Any]]) -> dict[str, Any]:
             ids += choice.get("token_ids") or []
             logprobs += [t["token"] for t in (choice.get("logprobs") or {}).get("content") or []]
             finish += [choice["finish_reason"]] if choice.get("finish_reason") else []
-    return {"text": text, "ids": ids, "logprobs": logprobs, "finish": finish, "shapes": shapes,
-            "usage": [c["usage"] for c in chunks if c.get("usage")]}  # fmt: skip
+    return {
+        "text": text,
+        "ids": ids,
+        "logprobs": logprobs,
+        "finish": finish,
+        "shapes": shapes,
+        "usage": [c["usage"] for c in chunks if c.get("usage")],
+    }
 
 
 @pytest.mark.parametrize("client_asks", [False, True])
 def test_token_exact_against_the_engine(proxy: Proxy, tiny_engine: Engine, client_asks: bool) -> None:
-    body: dict[str, Any] = {"model": tiny_engine.model.name, "messages": MESSAGES, "max_tokens": 12,
-                            "seed": 1234, "temperature": 0.8}  # fmt: skip
+    body: dict[str, Any] = {
+        "model": tiny_engine.model.name,
+        "messages": MESSAGES,
+        "max_tokens": 12,
+        "seed": 1234,
+        "temperature": 0.8,
+    }
     if client_asks:
         body |= {"logprobs": True, "return_token_ids": True}
     direct = _chat(tiny_engine.url, body)
@@ -188,10 +199,20 @@ def test_multi_turn_without_session_header_is_one_session(proxy: Proxy, tiny_eng
 def test_session_and_task_by_header_metadata_and_path(proxy: Proxy, tiny_engine: Engine) -> None:
     model = tiny_engine.model.name
     base = {"model": model, "messages": MESSAGES, "max_tokens": 2}
-    a = httpx.post(f"{proxy.v1}/chat/completions", json=base, headers={"x-session-id": "s-hdr", "x-task-id": "t1",
-                   "x-client-request-id": "my-req-1", "x-onthejob-tags": "eval"}, timeout=60)  # fmt: skip
-    b = httpx.post(f"{proxy.v1}/chat/completions", json={**base, "metadata": {"session_id": "s-meta",
-                   "task_id": "t2"}}, timeout=60)  # fmt: skip
+    a = httpx.post(
+        f"{proxy.v1}/chat/completions",
+        json=base,
+        headers={
+            "x-session-id": "s-hdr",
+            "x-task-id": "t1",
+            "x-client-request-id": "my-req-1",
+            "x-onthejob-tags": "eval",
+        },
+        timeout=60,
+    )
+    b = httpx.post(
+        f"{proxy.v1}/chat/completions", json={**base, "metadata": {"session_id": "s-meta", "task_id": "t2"}}, timeout=60
+    )
     c = httpx.post(f"{proxy.url}/s/s-path/v1/chat/completions", json=base, timeout=60)
     assert [r.headers["x-session-id"] for r in (a, b, c)] == ["s-hdr", "s-meta", "s-path"]
     proxy.wait_drained()
@@ -213,8 +234,9 @@ def test_n_choices_and_stored_completion_reads(proxy: Proxy, tiny_engine: Engine
     page = httpx.get(f"{proxy.v1}/chat/completions", params={"limit": 2}, timeout=10).json()
     assert len(page["data"]) <= 2
     if page["has_more"]:
-        nxt = httpx.get(f"{proxy.v1}/chat/completions", params={"limit": 2, "after": page["last_id"]},
-                        timeout=10).json()  # fmt: skip
+        nxt = httpx.get(
+            f"{proxy.v1}/chat/completions", params={"limit": 2, "after": page["last_id"]}, timeout=10
+        ).json()
         assert {d["id"] for d in nxt["data"]}.isdisjoint({d["id"] for d in page["data"]})
     missing = httpx.get(f"{proxy.v1}/chat/completions/cmpl-nope", timeout=10)
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"

@@ -24,12 +24,20 @@ pytestmark = pytest.mark.anyio
 ADAPTER, ERROR = "acme~support@v3", "HTTP 500 from http://10.0.0.7:8000 while loading acme~support@v3"
 
 
-async def test_readyz_without_the_operators_key_shows_counts(tmp_path: Path, stub_upstream: str,
-                                                             pg_factory: Any) -> None:  # fmt: skip
+async def test_readyz_without_the_operators_key_shows_counts(
+    tmp_path: Path, stub_upstream: str, pg_factory: Any
+) -> None:
     db_url = pg_factory()
     operator, tenant_admin = make_key(db_url, "default", "admin"), make_key(db_url, "acme", "admin")
-    settings = Settings(upstreams=[stub_upstream], database_url=db_url, spool_dir=tmp_path / "spool", auth=True,
-                        reconcile_every_s=3600.0, alias_refresh_s=3600.0, probe_every_s=3600.0)  # fmt: skip
+    settings = Settings(
+        upstreams=[stub_upstream],
+        database_url=db_url,
+        spool_dir=tmp_path / "spool",
+        auth=True,
+        reconcile_every_s=3600.0,
+        alias_refresh_s=3600.0,
+        probe_every_s=3600.0,
+    )
     app = create_app(settings)
     async with app.router.lifespan_context(app):
         replica = app.state.onthejob.router.replicas.replicas[0]
@@ -38,8 +46,12 @@ async def test_readyz_without_the_operators_key_shows_counts(tmp_path: Path, stu
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
             shown = {}
-            for who, key in (("anyone", None), ("bad key", "otj-nope"), ("a tenant's admin", tenant_admin),
-                             ("operator", operator)):  # fmt: skip
+            for who, key in (
+                ("anyone", None),
+                ("bad key", "otj-nope"),
+                ("a tenant's admin", tenant_admin),
+                ("operator", operator),
+            ):
                 resp = await client.get("/readyz", headers={"authorization": f"Bearer {key}"} if key else {})
                 assert resp.status_code == 200 and resp.json()["status"] == "ready", (who, resp.text)
                 shown[who] = resp.json()
@@ -57,8 +69,12 @@ async def test_readyz_without_the_operators_key_shows_counts(tmp_path: Path, stu
 def test_db_upgrade_prints_no_password(pg_factory: Any) -> None:
     """Before: ``onthejob db upgrade`` printed DATABASE_URL as given, password included (compose runs it)."""
     url = make_url(pg_factory(migrate=False)).set(password="hunter2-secret").render_as_string(hide_password=False)
-    done = subprocess.run([sys.executable, "-m", "onthejob.cli", "db", "upgrade", "--db", url],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "onthejob.cli", "db", "upgrade", "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "hunter2-secret" not in done.stdout + done.stderr and "***" in done.stdout, done.stdout
 

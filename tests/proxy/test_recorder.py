@@ -84,8 +84,11 @@ async def test_copy_and_portable_paths_store_identical_rows(
         assert got_fast == got_slow
         for eng in (fast, slow):
             async with eng.connect() as conn:
-                sessions = (await conn.execute(text("SELECT project_id, id, task_id, source, tags::text "
-                                                     "FROM sessions ORDER BY id"))).all()  # fmt: skip
+                sessions = (
+                    await conn.execute(
+                        text("SELECT project_id, id, task_id, source, tags::text FROM sessions ORDER BY id")
+                    )
+                ).all()
                 assert [s.id for s in sessions] == [f"ses_{i}" for i in range(7)]
                 assert sessions[1].tags == '["a","ü"]'  # a session takes its calls' tags
     finally:
@@ -109,15 +112,36 @@ async def test_pending_feedback_attaches_when_its_call_lands(engine: AsyncEngine
     async with async_sessionmaker(engine)() as db:
         db.add(Project(id="p", settings={}))
         await db.flush()
-        for kind, tid in (("completion_id", target.id), ("client_request_id", "req-2"), ("session_id", "ses_0"),
-                          ("completion_id", "cmpl-never")):  # fmt: skip
-            db.add(Feedback(id=f"fb-{tid}", project_id="p", idempotency_key=tid, target_kind=kind, target_id=tid,
-                            name="thumbs", value=True, source="", meta={}))  # fmt: skip
+        for kind, tid in (
+            ("completion_id", target.id),
+            ("client_request_id", "req-2"),
+            ("session_id", "ses_0"),
+            ("completion_id", "cmpl-never"),
+        ):
+            db.add(
+                Feedback(
+                    id=f"fb-{tid}",
+                    project_id="p",
+                    idempotency_key=tid,
+                    target_kind=kind,
+                    target_id=tid,
+                    name="thumbs",
+                    value=True,
+                    source="",
+                    meta={},
+                )
+            )
         await db.commit()
     await drain(engine, tmp_path / "s", records)
     async with engine.connect() as conn:
-        rows = (await conn.execute(text("SELECT target_id, completion_id, session_id, attached_at IS NOT NULL AS on_ "
-                                        "FROM feedback ORDER BY target_id"))).all()  # fmt: skip
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT target_id, completion_id, session_id, attached_at IS NOT NULL AS on_ "
+                    "FROM feedback ORDER BY target_id"
+                )
+            )
+        ).all()
     got = {r.target_id: (r.completion_id, r.session_id, r.on_) for r in rows}
     assert got[target.id] == (target.id, "ses_1", True)
     assert got["req-2"] == (records[2].id, "ses_2", True)
@@ -159,8 +183,9 @@ async def test_a_deleted_sessions_spooled_calls_never_land(
         async with engine.begin() as conn:
             await conn.execute(text("INSERT INTO projects (id, settings, created_at) VALUES ('p', '{}', now())"))
             await conn.execute(text("INSERT INTO tombstones VALUES ('p', 'gone', now())"))
-        recorder = await drain(engine, tmp_path, [record(0, session="gone"), record(1, session="kept"),
-                                                  record(2, session="gone")])  # fmt: skip
+        recorder = await drain(
+            engine, tmp_path, [record(0, session="gone"), record(1, session="kept"), record(2, session="gone")]
+        )
         async with engine.connect() as conn:
             calls = (await conn.execute(text("SELECT session_id FROM completions"))).scalars().all()
             sessions = (await conn.execute(text("SELECT id FROM sessions"))).scalars().all()
@@ -183,12 +208,16 @@ async def test_a_deleted_end_users_spooled_calls_never_land(
         async with engine.begin() as conn:
             await conn.execute(text("INSERT INTO projects (id, settings, created_at) VALUES ('p', '{}', now())"))
             await conn.execute(text("INSERT INTO end_user_tombstones VALUES ('p', 'alice', '2026-11-30T12:30:00Z')"))
-        recorder = await drain(engine, tmp_path, [
-            record(0, session="old", end_user="alice", created_at=before),
-            record(1, session="old", created_at=before),  # the same session, no user named: goes with it
-            record(2, session="new", end_user="alice", created_at=after),
-            record(3, session="bob", end_user="bob", created_at=before),
-        ])  # fmt: skip
+        recorder = await drain(
+            engine,
+            tmp_path,
+            [
+                record(0, session="old", end_user="alice", created_at=before),
+                record(1, session="old", created_at=before),  # the same session, no user named: goes with it
+                record(2, session="new", end_user="alice", created_at=after),
+                record(3, session="bob", end_user="bob", created_at=before),
+            ],
+        )
         async with engine.connect() as conn:
             calls = (await conn.execute(text("SELECT session_id FROM completions ORDER BY 1"))).scalars().all()
             tombs = (await conn.execute(text("SELECT session_id FROM tombstones"))).scalars().all()

@@ -42,14 +42,30 @@ def test_a_record_keeps_no_id_of_a_match_and_no_pieces() -> None:
         for t in ("It", " is", " Paris", ".")
     ]  # noqa: E501
     record = {
-        "request": {"messages": [{"role": "user", "content": f"key {PLANTED}"}]}, "prompt_token_ids": [7, 8, 9],
-        "response": {"choices": [{"index": 0, "message": {"role": "assistant", "content": "It is Paris."},
-                                  "logprobs": {"content": chat}}]},
-        "choices": [{"index": 0, "token_ids": [1, 2, 3, 4], "logprobs": [-0.1] * 4, "pieces": chat,
-                     "message": {"role": "assistant", "content": "It is Paris."}},
-                    {"index": 1, "token_ids": [5, 6], "logprobs": [-0.1] * 2, "pieces": None,
-                     "message": {"role": "assistant", "content": "Paris!"}}],
-    }  # fmt: skip
+        "request": {"messages": [{"role": "user", "content": f"key {PLANTED}"}]},
+        "prompt_token_ids": [7, 8, 9],
+        "response": {
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "It is Paris."}, "logprobs": {"content": chat}}
+            ]
+        },
+        "choices": [
+            {
+                "index": 0,
+                "token_ids": [1, 2, 3, 4],
+                "logprobs": [-0.1] * 4,
+                "pieces": chat,
+                "message": {"role": "assistant", "content": "It is Paris."},
+            },
+            {
+                "index": 1,
+                "token_ids": [5, 6],
+                "logprobs": [-0.1] * 2,
+                "pieces": None,
+                "message": {"role": "assistant", "content": "Paris!"},
+            },
+        ],
+    }
     sent = repr(record["response"])
     out = redact_record(record, RedactionPolicy(patterns=tuple(re.compile(p) for p in PATTERNS)))
     assert out["choices"][0]["token_ids"] == [1, 2, REDACTED_ID, 4] and out["choices"][0]["redacted"] == 1
@@ -85,15 +101,18 @@ def test_nothing_stored_detokenizes_to_a_planted_secret(
     assert put.status_code == 200, put.text
     client = openai.OpenAI(base_url=proxy.v1, api_key="unused", max_retries=0)
     model = default_engine.model.name
-    ask = [{"role": "system", "content": f"Internal note: API key {PLANTED}"},
-           {"role": "user", "content": "What is the capital of France? Answer in one word."}]  # fmt: skip
+    ask = [
+        {"role": "system", "content": f"Internal note: API key {PLANTED}"},
+        {"role": "user", "content": "What is the capital of France? Answer in one word."},
+    ]
     said = []
     reply = client.chat.completions.create(model=model, messages=ask, max_tokens=8, temperature=0)  # type: ignore[arg-type]
     said.append(reply.choices[0].message.content or "")
     stream = client.chat.completions.create(model=model, messages=ask, max_tokens=8, temperature=0, stream=True)  # type: ignore[arg-type]
     said.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
-    text = client.completions.create(model=model, prompt="The capital of France is the city of", max_tokens=4,
-                                     temperature=0)  # fmt: skip
+    text = client.completions.create(
+        model=model, prompt="The capital of France is the city of", max_tokens=4, temperature=0
+    )
     said.append(text.choices[0].text)
     assert all("Paris" in s for s in said), said  # the model says it: the test means something
     proxy.wait_drained()
@@ -119,6 +138,7 @@ def test_nothing_stored_detokenizes_to_a_planted_secret(
     assert any(-1 in ids for ids in id_lists)  # sampled ids were masked (REDACTED_ID), not dropped
 
     sessions = httpx.get(f"{proxy.v1}/chat/completions", timeout=10).json()["data"]
-    trajectories = httpx.get(f"{proxy.v1}/sessions/{sessions[0]['onthejob']['session_id']}/trajectories",
-                             timeout=10).json()["data"]  # fmt: skip
+    trajectories = httpx.get(
+        f"{proxy.v1}/sessions/{sessions[0]['onthejob']['session_id']}/trajectories", timeout=10
+    ).json()["data"]
     assert trajectories and all("redacted" in t["flags"] for t in trajectories)

@@ -21,8 +21,9 @@ def test_a_dead_replica_and_a_failing_one(start_proxy: ProxyFactory, stub_upstre
 
     def call(session: str, **extra: Any) -> int:
         body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **extra}
-        return httpx.post(f"{proxy.v1}/chat/completions", json=body, headers={"x-session-id": session},
-                          timeout=30).status_code  # fmt: skip
+        return httpx.post(
+            f"{proxy.v1}/chat/completions", json=body, headers={"x-session-id": session}, timeout=30
+        ).status_code
 
     def metric(name: str, **labels: str) -> float:
         return metric_sample(httpx.get(f"{proxy.url}/metrics", timeout=10).text, name, **labels) or 0.0

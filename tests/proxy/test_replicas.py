@@ -90,6 +90,9 @@ def test_a_check_never_leaves_a_model_without_a_replica() -> None:
 def test_needed_versions_are_the_routed_ones_plus_the_pinned() -> None:
     aliases = {("default", "x"): ("m", 2), ("default", "m"): ("m", None), ("acme", "x"): ("m", 1)}
     assert needed_versions(aliases) == {("default", "x", 2), ("acme", "x", 1)}
-    assert needed_versions(aliases, {("default", "x", 3)}) == {("default", "x", 2), ("acme", "x", 1),
-                                                               ("default", "x", 3)}  # fmt: skip
+    assert needed_versions(aliases, {("default", "x", 3)}) == {
+        ("default", "x", 2),
+        ("acme", "x", 1),
+        ("default", "x", 3),
+    }
     assert (lora_name("default", "x", 2), lora_name("acme", "x", 1)) == ("x@v2", "acme~x@v1")

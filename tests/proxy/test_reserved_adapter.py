@@ -19,22 +19,34 @@ def test_a_reserved_version_is_not_deployed_until_committed(
     db_url = pg_factory()  # type: ignore[operator]
     admin = {"authorization": f"Bearer {make_key(db_url, 'proj', 'admin')}"}
     proxy = start_proxy(stub_upstream, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})
-    made = httpx.post(f"{proxy.v1}/admin/aliases", headers=admin, timeout=10,
-                      json={"name": "helper", "base_model": "stub-model"})  # fmt: skip
+    made = httpx.post(
+        f"{proxy.v1}/admin/aliases", headers=admin, timeout=10, json={"name": "helper", "base_model": "stub-model"}
+    )
     assert made.status_code == 201, made.text
     eng = sync_engine(db_url)
     with Session(eng) as db:
-        db.add(Adapter(project_id="proj", alias="helper", version=1, path=f"{tmp_path}/helper/v1", sha256="0" * 64,
-                       base_model="stub-model", state=ADAPTER_RESERVED))  # fmt: skip
+        db.add(
+            Adapter(
+                project_id="proj",
+                alias="helper",
+                version=1,
+                path=f"{tmp_path}/helper/v1",
+                sha256="0" * 64,
+                base_model="stub-model",
+                state=ADAPTER_RESERVED,
+            )
+        )
         db.commit()
-    reserved = httpx.post(f"{proxy.v1}/admin/deployments", headers=admin, timeout=30,
-                          json={"alias": "helper", "version": 1})  # fmt: skip
+    reserved = httpx.post(
+        f"{proxy.v1}/admin/deployments", headers=admin, timeout=30, json={"alias": "helper", "version": 1}
+    )
     assert reserved.status_code == 404, reserved.text
     assert reserved.json()["error"]["message"]
     with Session(eng) as db:
         db.execute(update(Adapter).where(Adapter.alias == "helper").values(state=ADAPTER_COMMITTED))
         db.commit()
-    committed = httpx.post(f"{proxy.v1}/admin/deployments", headers=admin, timeout=30,
-                           json={"alias": "helper", "version": 1})  # fmt: skip
+    committed = httpx.post(
+        f"{proxy.v1}/admin/deployments", headers=admin, timeout=30, json={"alias": "helper", "version": 1}
+    )
     assert committed.status_code != 404, committed.text
     eng.dispose()

@@ -53,12 +53,20 @@ def test_workers_share_the_hosts_rate_limit(tmp_path: Path, monkeypatch: pytest.
 
 def test_redaction_reaches_every_text_field_and_keeps_token_ids() -> None:
     record = {
-        "id": "cmpl-1", "request": {"messages": [{"role": "user", "content": f"key {SECRET} here"}]},
-        "response": {"choices": [{"message": {"role": "assistant", "content": SECRET},
-                                  "logprobs": {"content": [{"token": SECRET[:5], "bytes": [115, 107]}]}}]},
+        "id": "cmpl-1",
+        "request": {"messages": [{"role": "user", "content": f"key {SECRET} here"}]},
+        "response": {
+            "choices": [
+                {
+                    "message": {"role": "assistant", "content": SECRET},
+                    "logprobs": {"content": [{"token": SECRET[:5], "bytes": [115, 107]}]},
+                }
+            ]
+        },
         "choices": [{"token_ids": [1, 2], "logprobs": [-0.1, -0.2], "message": {"content": SECRET}}],
-        "error": None, "prompt_token_ids": [5, 6],
-    }  # fmt: skip
+        "error": None,
+        "prompt_token_ids": [5, 6],
+    }
     patterns = redact_record(record, RedactionPolicy(patterns=(re.compile(r"sk-[A-Za-z0-9]+"),)))
     assert SECRET not in str(patterns) and "key [redacted] here" in str(patterns)
     # Patterns reach ids too: this choice spelled the secret (no per-token pieces: all of it), so did the prompt.
@@ -73,8 +81,9 @@ def test_redaction_reaches_every_text_field_and_keeps_token_ids() -> None:
 def secured(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any) -> tuple[Proxy, str, str]:
     db_url = pg_factory()
     harness, admin = make_key(db_url, "acme", "harness"), make_key(db_url, "acme", "admin")
-    proxy = start_proxy(stub_upstream, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "5",
-                                                                 "ONTHEJOB_RATE_LIMIT_BURST": "10"})  # fmt: skip
+    proxy = start_proxy(
+        stub_upstream, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "5", "ONTHEJOB_RATE_LIMIT_BURST": "10"}
+    )
     return proxy, harness, admin
 
 
@@ -141,21 +150,33 @@ def test_redaction_policy_leaves_no_copy_anywhere(secured: tuple[Proxy, str, str
     as_admin = {"authorization": f"Bearer {admin}"}
     bad = httpx.put(f"{proxy.v1}/admin/project", headers=as_admin, json={"redact": {"patterns": ["("]}}, timeout=5)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "redact.patterns"
-    ok = httpx.put(f"{proxy.v1}/admin/project", headers=as_admin,
-                   json={"redact": {"store_text": True, "patterns": [r"sk-[A-Za-z0-9]+"]}}, timeout=5)  # fmt: skip
+    ok = httpx.put(
+        f"{proxy.v1}/admin/project",
+        headers=as_admin,
+        json={"redact": {"store_text": True, "patterns": [r"sk-[A-Za-z0-9]+"]}},
+        timeout=5,
+    )
     assert ok.status_code == 200
-    body = {"model": "stub-model", "messages": [{"role": "user", "content": f"my key is {SECRET}"}],
-            "max_tokens": 3, "metadata": {"note": SECRET}}  # fmt: skip
-    resp = httpx.post(f"{proxy.v1}/chat/completions", json=body, headers={"authorization": f"Bearer {harness}"},
-                      timeout=10)  # fmt: skip
+    body = {
+        "model": "stub-model",
+        "messages": [{"role": "user", "content": f"my key is {SECRET}"}],
+        "max_tokens": 3,
+        "metadata": {"note": SECRET},
+    }
+    resp = httpx.post(
+        f"{proxy.v1}/chat/completions", json=body, headers={"authorization": f"Bearer {harness}"}, timeout=10
+    )
     assert resp.status_code == 200
     spool_text = _spool_text(proxy.spool)
     proxy.wait_drained()
     dump = _dump_database(proxy.db_url)
     assert "my key is [redacted]" in dump, "the record should be stored, redacted"
     assert SECRET not in dump and SECRET not in spool_text and SECRET not in proxy.log.read_text()
-    stored = httpx.get(f"{proxy.v1}/chat/completions/{resp.headers['x-request-id']}",
-                       headers={"authorization": f"Bearer {harness}"}, timeout=5).json()  # fmt: skip
+    stored = httpx.get(
+        f"{proxy.v1}/chat/completions/{resp.headers['x-request-id']}",
+        headers={"authorization": f"Bearer {harness}"},
+        timeout=5,
+    ).json()
     # The prompt spelled the secret: its ids are not kept (proxy/redact_tokens.py); the sampled ones did not.
     assert stored["onthejob"]["prompt_token_ids"] is None
     assert stored["onthejob"]["completion_token_ids"] == [[100, 101, 102]]

@@ -39,8 +39,11 @@ def test_content_parts_and_tool_calls_normalise() -> None:
     a = [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]
     b = [{"role": "user", "content": "hi"}]
     assert prefix_keys(a) == prefix_keys(b)
-    call = {"role": "assistant", "content": None,
-            "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}  # fmt: skip
+    call = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    }
     same = {
         "role": "assistant",
         "content": "",

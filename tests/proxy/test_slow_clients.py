@@ -48,8 +48,15 @@ def _wait_for(what: str, check: Any, timeout: float = 20.0) -> None:
 
 def _open_unread_stream(proxy: Proxy, client_request_id: str) -> socket.socket:
     """Send one streaming request on a raw socket and never read the reply."""
-    body = orjson.dumps({"model": "stub-model", "messages": [{"role": "user", "content": "slow reader"}],
-                         "stream": True, "max_tokens": 1_000_000, "stub_gap_ms": 1})  # fmt: skip
+    body = orjson.dumps(
+        {
+            "model": "stub-model",
+            "messages": [{"role": "user", "content": "slow reader"}],
+            "stream": True,
+            "max_tokens": 1_000_000,
+            "stub_gap_ms": 1,
+        }
+    )
     url = urlsplit(proxy.url)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     # A small receive buffer (set before connecting, so the window is small from the start):
@@ -57,8 +64,10 @@ def _open_unread_stream(proxy: Proxy, client_request_id: str) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
     sock.settimeout(10)
     sock.connect((url.hostname, url.port))
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nX-Client-Request-Id: {client_request_id}\r\n\r\n")  # fmt: skip
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nX-Client-Request-Id: {client_request_id}\r\n\r\n"
+    )
     sock.sendall(head.encode() + body)
     return sock
 
@@ -69,8 +78,9 @@ def _unread_bytes(sock: socket.socket) -> int:
     return buf[0]
 
 
-def test_clients_that_read_nothing_do_not_stall_the_proxy(start_proxy: ProxyFactory, stub_upstream: str,
-                                                          pg_factory: Any) -> None:  # fmt: skip
+def test_clients_that_read_nothing_do_not_stall_the_proxy(
+    start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any
+) -> None:
     proxy = start_proxy(stub_upstream, pg_factory())
     before = _stats(stub_upstream)
     run = uuid.uuid4().hex[:8]
@@ -78,8 +88,10 @@ def test_clients_that_read_nothing_do_not_stall_the_proxy(start_proxy: ProxyFact
     socks = [_open_unread_stream(proxy, cid) for cid in slow_ids]
     try:
         # Every slow stream reached the engine ...
-        _wait_for("the engine to receive every slow stream",
-                  lambda: _stats(stub_upstream)["streams"] >= before["streams"] + SLOW_STREAMS)  # fmt: skip
+        _wait_for(
+            "the engine to receive every slow stream",
+            lambda: _stats(stub_upstream)["streams"] >= before["streams"] + SLOW_STREAMS,
+        )
         # ... and the proxy has filled the slow client's buffers: the unread bytes stop growing.
         seen: list[int] = []
 
@@ -107,8 +119,10 @@ def test_clients_that_read_nothing_do_not_stall_the_proxy(start_proxy: ProxyFact
             sock.close()  # hang up with unread data (the kernel sends a reset)
 
     # Hanging up cancels every upstream request ...
-    _wait_for("every slow stream's upstream request to be cancelled",
-              lambda: _stats(stub_upstream)["cancelled"] >= before["cancelled"] + SLOW_STREAMS)  # fmt: skip
+    _wait_for(
+        "every slow stream's upstream request to be cancelled",
+        lambda: _stats(stub_upstream)["cancelled"] >= before["cancelled"] + SLOW_STREAMS,
+    )
     assert _stats(stub_upstream)["cancelled"] == before["cancelled"] + SLOW_STREAMS
 
     # ... and every call is recorded, with the tokens the engine had produced.

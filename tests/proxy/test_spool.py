@@ -143,8 +143,13 @@ def test_workers_split_the_spool_quota_and_see_the_same_settings(
     from proxy.main import worker_env
     from proxy.settings import Settings
 
-    settings = Settings(upstreams=["http://a:1", "http://b:2"], spool_dir=tmp_path, spool_max_bytes=3_000,
-                        auth=False, database_url="postgresql://x@h/db")  # fmt: skip
+    settings = Settings(
+        upstreams=["http://a:1", "http://b:2"],
+        spool_dir=tmp_path,
+        spool_max_bytes=3_000,
+        auth=False,
+        database_url="postgresql://x@h/db",
+    )
     env = worker_env(settings, 3)
     assert env["ONTHEJOB_SPOOL_MAX_BYTES"] == "1000"
     assert env["DATABASE_URL"] == "postgresql://x@h/db"
@@ -152,7 +157,11 @@ def test_workers_split_the_spool_quota_and_see_the_same_settings(
         monkeypatch.setenv(name, value)
     again = Settings()  # what each worker process builds
     assert (again.spool_max_bytes, again.upstreams, again.auth, again.spool_dir) == (
-        1000, ["http://a:1", "http://b:2"], False, tmp_path)  # fmt: skip
+        1000,
+        ["http://a:1", "http://b:2"],
+        False,
+        tmp_path,
+    )
 
 
 def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Path) -> None:

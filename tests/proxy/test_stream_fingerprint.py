@@ -55,15 +55,26 @@ class Engine:
         await resp.prepare(request)
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
-            obj = {"id": "e-1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
-                   "choices": choices, **extra}  # fmt: skip
+            obj = {
+                "id": "e-1",
+                "object": "chat.completion.chunk",
+                "created": 1,
+                "model": MODEL,
+                "choices": choices,
+                **extra,
+            }
             return b"data: " + orjson.dumps(obj) + b"\n\n"
 
         ids = body.get("return_token_ids")
-        await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-                               prompt_token_ids=[1, 2, 3] if ids else None))  # fmt: skip
-        await resp.write(chunk([{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop",
-                                 "token_ids": [7] if ids else None}]))  # fmt: skip
+        await resp.write(
+            chunk(
+                [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                prompt_token_ids=[1, 2, 3] if ids else None,
+            )
+        )
+        await resp.write(
+            chunk([{"index": 0, "delta": {"content": "x"}, "finish_reason": "stop", "token_ids": [7] if ids else None}])
+        )
         # Held by the proxy, the terminal chunk never reaches the client: after 10 s the usage chunk goes anyway.
         await asyncio.get_running_loop().run_in_executor(None, self.release.wait, 10)
         self.usage_sent.set()

@@ -53,9 +53,17 @@ def test_every_route_the_dashboard_calls_is_in_the_matrix() -> None:
         for script in UI.glob("*.js")
         for m in re.finditer(r"[\"`](/(?:v1/|tokenize|detokenize)[^\"`?]*)", script.read_text())
     }
-    assert {"/v1/ui/calls", "/v1/sessions/{}", "/v1/admin/deployments", "/detokenize", "/v1/ui/promotions",
-            "/v1/ui/datasets/{}", "/v1/ui/aliases/{}/versions/{}/lineage", "/v1/admin/aliases/{}/policy",
-            "/v1/admin/datasets"} <= called  # fmt: skip
+    assert {
+        "/v1/ui/calls",
+        "/v1/sessions/{}",
+        "/v1/admin/deployments",
+        "/detokenize",
+        "/v1/ui/promotions",
+        "/v1/ui/datasets/{}",
+        "/v1/ui/aliases/{}/versions/{}/lineage",
+        "/v1/admin/aliases/{}/policy",
+        "/v1/admin/datasets",
+    } <= called
     served = {_shape(p) for _, p in _routes()}
     missing = called - served
     assert not missing, f"the dashboard calls routes the proxy does not serve: {sorted(missing)}"
@@ -68,27 +76,49 @@ def test_no_route_leaks_another_projects_data(start_proxy: ProxyFactory, stub_up
     proxy = start_proxy(stub_upstream, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})
     as_a = {"authorization": f"Bearer {a_admin}"}
     # Project A: an alias, a call in a named session, feedback on it.
-    assert httpx.post(f"{proxy.v1}/admin/aliases", headers=as_a, timeout=10,
-                      json={"name": "a-private-alias", "base_model": "stub-model"}).status_code == 201  # fmt: skip
-    call = httpx.post(f"{proxy.v1}/chat/completions", timeout=10,
-                      headers={"authorization": f"Bearer {a_harness}", "x-session-id": "a-session-1",
-                               "x-client-request-id": "a-client-req"},
-                      json={"model": "a-private-alias", "max_tokens": 3,
-                            "messages": [{"role": "user", "content": PRIVATE}]})  # fmt: skip
+    assert (
+        httpx.post(
+            f"{proxy.v1}/admin/aliases",
+            headers=as_a,
+            timeout=10,
+            json={"name": "a-private-alias", "base_model": "stub-model"},
+        ).status_code
+        == 201
+    )
+    call = httpx.post(
+        f"{proxy.v1}/chat/completions",
+        timeout=10,
+        headers={
+            "authorization": f"Bearer {a_harness}",
+            "x-session-id": "a-session-1",
+            "x-client-request-id": "a-client-req",
+        },
+        json={"model": "a-private-alias", "max_tokens": 3, "messages": [{"role": "user", "content": PRIVATE}]},
+    )
     assert call.status_code == 200
     a_completion = call.headers["x-request-id"]
     proxy.wait_drained()
-    httpx.post(f"{proxy.v1}/feedback", headers={"authorization": f"Bearer {a_harness}"}, timeout=10,
-               json={"target": {"completion_id": a_completion}, "name": "thumbs", "value": True})  # fmt: skip
+    httpx.post(
+        f"{proxy.v1}/feedback",
+        headers={"authorization": f"Bearer {a_harness}"},
+        timeout=10,
+        json={"target": {"completion_id": a_completion}, "name": "thumbs", "value": True},
+    )
     eng = sync_engine(db_url)
     with Session(eng) as db:
         a_key_id = db.scalar(select(ApiKey.id).where(ApiKey.project_id == "proj-a", ApiKey.role == "harness"))
     # ... and a dataset holding that session (B asks for it by name, and diffs it against itself).
     a_set = {"name": "a-private-set", "filter": {"alias": "a-private-alias"}}
     assert httpx.post(f"{proxy.v1}/admin/datasets", headers=as_a, timeout=10, json=a_set).status_code == 201
-    a_values = {"completion_id": a_completion, "session_id": "a-session-1", "key_id": str(a_key_id),
-                "name": "a-private-set", "other": "a-private-set", "alias": "a-private-alias",
-                "version": "1"}  # fmt: skip
+    a_values = {
+        "completion_id": a_completion,
+        "session_id": "a-session-1",
+        "key_id": str(a_key_id),
+        "name": "a-private-set",
+        "other": "a-private-set",
+        "alias": "a-private-alias",
+        "version": "1",
+    }
     secrets = [PRIVATE, a_completion, "a-session-1", "a-private-alias", str(a_key_id), a_harness, a_admin]
 
     bodies: dict[str, Any] = {
@@ -111,9 +141,14 @@ def test_no_route_leaks_another_projects_data(start_proxy: ProxyFactory, stub_up
         url = proxy.url + re.sub(r"{(\w+)(:path)?}", lambda m: a_values.get(m.group(1), "a-session-1"), path)
         template = re.sub(r"/s/{session_id}", "", path)
         for name, key in (("harness", b_harness), ("admin", b_admin)):
-            resp = httpx.request(method, url, headers={"authorization": f"Bearer {key}"}, timeout=10,
-                                 params=queries if method == "GET" else None,
-                                 json=bodies.get(template) if method in ("POST", "PUT") else None)  # fmt: skip
+            resp = httpx.request(
+                method,
+                url,
+                headers={"authorization": f"Bearer {key}"},
+                timeout=10,
+                params=queries if method == "GET" else None,
+                json=bodies.get(template) if method in ("POST", "PUT") else None,
+            )
             tried += 1
             where = f"{method} {path} as project B {name}: {resp.status_code} {resp.text[:300]}"
             assert resp.status_code < 500, where
@@ -141,8 +176,9 @@ def test_no_route_leaks_another_projects_data(start_proxy: ProxyFactory, stub_up
     assert tried >= 30
     # B's feedback naming A's completion stayed pending: it never attached to A's call.
     with Session(eng) as db:
-        leaked = db.scalars(select(Feedback).where(Feedback.project_id == "proj-b",
-                                                   Feedback.attached_at.is_not(None))).all()  # fmt: skip
+        leaked = db.scalars(
+            select(Feedback).where(Feedback.project_id == "proj-b", Feedback.attached_at.is_not(None))
+        ).all()
         a_grades = db.scalars(select(Feedback).where(Feedback.completion_id == a_completion)).all()
     eng.dispose()
     assert not leaked and {f.project_id for f in a_grades} == {"proj-a"}

@@ -52,23 +52,27 @@ class World:
     session: str  # two linked turns, a tool result, feedback with a HOSTILE comment
 
     def get(self, path: str, key: str | None = None, **params: Any) -> Any:
-        resp = httpx.get(self.proxy.url + path, params=params, timeout=30,
-                         headers={"authorization": f"Bearer {key or self.admin}"})  # fmt: skip
+        resp = httpx.get(
+            self.proxy.url + path, params=params, timeout=30, headers={"authorization": f"Bearer {key or self.admin}"}
+        )
         assert resp.status_code == 200, resp.text
         return resp.json()
 
     def send(self, method: str, path: str, body: Any, status: int = 201) -> Any:
-        resp = httpx.request(method, self.proxy.url + path, json=body, timeout=60,
-                             headers={"authorization": f"Bearer {self.admin}"})  # fmt: skip
+        resp = httpx.request(
+            method, self.proxy.url + path, json=body, timeout=60, headers={"authorization": f"Bearer {self.admin}"}
+        )
         assert resp.status_code == status, resp.text
         return resp.json()
 
 
 def _chat(w: World, key: str, session: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
-    resp = httpx.post(f"{w.proxy.v1}/chat/completions", timeout=120,
-                      headers={"authorization": f"Bearer {key}", "x-session-id": session, **extra},
-                      json={"model": w.model, "messages": messages, "max_tokens": 8, "seed": 1,
-                            "temperature": 1.0})  # fmt: skip
+    resp = httpx.post(
+        f"{w.proxy.v1}/chat/completions",
+        timeout=120,
+        headers={"authorization": f"Bearer {key}", "x-session-id": session, **extra},
+        json={"model": w.model, "messages": messages, "max_tokens": 8, "seed": 1, "temperature": 1.0},
+    )
     assert resp.status_code == 200, resp.text
     return resp
 
@@ -77,8 +81,9 @@ def _chat(w: World, key: str, session: str, messages: list[dict[str, Any]], **ex
 def world(tiny_engine: Engine, pg_factory: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     db_url = pg_factory()
     keys = [make_key(db_url, "default", "harness"), make_key(db_url, "default", "admin"), make_key(db_url, "other")]
-    proxy = launch_proxy(tmp_path_factory.mktemp("ui"), tiny_engine.url, db_url, auth=True,
-                         env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})  # fmt: skip
+    proxy = launch_proxy(
+        tmp_path_factory.mktemp("ui"), tiny_engine.url, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "0"}
+    )
     w = World(proxy, tiny_engine.model.name, *keys, hostile_call="", session="ui-linked")
     try:
         first = [{"role": "user", "content": f"Plan a trip. {HOSTILE}"}]
@@ -95,7 +100,7 @@ def world(tiny_engine: Engine, pg_factory: Any, tmp_path_factory: pytest.TempPat
                 "tool_calls": [
                     {"id": "call_1", "type": "function", "function": {"name": "search", "arguments": '{"q": "trains"}'}}
                 ],
-            },  # fmt: skip
+            },
             {"role": "tool", "tool_call_id": "call_1", "content": "Trains leave at 9."},
         ]
         r2 = _chat(w, w.harness, w.session, tool_turn)
@@ -105,11 +110,16 @@ def world(tiny_engine: Engine, pg_factory: Any, tmp_path_factory: pytest.TempPat
         for item in (
             {"target": {"completion_id": w.hostile_call}, "name": "reward", "value": 0.25, "source": "grader"},
             {"target": {"completion_id": w.hostile_call}, "name": "reward", "value": 0.75, "source": "grader"},
-            {"target": {"completion_id": r2.headers["x-request-id"]}, "name": "thumbs", "value": False,
-             "comment": f"wrong station {HOSTILE}"},
-        ):  # fmt: skip
-            resp = httpx.post(f"{proxy.v1}/feedback", json=item, timeout=30,
-                              headers={"authorization": f"Bearer {w.harness}"})  # fmt: skip
+            {
+                "target": {"completion_id": r2.headers["x-request-id"]},
+                "name": "thumbs",
+                "value": False,
+                "comment": f"wrong station {HOSTILE}",
+            },
+        ):
+            resp = httpx.post(
+                f"{proxy.v1}/feedback", json=item, timeout=30, headers={"authorization": f"Bearer {w.harness}"}
+            )
             assert resp.status_code == 201, resp.text
         yield w
     finally:
@@ -229,8 +239,10 @@ def test_traffic_to_session_to_tokens_and_nothing_recorded_runs(world: World, br
     assert "script-src 'self'" in resp.headers["content-security-policy"] and "unsafe" not in resp.text
     _open(browser, w, w.harness)
     # A CSP violation would mean markup from the data reached the DOM as markup: count them from here on.
-    browser.execute_script("window.__violations = []; document.addEventListener('securitypolicyviolation',"
-                           " (e) => window.__violations.push(e.violatedDirective))")  # fmt: skip
+    browser.execute_script(
+        "window.__violations = []; document.addEventListener('securitypolicyviolation',"
+        " (e) => window.__violations.push(e.violatedDirective))"
+    )
     _goto(browser, f"session/{w.session}", "session")
     session = w.get(f"/v1/sessions/{w.session}", w.harness)
     turns = browser.find_elements("css selector", "section.turn")
@@ -290,13 +302,28 @@ def _publish_from_dataset(w: World, engine: Engine, folder: Path, alias: str, da
     """v1 of ``alias``, published by a run that trained from ``dataset`` (as `onthejob train --dataset` records)."""
     eng = sync_engine(w.proxy.db_url)
     with Session(eng) as db:
-        run = TrainingRun(project_id="default", alias=alias, objective="reinforce", base_model=w.model,
-                          config={"dataset": dataset}, status="finished")  # fmt: skip
+        run = TrainingRun(
+            project_id="default",
+            alias=alias,
+            objective="reinforce",
+            base_model=w.model,
+            config={"dataset": dataset},
+            status="finished",
+        )
         db.add(run)
         db.flush()
         db.add(TrainingStep(run_id=run.id, step=1, adapter_version=1, metrics={"loss": 0.5}))
-        record_adapter(db, project_id="default", alias=alias, version=1, parent_version=None, run_id=run.id,
-                       path=light_adapter(engine.model, folder), base=engine.model, metrics={})  # fmt: skip
+        record_adapter(
+            db,
+            project_id="default",
+            alias=alias,
+            version=1,
+            parent_version=None,
+            run_id=run.id,
+            path=light_adapter(engine.model, folder),
+            base=engine.model,
+            metrics={},
+        )
         db.commit()
     eng.dispose()
 
@@ -351,8 +378,15 @@ def test_promotion_datasets_and_lineage_shown_as_the_api_says(
         evals = w.get(f"/v1/admin/aliases/{alias}/versions/{version}/evals")["data"]
         api = [(e["name"], e["n"], e["mean"], e["stderr"]) for e in evals]
         rows = part.find_elements("css selector", f"li.eval[data-version='{version}']")
-        page = [(e.get_attribute("data-name"), int(e.get_attribute("data-n")), float(e.get_attribute("data-mean")),
-                 float(e.get_attribute("data-stderr"))) for e in rows]  # fmt: skip
+        page = [
+            (
+                e.get_attribute("data-name"),
+                int(e.get_attribute("data-n")),
+                float(e.get_attribute("data-mean")),
+                float(e.get_attribute("data-stderr")),
+            )
+            for e in rows
+        ]
         assert page == api and len(api) == 1
         assert f"{api[0][2]:.3f} ± {api[0][3]:.3f}" in part.text
     browser.execute_script("arguments[0].scrollIntoView()", part)

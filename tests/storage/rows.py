@@ -28,29 +28,70 @@ def msg(role: str, *content: int) -> list[int]:
 GEN = [START, ROLE["assistant"], NL]  # the generation prompt
 
 
-def choice(ids: list[int] | None, *, index: int = 0, content: str = "", finish: str = "stop",
-           logprobs: list[float] | None | str = "auto") -> dict[str, Any]:  # fmt: skip
+def choice(
+    ids: list[int] | None,
+    *,
+    index: int = 0,
+    content: str = "",
+    finish: str = "stop",
+    logprobs: list[float] | None | str = "auto",
+) -> dict[str, Any]:
     lps = [-0.5] * len(ids or []) if logprobs == "auto" else logprobs
-    return {"index": index, "token_ids": ids, "logprobs": lps, "finish_reason": finish,
-            "message": {"role": "assistant", "content": content}}  # fmt: skip
+    return {
+        "index": index,
+        "token_ids": ids,
+        "logprobs": lps,
+        "finish_reason": finish,
+        "message": {"role": "assistant", "content": content},
+    }
 
 
-def row(cid: str, prompt: list[int] | None, choices: list[dict[str, Any]], *,
-        messages: list[dict[str, Any]] | None = None, parent: str | None = None, session: str = "s1",
-        project: str = "p", task: str | None = None,
-        tags: list[str] | None = None, adapter: int | None = None, alias: str = "agent", termination: str = "stop",
-        at: int = 0, crid: str | None = None, endpoint: str = "chat") -> dict[str, Any]:  # fmt: skip
+def row(
+    cid: str,
+    prompt: list[int] | None,
+    choices: list[dict[str, Any]],
+    *,
+    messages: list[dict[str, Any]] | None = None,
+    parent: str | None = None,
+    session: str = "s1",
+    project: str = "p",
+    task: str | None = None,
+    tags: list[str] | None = None,
+    adapter: int | None = None,
+    alias: str = "agent",
+    termination: str = "stop",
+    at: int = 0,
+    crid: str | None = None,
+    endpoint: str = "chat",
+) -> dict[str, Any]:
     """A completion row as a dict, ``at`` seconds after T0."""
     return {
-        "id": cid, "project_id": project, "session_id": session, "task_id": task, "client_request_id": crid,
-        "endpoint": endpoint, "alias": alias, "served_model": f"{alias}@v{adapter}" if adapter else "base",
-        "adapter_version": adapter, "tags": tags or [],
+        "id": cid,
+        "project_id": project,
+        "session_id": session,
+        "task_id": task,
+        "client_request_id": crid,
+        "endpoint": endpoint,
+        "alias": alias,
+        "served_model": f"{alias}@v{adapter}" if adapter else "base",
+        "adapter_version": adapter,
+        "tags": tags or [],
         "request": {"model": alias, "messages": [{"role": "user", "content": "hi"}] if messages is None else messages},
-        "response": {}, "prompt_token_ids": prompt, "choices": choices, "sampling": dict(SAMPLING),
-        "usage": None, "status_code": 200, "termination": termination, "error": None, "stream": False,
-        "link_key": None, "parent_id": parent, "created_at": T0 + timedelta(seconds=at),
-        "latency_ms": 1.0, "ttft_ms": 1.0,
-    }  # fmt: skip
+        "response": {},
+        "prompt_token_ids": prompt,
+        "choices": choices,
+        "sampling": dict(SAMPLING),
+        "usage": None,
+        "status_code": 200,
+        "termination": termination,
+        "error": None,
+        "stream": False,
+        "link_key": None,
+        "parent_id": parent,
+        "created_at": T0 + timedelta(seconds=at),
+        "latency_ms": 1.0,
+        "ttft_ms": 1.0,
+    }
 
 
 def new_project(db: Session, settings: dict[str, Any] | None = None) -> str:
@@ -68,9 +109,18 @@ def insert(db: Session, *rows: dict[str, Any]) -> list[Completion]:
     return objs
 
 
-def feedback_row(project: str, name: str, value: Any = None, *, session: str | None = None,
-                 completion: str | None = None, pending_target: tuple[str, str] | None = None,
-                 source: str = "", comment: str | None = None, at: int = 0) -> Any:  # fmt: skip
+def feedback_row(
+    project: str,
+    name: str,
+    value: Any = None,
+    *,
+    session: str | None = None,
+    completion: str | None = None,
+    pending_target: tuple[str, str] | None = None,
+    source: str = "",
+    comment: str | None = None,
+    at: int = 0,
+) -> Any:
     """A stored feedback row: attached to a completion/session, or pending on ``(kind, id)``."""
     from storage.feedback import new_feedback_id
     from storage.models import Feedback
@@ -78,8 +128,18 @@ def feedback_row(project: str, name: str, value: Any = None, *, session: str | N
     fid = new_feedback_id()
     kind, target = pending_target or (("completion_id", completion) if completion else ("session_id", session))
     return Feedback(
-        id=fid, project_id=project, idempotency_key=fid, target_kind=kind, target_id=target,
-        completion_id=None if pending_target else completion, session_id=None if pending_target else session,
-        name=name, value=value, comment=comment, source=source, meta={},
-        created_at=T0 + timedelta(seconds=at), attached_at=None if pending_target else T0,
-    )  # fmt: skip
+        id=fid,
+        project_id=project,
+        idempotency_key=fid,
+        target_kind=kind,
+        target_id=target,
+        completion_id=None if pending_target else completion,
+        session_id=None if pending_target else session,
+        name=name,
+        value=value,
+        comment=comment,
+        source=source,
+        meta={},
+        created_at=T0 + timedelta(seconds=at),
+        attached_at=None if pending_target else T0,
+    )

@@ -67,8 +67,12 @@ async def test_a_window_reads_tool_errors_timeouts_grades_and_leaves_eval_out(ad
     adb.add(Project(id=pid, settings={}))
     await adb.flush()
     user = {"role": "user", "content": "go"}
-    tool_turn = [user, {"role": "assistant", "content": "look"}, {"role": "tool", "content": "Error: down"},
-                 {"role": "tool", "content": "3 hits"}]  # fmt: skip
+    tool_turn = [
+        user,
+        {"role": "assistant", "content": "look"},
+        {"role": "tool", "content": "Error: down"},
+        {"role": "tool", "content": "3 hits"},
+    ]
     calls = [
         row("a1", [1], [], project=pid, session="a", adapter=1, messages=[user], at=0),
         row("a2", [1], [], project=pid, session="a", adapter=1, messages=tool_turn, at=1),
@@ -83,9 +87,18 @@ async def test_a_window_reads_tool_errors_timeouts_grades_and_leaves_eval_out(ad
     adb.add_all([Completion(**c) for c in calls])
 
     def grade(session: str, value: str) -> Feedback:
-        return Feedback(id=new_feedback_id(), project_id=pid, idempotency_key=new_feedback_id(), name="outcome",
-                        target_kind="session_id", target_id=session, session_id=session, value=value,
-                        source="harness", attached_at=utcnow())  # fmt: skip
+        return Feedback(
+            id=new_feedback_id(),
+            project_id=pid,
+            idempotency_key=new_feedback_id(),
+            name="outcome",
+            target_kind="session_id",
+            target_id=session,
+            session_id=session,
+            value=value,
+            source="harness",
+            attached_at=utcnow(),
+        )
 
     adb.add_all([grade("a", "success"), grade("d", "infra_error")])
     await adb.commit()

@@ -38,8 +38,9 @@ def settled(db: Session, project: str, cursor: Position, n: int) -> list[ChangeE
 
 def _call(conn: Connection, project: str, cid: str, session: str) -> None:
     """A call whose id is ``cid`` within ``project`` (completion ids are unique across the shared database)."""
-    conn.execute(insert(Completion), [row(f"{project}-{cid}", [1, 2], [choice([5, 2])], project=project,
-                                          session=session)])  # fmt: skip
+    conn.execute(
+        insert(Completion), [row(f"{project}-{cid}", [1, 2], [choice([5, 2])], project=project, session=session)]
+    )
 
 
 def test_a_transaction_that_commits_late_is_never_skipped(pg_url: str, db: Session) -> None:

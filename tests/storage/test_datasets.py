@@ -44,8 +44,19 @@ def _world(db: Session) -> tuple[str, dict[str, str]]:
     grades: dict[str, str] = {}
     for i, (session, (task, finish, grade)) in enumerate(sessions.items()):
         reply = choice([50 + i, 51, 2], finish=finish, content="ok", logprobs=None)
-        insert(db, row(f"{p}-{session}", msg("user", 40 + i) + GEN, [reply], session=session, project=p, task=task,
-                       at=i, alias="other" if session == "o-a" else "agent"))  # fmt: skip
+        insert(
+            db,
+            row(
+                f"{p}-{session}",
+                msg("user", 40 + i) + GEN,
+                [reply],
+                session=session,
+                project=p,
+                task=task,
+                at=i,
+                alias="other" if session == "o-a" else "agent",
+            ),
+        )
         if grade is not None:
             fb = feedback_row(p, grade[0], grade[1], session=session, at=i)
             db.add(fb)
@@ -88,8 +99,15 @@ def test_curate_keeps_failures_and_the_best_successes_of_their_tasks() -> None:
     def cand(tid: str, task: str, reward: float | None, *modes: str) -> Candidate:
         return Candidate(make_trajectory(tid, [1], [2, 3], reward=reward, task=task), None, (), frozenset(modes))
 
-    pool = [cand("f1", "a", 0.0), cand("f2", "b", None, "timeout"), cand("s1", "a", 0.7), cand("s2", "a", 1.0),
-            cand("s3", "a", 0.9), cand("s4", "c", 1.0), cand("s5", "a", 1.0, "long_answer")]  # fmt: skip
+    pool = [
+        cand("f1", "a", 0.0),
+        cand("f2", "b", None, "timeout"),
+        cand("s1", "a", 0.7),
+        cand("s2", "a", 1.0),
+        cand("s3", "a", 0.9),
+        cand("s4", "c", 1.0),
+        cand("s5", "a", 1.0, "long_answer"),
+    ]
     picked = [(c.traj.id, role) for c, role in curate(pool, (), 0.5, per_task=2)]
     # s5 is flagged: a failure, not a success; task c has no failure; task b no success.
     assert picked == [("f1", "failure"), ("f2", "failure"), ("s5", "failure"), ("s2", "success"), ("s3", "success")]
@@ -118,8 +136,15 @@ def test_create_pins_and_a_name_is_taken_once(db: Session) -> None:
     curated = datasets.create(db, p, "cur", Spec(DatasetFilter(alias="agent"), curated=True, per_task=2))
     assert curated["counts"]["roles"] == {"failure": 4, "success": 3}  # t2-a: graded low (and flagged low_grade)
     roles = {i["session_id"]: i["role"] for i in datasets.show(db, p, "cur")["items"]}
-    assert roles == {"t1-a": "failure", "t1-e": "failure", "t2-a": "failure", "t3-a": "failure",
-                     "t1-b": "success", "t1-c": "success", "t2-b": "success"}  # fmt: skip
+    assert roles == {
+        "t1-a": "failure",
+        "t1-e": "failure",
+        "t2-a": "failure",
+        "t3-a": "failure",
+        "t1-b": "success",
+        "t1-c": "success",
+        "t2-b": "success",
+    }
     # Read two sessions a page: the same items, the curated ones too (successes kept across pages).
     datasets.create(db, p, "cur-paged", Spec(DatasetFilter(alias="agent"), curated=True, per_task=2), page=2)
     assert datasets.diff(db, p, "cur", "cur-paged")["same"] == 7
@@ -151,8 +176,9 @@ def test_pinned_values_survive_revisions_and_diff_shows_them(
     assert by_session["t1-d"].reward == 0.6 and by_session["t1-d"].reward_detail["feedback_id"] == grades["t1-d"]
     assert not left_out and len(trajectories) == 8
     out = tmp_path / "rl.jsonl"
-    assert main(["export", "--format", "rl", "--dataset", "before", "--project", p, "--db", pg_url,
-                 "-o", str(out)]) == 0  # fmt: skip
+    assert (
+        main(["export", "--format", "rl", "--dataset", "before", "--project", p, "--db", pg_url, "-o", str(out)]) == 0
+    )
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["session_id"]: r["reward"] for r in rows}["t1-d"] == 0.6 and len(rows) == 7  # t3-a is ungraded
     capsys.readouterr()
@@ -194,16 +220,36 @@ def test_a_mined_dataset_trains_and_its_lineage_lists_exactly_it(db: Session, pg
     assert main(["dataset", "create", "cut", "--from-mine", "truncated", "--project", p, "--db", pg_url]) == 0
     db.add(feedback_row(p, "outcome", "success", session="t1-a", at=100))  # revised after pinning
     db.commit()
-    flags = ["train", "--alias", "agent", "--dataset", "cut", "--model", "tiny", "--db", pg_url, "--project", p,
-             "--adapters", str(tmp_path / "adapters"), "--no-deploy", "--threads", "1"]  # fmt: skip
+    flags = [
+        "train",
+        "--alias",
+        "agent",
+        "--dataset",
+        "cut",
+        "--model",
+        "tiny",
+        "--db",
+        pg_url,
+        "--project",
+        p,
+        "--adapters",
+        str(tmp_path / "adapters"),
+        "--no-deploy",
+        "--threads",
+        "1",
+    ]
     settings = train_settings(build_parser().parse_args(flags))
     assert settings.steps is None  # a dataset trains until it is used up
     assert run(settings) == 0
     # Retraining from the dataset (as after a deletion): the same items again, from the base model.
     assert run(train_settings(build_parser().parse_args([*flags, "--parent", "base"]))) == 0
     db.expire_all()
-    steps = db.execute(select(TrainingStep.adapter_version, TrainingStep.metrics).join(TrainingRun)
-                       .where(TrainingRun.project_id == p).order_by(TrainingStep.id)).all()  # fmt: skip
+    steps = db.execute(
+        select(TrainingStep.adapter_version, TrainingStep.metrics)
+        .join(TrainingRun)
+        .where(TrainingRun.project_id == p)
+        .order_by(TrainingStep.id)
+    ).all()
     # One step of both graded items (t3-a is ungraded), on t1-a's pinned failure (0.0), not its revision;
     # the same task, so their advantages are leave-one-out (a running baseline would have learnt them by run 2).
     assert [(v, m["trajectories"], m["reward_mean"]) for v, m in steps] == [(v, 2, pytest.approx(0.15)) for v in (1, 2)]

@@ -39,8 +39,19 @@ def test_json_scalars_round_trip_on_sqlite(tmp_path: object) -> None:
         db.add(Project(id="p", settings={}))
         db.flush()
         for i, value in enumerate([0.8, 3, True, "success", None]):
-            db.add(Feedback(id=f"f{i}", project_id="p", idempotency_key=f"k{i}", target_kind="session_id",
-                            target_id="s", name="reward", value=value, comment="c", meta={"n": 1}))  # fmt: skip
+            db.add(
+                Feedback(
+                    id=f"f{i}",
+                    project_id="p",
+                    idempotency_key=f"k{i}",
+                    target_kind="session_id",
+                    target_id="s",
+                    name="reward",
+                    value=value,
+                    comment="c",
+                    meta={"n": 1},
+                )
+            )
         db.commit()
     with Session(eng) as db:
         values = [f.value for f in db.query(Feedback).order_by(Feedback.id)]

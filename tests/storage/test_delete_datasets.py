@@ -21,8 +21,18 @@ def test_a_session_started_afresh_after_its_delete_is_in_a_later_dataset(db: Ses
     db.commit()
     delete_session(db, p, "t1-b")
     db.commit()
-    insert(db, row(f"{p}-fresh", msg("user", 90) + GEN, [choice([60, 61, 2], content="ok", logprobs=None)],
-                   session="t1-b", project=p, task="t1", at=100))  # fmt: skip
+    insert(
+        db,
+        row(
+            f"{p}-fresh",
+            msg("user", 90) + GEN,
+            [choice([60, 61, 2], content="ok", logprobs=None)],
+            session="t1-b",
+            project=p,
+            task="t1",
+            at=100,
+        ),
+    )
     db.add(feedback_row(p, "outcome", "success", session="t1-b", at=100))
     db.commit()
     datasets.create(db, p, "after", Spec(DatasetFilter(alias="agent")))

@@ -37,7 +37,9 @@ def test_a_delete_on_sqlite_is_logged_timed_and_checked(tmp_path: Path) -> None:
             db.commit()
             entries = deletions_since(db, START)
             assert [(d.session_id, d.end_user, d.position.xid) for d in entries] == [
-                (None, "nobody", 0), ("s1", None, 0)]  # fmt: skip
+                (None, "nobody", 0),
+                ("s1", None, 0),
+            ]
             assert latest_deletion(db) == entries[-1].position
             assert deleted_after(db, project, ["s1", "s2"], START) == {"s1"}
             at = db.get_one(Tombstone, (project, "s1")).created_at
@@ -45,8 +47,9 @@ def test_a_delete_on_sqlite_is_logged_timed_and_checked(tmp_path: Path) -> None:
             # A call of "s1" made after the delete: the trainer keeps what was read from it.
             db.add(Completion(**row(f"{project}-2", [1], [choice([5, 2])], project=project, session="s1")))
             db.commit()
-            kept, dropped = deletion.live(db, project, [[f"{project}-1"], [f"{project}-2"]], lambda _: "s1",
-                                          lambda calls: calls)  # fmt: skip
+            kept, dropped = deletion.live(
+                db, project, [[f"{project}-1"], [f"{project}-2"]], lambda _: "s1", lambda calls: calls
+            )
             assert (kept, dropped) == ([[f"{project}-2"]], 1)
             deletion.delete_session(db, project, "s1")  # deleted again: the tombstone's time moves on
             db.commit()

@@ -19,30 +19,59 @@ pytestmark = pytest.mark.engine
 
 
 def chat(engine: Engine, messages: list[dict[str, Any]], seed: int) -> dict[str, Any]:
-    body = {"model": engine.model.name, "messages": messages, "max_tokens": 12, "temperature": 1.0, "seed": seed,
-            "logprobs": True, "return_token_ids": True}  # fmt: skip
+    body = {
+        "model": engine.model.name,
+        "messages": messages,
+        "max_tokens": 12,
+        "temperature": 1.0,
+        "seed": seed,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
     resp = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
     return resp.json()  # type: ignore[no-any-return]
 
 
-def recorded(cid: str, project: str, reply: dict[str, Any], messages: list[dict[str, Any]], parent: str | None,
-             at: int) -> dict[str, Any]:  # fmt: skip
+def recorded(
+    cid: str, project: str, reply: dict[str, Any], messages: list[dict[str, Any]], parent: str | None, at: int
+) -> dict[str, Any]:
     """The row the proxy stores for a call (the columns assembly reads)."""
     from datetime import timedelta
 
     from tests.storage.rows import T0
 
-    choices = [{"index": c["index"], "token_ids": c["token_ids"], "finish_reason": c["finish_reason"],
-                "logprobs": [lp["logprob"] for lp in c["logprobs"]["content"]], "message": c["message"]}
-               for c in reply["choices"]]  # fmt: skip
-    return {"id": cid, "project_id": project, "session_id": "episode", "task_id": "t", "endpoint": "chat",
-            "alias": "tiny", "served_model": reply["model"], "adapter_version": None, "tags": [],
-            "request": {"model": "tiny", "messages": messages}, "response": reply,
-            "prompt_token_ids": reply["prompt_token_ids"], "choices": choices,
-            "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 12, "seed": 0, "n": 1},
-            "status_code": 200, "termination": choices[0]["finish_reason"], "stream": False, "parent_id": parent,
-            "created_at": T0 + timedelta(seconds=at)}  # fmt: skip
+    choices = [
+        {
+            "index": c["index"],
+            "token_ids": c["token_ids"],
+            "finish_reason": c["finish_reason"],
+            "logprobs": [lp["logprob"] for lp in c["logprobs"]["content"]],
+            "message": c["message"],
+        }
+        for c in reply["choices"]
+    ]
+    return {
+        "id": cid,
+        "project_id": project,
+        "session_id": "episode",
+        "task_id": "t",
+        "endpoint": "chat",
+        "alias": "tiny",
+        "served_model": reply["model"],
+        "adapter_version": None,
+        "tags": [],
+        "request": {"model": "tiny", "messages": messages},
+        "response": reply,
+        "prompt_token_ids": reply["prompt_token_ids"],
+        "choices": choices,
+        "sampling": {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_tokens": 12, "seed": 0, "n": 1},
+        "status_code": 200,
+        "termination": choices[0]["finish_reason"],
+        "stream": False,
+        "parent_id": parent,
+        "created_at": T0 + timedelta(seconds=at),
+    }
 
 
 def test_two_turn_tool_session_from_the_real_engine(tiny_engine: Engine, pg_url: str) -> None:
@@ -62,8 +91,10 @@ def test_two_turn_tool_session_from_the_real_engine(tiny_engine: Engine, pg_url:
     eng = sync_engine(pg_url)
     with Session(eng) as db:
         project = new_project(db)
-        rows = [recorded(f"cmpl-{project}-1", project, r1, first, None, 0),
-                recorded(f"cmpl-{project}-2", project, r2, second, f"cmpl-{project}-1", 1)]  # fmt: skip
+        rows = [
+            recorded(f"cmpl-{project}-1", project, r1, first, None, 0),
+            recorded(f"cmpl-{project}-2", project, r2, second, f"cmpl-{project}-1", 1),
+        ]
         db.add_all([Completion(**r) for r in rows])
         db.add(feedback_row(project, "outcome", "success", session="episode"))
         db.commit()

@@ -27,8 +27,13 @@ def reply(content: str, **extra: Any) -> dict[str, Any]:
 
 
 def answer(ids: list[int], content: str, **extra: Any) -> dict[str, Any]:
-    return {"index": 0, "token_ids": ids, "logprobs": [-0.25] * len(ids), "finish_reason": "stop",
-            "message": reply(content, **extra)}  # fmt: skip
+    return {
+        "index": 0,
+        "token_ids": ids,
+        "logprobs": [-0.25] * len(ids),
+        "finish_reason": "stop",
+        "message": reply(content, **extra),
+    }
 
 
 @dataclass
@@ -56,18 +61,38 @@ def data(pg_url: str) -> Iterator[Data]:
             row(cid["good"], P1, [answer([53, 2], "5")], messages=first, session="good", adapter=1, **add),
             row(cid["meh"], P1, [answer([54, 2], "5, I think")], messages=first, session="meh", project=p, task="add"),
             row(cid["bad"], P1, [answer([55, 2], "six")], messages=first, session="bad", project=p, task="add"),
-            row(cid["t1"], P1, [answer([56, 2], "", tool_calls=TOOL_CALL)], messages=first, session="tool", project=p,
-                task="add"),
-            row(cid["t2"], P1 + [56, 2, NL, *msg("tool", 53), *GEN], [answer([53, 2], "5")], messages=after_tool,
-                session="tool", project=p, task="add", parent=cid["t1"], at=1),
+            row(
+                cid["t1"],
+                P1,
+                [answer([56, 2], "", tool_calls=TOOL_CALL)],
+                messages=first,
+                session="tool",
+                project=p,
+                task="add",
+            ),
+            row(
+                cid["t2"],
+                P1 + [56, 2, NL, *msg("tool", 53), *GEN],
+                [answer([53, 2], "5")],
+                messages=after_tool,
+                session="tool",
+                project=p,
+                task="add",
+                parent=cid["t1"],
+                at=1,
+            ),
             row(cid["ev"], P1, [answer([53, 2], "5")], messages=first, session="ev", tags=["eval"], **add),
             row(cid["un"], P1, [answer([53, 2], "5")], messages=first, session="un", project=p, task="add"),
-        )  # fmt: skip
-        db.add_all([
-            feedback_row(p, "outcome", "success", session="good"), feedback_row(p, "reward", 0.2, session="meh"),
-            feedback_row(p, "outcome", "failure", session="bad"), feedback_row(p, "thumbs", True, session="tool"),
-            feedback_row(p, "thumbs", True, session="ev"),
-        ])  # fmt: skip
+        )
+        db.add_all(
+            [
+                feedback_row(p, "outcome", "success", session="good"),
+                feedback_row(p, "reward", 0.2, session="meh"),
+                feedback_row(p, "outcome", "failure", session="bad"),
+                feedback_row(p, "thumbs", True, session="tool"),
+                feedback_row(p, "thumbs", True, session="ev"),
+            ]
+        )
         db.commit()
     eng.dispose()
     yield Data(pg_url, p)
@@ -114,8 +139,12 @@ def test_rl_rows_carry_tokens_mask_logprobs_reward_adapters_group(data: Data, tm
     assert set(by_session) == {"good", "meh", "bad", "tool"}
     good = by_session["good"]
     assert (good["token_ids"], good["mask"], good["reward"], good["adapters"], good["group"]) == (
-        P1 + [53, 2], [0] * 9 + [1, 1], 1.0, [1], "add",
-    )  # fmt: skip
+        P1 + [53, 2],
+        [0] * 9 + [1, 1],
+        1.0,
+        [1],
+        "add",
+    )
     assert good["logprobs"] == [None] * 9 + [-0.25, -0.25]
     assert json.loads(good["reward_detail"])["name"] == "outcome"
     assert sum(by_session["tool"]["mask"]) == 4
@@ -141,18 +170,33 @@ def test_trl_trainers_take_a_step_on_the_exports(data: Data, tmp_path: Path) -> 
 
     path = resolve_model("tiny").path
     tokenizer = AutoTokenizer.from_pretrained(path)
-    common = {"max_steps": 1, "per_device_train_batch_size": 2, "report_to": "none", "save_strategy": "no",
-              "use_cpu": True, "max_length": 256, "dataloader_num_workers": 0}  # fmt: skip
+    common = {
+        "max_steps": 1,
+        "per_device_train_batch_size": 2,
+        "report_to": "none",
+        "save_strategy": "no",
+        "use_cpu": True,
+        "max_length": 256,
+        "dataloader_num_workers": 0,
+    }
     export(data, "sft", tmp_path / "sft.jsonl")
     export(data, "dpo", tmp_path / "dpo.jsonl")
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    sft = SFTTrainer(model=model, args=SFTConfig(output_dir=str(tmp_path / "sft"), **common),
-                     train_dataset=load(tmp_path / "sft.jsonl", tmp_path), processing_class=tokenizer)  # fmt: skip
+    sft = SFTTrainer(
+        model=model,
+        args=SFTConfig(output_dir=str(tmp_path / "sft"), **common),
+        train_dataset=load(tmp_path / "sft.jsonl", tmp_path),
+        processing_class=tokenizer,
+    )
     assert sft.train().global_step == 1
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    dpo = DPOTrainer(model=model, args=DPOConfig(output_dir=str(tmp_path / "dpo"), **common),
-                     train_dataset=load(tmp_path / "dpo.jsonl", tmp_path), processing_class=tokenizer)  # fmt: skip
+    dpo = DPOTrainer(
+        model=model,
+        args=DPOConfig(output_dir=str(tmp_path / "dpo"), **common),
+        train_dataset=load(tmp_path / "dpo.jsonl", tmp_path),
+        processing_class=tokenizer,
+    )
     assert dpo.train().global_step == 1

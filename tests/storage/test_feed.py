@@ -51,8 +51,17 @@ def next_call(p: str, parent: dict[str, Any], **kw: Any) -> dict[str, Any]:
     """A call continuing ``parent`` (its sampled ids re-rendered exactly, then a tool result)."""
     prompt = parent["prompt_token_ids"] + parent["choices"][0]["token_ids"] + AFTER
     reply = {"role": "assistant", "content": "x"}
-    return row(f"{p}-{uuid.uuid4().hex[:8]}", prompt, [choice([52, 2])], project=p, session=parent["session_id"],
-               messages=[USER, reply, TOOL], parent=parent["id"], at=1, **kw)  # fmt: skip
+    return row(
+        f"{p}-{uuid.uuid4().hex[:8]}",
+        prompt,
+        [choice([52, 2])],
+        project=p,
+        session=parent["session_id"],
+        messages=[USER, reply, TOOL],
+        parent=parent["id"],
+        at=1,
+        **kw,
+    )
 
 
 def test_each_change_is_read_once_and_ungraded_or_eval_sessions_are_not_rebuilt(db: Session) -> None:

@@ -65,24 +65,36 @@ def item(kind: str, target: str, name: str = "thumbs", value: object = True, **e
 
 async def test_known_targets_attach_unknown_and_foreign_ones_pend(adb: AsyncSession, world: World) -> None:
     items = [
-        item("completion_id", world.a1), item("client_request_id", "req-1"), item("session_id", "s1"),
-        item("completion_id", "cmpl-nowhere"), item("completion_id", world.b1), item("session_id", "s-nowhere"),
-    ]  # fmt: skip
+        item("completion_id", world.a1),
+        item("client_request_id", "req-1"),
+        item("session_id", "s1"),
+        item("completion_id", "cmpl-nowhere"),
+        item("completion_id", world.b1),
+        item("session_id", "s-nowhere"),
+    ]
     rows = await submit_feedback(adb, world.a, items)  # type: ignore[arg-type]
     await adb.commit()
     got = [(r.completion_id, r.session_id, r.attached_at is not None) for r in rows]
     assert got == [
-        (world.a1, "s1", True), (world.a1, "s1", True), (None, "s1", True),
-        (None, None, False), (None, None, False), (None, None, False),
-    ]  # fmt: skip
+        (world.a1, "s1", True),
+        (world.a1, "s1", True),
+        (None, "s1", True),
+        (None, None, False),
+        (None, None, False),
+        (None, None, False),
+    ]
     # Another project's completion id looks exactly like an unknown one, and B sees nothing of it.
     assert await list_feedback(adb, world.b, completion_id=world.b1) == []
 
 
 async def test_pending_attaches_when_the_call_lands_in_the_same_project_only(adb: AsyncSession, world: World) -> None:
     future, foreign = _uid("cmpl-future"), _uid("cmpl-b")
-    items = [item("completion_id", future), item("client_request_id", "req-later"), item("session_id", "s-later"),
-             item("completion_id", foreign)]  # fmt: skip
+    items = [
+        item("completion_id", future),
+        item("client_request_id", "req-later"),
+        item("session_id", "s-later"),
+        item("completion_id", foreign),
+    ]
     await submit_feedback(adb, world.a, items)  # type: ignore[arg-type]
     await adb.commit()
     # Project B records a call with the same client request id and session, and the foreign id: nothing attaches.
@@ -96,8 +108,10 @@ async def test_pending_attaches_when_the_call_lands_in_the_same_project_only(adb
     adb.add_all(ours)
     assert await attach_pending(adb, ours) == 3
     await adb.commit()
-    stored = {(f.target_kind, f.target_id): f for f in (await adb.scalars(select(Feedback).where(
-        Feedback.project_id == world.a))).all()}  # fmt: skip
+    stored = {
+        (f.target_kind, f.target_id): f
+        for f in (await adb.scalars(select(Feedback).where(Feedback.project_id == world.a))).all()
+    }
     assert stored[("completion_id", future)].session_id == "s-later"
     assert stored[("client_request_id", "req-later")].completion_id == ours[1].id
     assert stored[("session_id", "s-later")].completion_id is None
@@ -196,8 +210,10 @@ async def test_the_database_the_recorder_and_the_loaders_resolve_a_target_alike(
 ) -> None:
     """A client request id used twice names its newest call, whichever path resolves it (storage.grading)."""
     old, new = _uid("cmpl-old"), _uid("cmpl-new")
-    calls = [Completion(**row(new, P1, [], project=world.a, session="s-new", crid="req-twice", at=9)),
-             Completion(**row(old, P1, [], project=world.a, session="s-old", crid="req-twice", at=1))]  # fmt: skip
+    calls = [
+        Completion(**row(new, P1, [], project=world.a, session="s-new", crid="req-twice", at=9)),
+        Completion(**row(old, P1, [], project=world.a, session="s-old", crid="req-twice", at=1)),
+    ]
     # The loaders: still pending, resolved in memory against the loaded calls.
     [pending] = await submit_feedback(adb, world.a, [item("client_request_id", "req-twice")])  # type: ignore[list-item]
     assert pending.attached_at is None
@@ -208,5 +224,9 @@ async def test_the_database_the_recorder_and_the_loaders_resolve_a_target_alike(
     # The database: an item sent after both calls landed.
     [direct] = await submit_feedback(adb, world.a, [item("client_request_id", "req-twice", name="reward", value=1)])  # type: ignore[list-item]
     await adb.commit()
-    assert (grade.completion_id, grade.session_id) == (pending.completion_id, pending.session_id) == (
-        direct.completion_id, direct.session_id) == (new, "s-new")  # fmt: skip
+    assert (
+        (grade.completion_id, grade.session_id)
+        == (pending.completion_id, pending.session_id)
+        == (direct.completion_id, direct.session_id)
+        == (new, "s-new")
+    )

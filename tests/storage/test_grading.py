@@ -28,30 +28,64 @@ from tests.storage.rows import T0
 
 def traj(*calls: str, flags: list[str] | None = None, session: str = "s1") -> Trajectory:
     return Trajectory(
-        id=f"{calls[-1]}:0", project_id="p", session_id=session, task_id=None, alias="a", token_ids=[1, 2],
-        mask=[0, 1], logprobs=[None, -0.1], turns=[], completion_ids=list(calls), flags=flags or [],
-    )  # fmt: skip
+        id=f"{calls[-1]}:0",
+        project_id="p",
+        session_id=session,
+        task_id=None,
+        alias="a",
+        token_ids=[1, 2],
+        mask=[0, 1],
+        logprobs=[None, -0.1],
+        turns=[],
+        completion_ids=list(calls),
+        flags=flags or [],
+    )
 
 
 _n = iter(range(10_000))
 
 
-def fb(name: str, value: Any = None, *, on: str | None = None, session: str | None = "s1", source: str = "",
-       at: int = 0, comment: str | None = None) -> dict[str, Any]:  # fmt: skip
+def fb(
+    name: str,
+    value: Any = None,
+    *,
+    on: str | None = None,
+    session: str | None = "s1",
+    source: str = "",
+    at: int = 0,
+    comment: str | None = None,
+) -> dict[str, Any]:
     """A resolved feedback row: about completion ``on``, else about the session."""
-    return {"id": f"fb-{next(_n):04d}", "completion_id": on, "session_id": session, "name": name, "value": value,
-            "comment": comment, "source": source, "created_at": T0 + timedelta(seconds=at)}  # fmt: skip
+    return {
+        "id": f"fb-{next(_n):04d}",
+        "completion_id": on,
+        "session_id": session,
+        "name": name,
+        "value": value,
+        "comment": comment,
+        "source": source,
+        "created_at": T0 + timedelta(seconds=at),
+    }
 
 
 @pytest.mark.parametrize(
     ("name", "value", "expected"),
     [
-        ("reward", 0.25, 0.25), ("reward", -3, -3.0), ("thumbs", True, 1.0), ("thumbs", False, -1.0),
-        ("outcome", "success", 1.0), ("outcome", "failure", 0.0), ("outcome", "timeout", 0.0),
-        ("outcome", "Abort", 0.0), ("outcome", "infra_error", MASKED),
-        ("outcome", "partial", None), ("reward", True, None), ("thumbs", 1, None), ("comment", "meh", None),
+        ("reward", 0.25, 0.25),
+        ("reward", -3, -3.0),
+        ("thumbs", True, 1.0),
+        ("thumbs", False, -1.0),
+        ("outcome", "success", 1.0),
+        ("outcome", "failure", 0.0),
+        ("outcome", "timeout", 0.0),
+        ("outcome", "Abort", 0.0),
+        ("outcome", "infra_error", MASKED),
+        ("outcome", "partial", None),
+        ("reward", True, None),
+        ("thumbs", 1, None),
+        ("comment", "meh", None),
     ],
-)  # fmt: skip
+)
 def test_default_scores(name: str, value: Any, expected: Any) -> None:
     assert DEFAULT_RULE.score(name, value) == expected
 
@@ -109,9 +143,13 @@ def test_harness_reported_timeout_is_a_failure() -> None:
 
 def test_configured_rule() -> None:
     rule = RewardRule.from_config(
-        {"numeric": ["score"], "labels": {"outcome": {"partial": 0.5}, "verdict": {"ok": 1, "bad": -1}},
-         "booleans": {"liked": [2, 0]}, "priority": ["verdict", "score"]}
-    )  # fmt: skip
+        {
+            "numeric": ["score"],
+            "labels": {"outcome": {"partial": 0.5}, "verdict": {"ok": 1, "bad": -1}},
+            "booleans": {"liked": [2, 0]},
+            "priority": ["verdict", "score"],
+        }
+    )
     assert rule.score("score", 3) == 3.0 and rule.score("reward", 3) is None
     assert rule.score("outcome", "partial") == 0.5 and rule.score("outcome", "success") == 1.0
     assert rule.score("liked", True) == 2.0 and rule.score("thumbs", True) == 1.0
@@ -144,8 +182,11 @@ class CallStub:
 
 def test_targets_one_rule_a_reused_client_request_id_names_its_newest_call() -> None:
     t0 = datetime(2026, 12, 1, tzinfo=UTC)
-    calls = [CallStub("c2", "s1", "req", t0 + timedelta(seconds=2)), CallStub("c1", "s1", "req", t0),
-             CallStub("c3", "s2", None, t0 + timedelta(seconds=1))]  # fmt: skip
+    calls = [
+        CallStub("c2", "s1", "req", t0 + timedelta(seconds=2)),
+        CallStub("c1", "s1", "req", t0),
+        CallStub("c3", "s2", None, t0 + timedelta(seconds=1)),
+    ]
     targets = Targets(calls)
     assert targets.resolve("client_request_id", "req") == ("c2", "s1")
     assert targets.resolve("completion_id", "c3") == ("c3", "s2")

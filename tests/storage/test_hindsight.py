@@ -18,8 +18,9 @@ def call(cid: str, messages: list[dict[str, Any]], reply: str, **kw: Any) -> Sim
 
 def test_the_next_user_message_is_hindsight_on_the_previous_answer() -> None:
     first = call("c1", [Q], "ANSWER: 13")
-    second = call("c2", [Q, A1, {"role": "user", "content": "That's wrong: I gave them away."}], "ANSWER: 5",
-                  parent="c1", at=1)  # fmt: skip
+    second = call(
+        "c2", [Q, A1, {"role": "user", "content": "That's wrong: I gave them away."}], "ANSWER: 5", parent="c1", at=1
+    )
     (h,) = next_turn_feedback([first, second])
     assert (h.completion_id, h.text, h.by_completion_id) == ("c1", "That's wrong: I gave them away.", "c2")
 

@@ -72,19 +72,25 @@ def test_training_batch_with_judge_grades(db: Session) -> None:
     db.add(feedback_row(p, "reward", 0.2, session="graded", source="harness", at=1))
     db.commit()
     before = {t.session_id: t.reward for t in load_training_batch(db, p, "agent")[0]}
-    db.add_all([feedback_row(p, "reward", 0.9, session="graded", source="judge", at=50),
-                feedback_row(p, "reward", 0.8, session="judged", source="judge", at=51)])  # fmt: skip
+    db.add_all(
+        [
+            feedback_row(p, "reward", 0.9, session="graded", source="judge", at=50),
+            feedback_row(p, "reward", 0.8, session="judged", source="judge", at=51),
+        ]
+    )
     db.commit()
     batch, excluded = load_training_batch(db, p, "agent")
     assert {t.session_id: t.reward for t in batch} == before == {"graded": 0.2}  # the late judge changed nothing
     assert excluded[Exclusion.JUDGE_UNCALIBRATED] == 1  # never calibrated: its grade is counted, not used
 
-    record_calibration(db, p, JudgeSettings.model_validate(JUDGE), n=3, unreadable=0, spearman=0.3, accuracy=0.6,
-                       threshold=0.5)  # fmt: skip
+    record_calibration(
+        db, p, JudgeSettings.model_validate(JUDGE), n=3, unreadable=0, spearman=0.3, accuracy=0.6, threshold=0.5
+    )
     db.commit()
     assert load_training_batch(db, p, "agent")[1][Exclusion.JUDGE_UNCALIBRATED] == 1  # rho 0.3 < 0.6
-    record_calibration(db, p, JudgeSettings.model_validate(JUDGE), n=3, unreadable=0, spearman=0.9, accuracy=1.0,
-                       threshold=0.5)  # fmt: skip
+    record_calibration(
+        db, p, JudgeSettings.model_validate(JUDGE), n=3, unreadable=0, spearman=0.9, accuracy=1.0, threshold=0.5
+    )
     db.commit()
     batch, excluded = load_training_batch(db, p, "agent")
     assert {t.session_id: t.reward for t in batch} == {"graded": 0.2, "judged": 0.8}

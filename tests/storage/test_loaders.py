@@ -16,8 +16,9 @@ from tests.storage.test_trajectories import P1
 
 def call(project: str, session: str, **kw: Any) -> dict[str, Any]:
     ids = kw.pop("ids", [50, 2])
-    return row(f"cmpl-{uuid.uuid4().hex[:12]}", kw.pop("prompt", P1), [choice(ids)], project=project,
-               session=session, **kw)  # fmt: skip
+    return row(
+        f"cmpl-{uuid.uuid4().hex[:12]}", kw.pop("prompt", P1), [choice(ids)], project=project, session=session, **kw
+    )
 
 
 def mark_used(db: Session, project: str, trajectory_id: str) -> None:
@@ -27,26 +28,41 @@ def mark_used(db: Session, project: str, trajectory_id: str) -> None:
     step = TrainingStep(run_id=run.id, step=1)
     db.add(step)
     db.flush()
-    db.add(UsedFeedback(project_id=project, alias="agent", trajectory_id=trajectory_id, feedback_id="*",
-                        objective="reward", step_id=step.id))  # fmt: skip
+    db.add(
+        UsedFeedback(
+            project_id=project,
+            alias="agent",
+            trajectory_id=trajectory_id,
+            feedback_id="*",
+            objective="reward",
+            step_id=step.id,
+        )
+    )
 
 
 def test_training_batch_takes_graded_unused_trajectories_and_counts_every_exclusion(db: Session) -> None:
     p = new_project(db)
     names = ("good", "pend", "used", "infra", "silent")
     good, pend, used, infra, silent = (insert(db, call(p, s, adapter=2)) for s in names)
-    insert(db, call(p, "eval", tags=["eval"]), call(p, "timed", termination="timeout"),
-           call(p, "broken", prompt=None), call(p, "other", alias="someone-else"))  # fmt: skip
-    db.add_all([
-        feedback_row(p, "thumbs", True, session="good"),
-        feedback_row(p, "reward", 0.5, pending_target=("completion_id", pend[0].id)),  # not attached yet: counts
-        feedback_row(p, "thumbs", True, session="used"),
-        feedback_row(p, "thumbs", True, session="eval"),
-        feedback_row(p, "outcome", "infra_error", completion=infra[0].id, session="infra"),
-        feedback_row(p, "review", None, comment="no score", session="silent"),
-        feedback_row(p, "thumbs", True, session="broken"),
-        feedback_row(p, "thumbs", True, session="other"),
-    ])  # fmt: skip
+    insert(
+        db,
+        call(p, "eval", tags=["eval"]),
+        call(p, "timed", termination="timeout"),
+        call(p, "broken", prompt=None),
+        call(p, "other", alias="someone-else"),
+    )
+    db.add_all(
+        [
+            feedback_row(p, "thumbs", True, session="good"),
+            feedback_row(p, "reward", 0.5, pending_target=("completion_id", pend[0].id)),  # not attached yet: counts
+            feedback_row(p, "thumbs", True, session="used"),
+            feedback_row(p, "thumbs", True, session="eval"),
+            feedback_row(p, "outcome", "infra_error", completion=infra[0].id, session="infra"),
+            feedback_row(p, "review", None, comment="no score", session="silent"),
+            feedback_row(p, "thumbs", True, session="broken"),
+            feedback_row(p, "thumbs", True, session="other"),
+        ]
+    )
     mark_used(db, p, f"{used[0].id}:0")
     db.commit()
 
@@ -74,11 +90,13 @@ def test_ungraded_share_per_adapter_version(db: Session) -> None:
         insert(db, call(p, s, adapter=1))
     insert(db, call(p, "d", adapter=1, at=0), call(p, "d", adapter=2, at=5))
     base = insert(db, call(p, "e"))
-    db.add_all([
-        feedback_row(p, "outcome", "success", session="a"),
-        feedback_row(p, "thumbs", False, pending_target=("session_id", "d")),
-        feedback_row(p, "review", None, comment="hmm", completion=base[0].id, session="e"),
-    ])  # fmt: skip
+    db.add_all(
+        [
+            feedback_row(p, "outcome", "success", session="a"),
+            feedback_row(p, "thumbs", False, pending_target=("session_id", "d")),
+            feedback_row(p, "review", None, comment="hmm", completion=base[0].id, session="e"),
+        ]
+    )
     db.commit()
     assert ungraded_share(db, p) == {
         1: {"sessions": 3, "ungraded": 2, "share": 2 / 3},

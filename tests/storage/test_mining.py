@@ -23,8 +23,14 @@ DEMO = MINE_SETTINGS  # the demo's text protocol, as project configuration
 USER = {"role": "user", "content": "q"}
 
 
-def reply(content: str = "ok", *, ids: list[int] | None = None, finish: str = "stop",
-          tool_calls: list[dict[str, Any]] | None = None, **kw: Any) -> dict[str, Any]:  # fmt: skip
+def reply(
+    content: str = "ok",
+    *,
+    ids: list[int] | None = None,
+    finish: str = "stop",
+    tool_calls: list[dict[str, Any]] | None = None,
+    **kw: Any,
+) -> dict[str, Any]:
     c = choice(ids if ids is not None else [5, 2], content=content, finish=finish)
     if tool_calls is not None:
         c["message"]["tool_calls"] = tool_calls
@@ -50,8 +56,13 @@ def test_each_mode_on_a_hand_built_row() -> None:
     assert modes(reply("", tool_calls=[tool_call("{}")] * 6), tool_burst=5) == {"tool_burst"}
     assert modes(reply("I'm sorry, but I cannot do that.")) == {"refusal"}
     assert modes(reply("", tool_calls=[tool_call("{not json")])) == {"malformed_tool_call"}
-    schema = {"type": "function", "function": {"name": "lookup", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}}}  # fmt: skip
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "lookup",
+            "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+        },
+    }
     bad = reply("", tool_calls=[tool_call('{"x": 1}')], messages=[USER])
     bad["request"]["tools"] = [schema]
     assert call_modes(bad, MineConfig())["malformed_tool_call"]["error"] == "'q' is a required property"
@@ -103,8 +114,11 @@ def mine(db: Session, project: str) -> Any:
 
 
 def _flags(db: Session, project: str) -> dict[tuple[str, str], dict[str, Any]]:
-    rows = db.execute(select(CompletionFlag.completion_id, CompletionFlag.mode, CompletionFlag.detail)
-                      .where(CompletionFlag.project_id == project))  # fmt: skip
+    rows = db.execute(
+        select(CompletionFlag.completion_id, CompletionFlag.mode, CompletionFlag.detail).where(
+            CompletionFlag.project_id == project
+        )
+    )
     return {(c, m): d for c, m, d in rows}
 
 
@@ -112,8 +126,15 @@ def test_mine_runs_incrementally_and_reports_per_version(db: Session, pg_url: st
     p = new_project(db, {"mine": DEMO})
     first = reply("CALC: 3 apples", project=p, session="a", adapter=1)
     calc = [USER, {"role": "assistant", "content": "CALC: 1/0"}]
-    second = reply("ANSWER: 4", project=p, session="a", parent=first["id"], adapter=1, at=1,
-                   messages=[*calc, {"role": "user", "content": "RESULT: error: division by zero"}])  # fmt: skip
+    second = reply(
+        "ANSWER: 4",
+        project=p,
+        session="a",
+        parent=first["id"],
+        adapter=1,
+        at=1,
+        messages=[*calc, {"role": "user", "content": "RESULT: error: division by zero"}],
+    )
     timed = reply("ANSWER: 5", project=p, session="b", adapter=2)
     insert(db, first, second, timed)
     db.add_all([feedback_row(p, "outcome", "timeout", session="b"), feedback_row(p, "reward", 0.0, session="a")])
@@ -121,8 +142,12 @@ def test_mine_runs_incrementally_and_reports_per_version(db: Session, pg_url: st
     done = mine(db, p)
     assert (done.calls, done.feedback) == (3, 2)
     flags = _flags(db, p)
-    assert set(flags) == {(first["id"], "protocol_unparsed"), (first["id"], "tool_error"),
-                          (timed["id"], "timeout"), (second["id"], "low_grade")}  # fmt: skip
+    assert set(flags) == {
+        (first["id"], "protocol_unparsed"),
+        (first["id"], "tool_error"),
+        (timed["id"], "timeout"),
+        (second["id"], "low_grade"),
+    }
     assert flags[(first["id"], "protocol_unparsed")] == {"line": "CALC: 3 apples"}
 
     assert mine(db, p).calls == 0  # nothing changed: nothing read
@@ -162,10 +187,12 @@ def test_a_grade_revised_upward_clears_the_low_grade_flag(db: Session) -> None:
     p = new_project(db)
     call, other = reply("ok", project=p, session="a"), reply("ok", project=p, session="b")
     insert(db, call, other)
-    db.add_all([
-        feedback_row(p, "reward", 0.1, session="a", at=1),  # a session grade: it lands on the session's last call
-        feedback_row(p, "thumbs", False, session="b", completion=other["id"], source="human", at=1),
-    ])  # fmt: skip
+    db.add_all(
+        [
+            feedback_row(p, "reward", 0.1, session="a", at=1),  # a session grade: it lands on the session's last call
+            feedback_row(p, "thumbs", False, session="b", completion=other["id"], source="human", at=1),
+        ]
+    )
     db.commit()
     assert dict(mine(db, p).flagged) == {"low_grade": 2}
 

@@ -18,11 +18,20 @@ from storage.monitors import (
 )
 
 
-def session(i: int, *, tokens: int = 40, calls: int = 4, tools: int = 3, errors: int = 0, cut: bool = False,
-            version: int | None = 1) -> SessionStats:  # fmt: skip
+def session(
+    i: int,
+    *,
+    tokens: int = 40,
+    calls: int = 4,
+    tools: int = 3,
+    errors: int = 0,
+    cut: bool = False,
+    version: int | None = 1,
+) -> SessionStats:
     reward = 0.0 if cut else 1.0
-    return SessionStats(f"s{i}", version, float(i), calls, tokens * calls, tokens, tools, tools, errors, cut, not cut,
-                        reward)  # fmt: skip
+    return SessionStats(
+        f"s{i}", version, float(i), calls, tokens * calls, tokens, tools, tools, errors, cut, not cut, reward
+    )
 
 
 def test_ratio_estimate_is_sum_over_sum_with_a_cluster_standard_error() -> None:
@@ -68,8 +77,12 @@ def test_directions_timeouts_up_alert_down_do_not() -> None:
 def test_baselines_are_the_predecessor_and_the_oldest_full_window() -> None:
     full = {None: True, 1: True, 2: False, 3: True, 4: True}
     got = baselines([None, 1, 2, 3, 4], full, MonitorConfig())
-    assert got == {None: [], 1: [(None, "predecessor")], 3: [(1, "predecessor"), (None, "reference")],
-                   4: [(3, "predecessor"), (None, "reference")]}  # fmt: skip
+    assert got == {
+        None: [],
+        1: [(None, "predecessor")],
+        3: [(1, "predecessor"), (None, "reference")],
+        4: [(3, "predecessor"), (None, "reference")],
+    }
     pinned = baselines([None, 1, 3, 4], full, parse_config({"reference_version": 3}))
     assert pinned[4] == [(3, "predecessor")] and pinned[1] == [(None, "predecessor")]
 
@@ -79,8 +92,12 @@ def test_alias_overrides_merge_per_field_and_bad_ones_name_the_field() -> None:
     assert config.thresholds["completion_tokens"].size == 0.1
     assert config.thresholds["completion_tokens"].direction == "both"
     assert config.window_sessions == 30 and config.tool_error_patterns == ("FAIL",)
-    bad_ones = [({"thresholds": {"nope": {}}}, "thresholds.nope"), ({"window_sessions": 1}, "window_sessions"),
-                ({"thresholds": {"reward": {"kind": "odd"}}}, "thresholds.reward"), ({"x": 1}, "'x'")]  # fmt: skip
+    bad_ones = [
+        ({"thresholds": {"nope": {}}}, "thresholds.nope"),
+        ({"window_sessions": 1}, "window_sessions"),
+        ({"thresholds": {"reward": {"kind": "odd"}}}, "thresholds.reward"),
+        ({"x": 1}, "'x'"),
+    ]
     for bad, field in bad_ones:
         with pytest.raises(MonitorConfigError, match=field):
             parse_config(bad)

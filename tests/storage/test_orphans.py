@@ -23,8 +23,20 @@ from tests.storage.test_trajectories import P1
 
 def _pending(db: Session, project: str, kind: str, target: str, age: timedelta = timedelta(0)) -> str:
     fid = new_feedback_id()
-    db.add(Feedback(id=fid, project_id=project, idempotency_key=fid, target_kind=kind, target_id=target,
-                    name="thumbs", value=True, source="", meta={}, created_at=utcnow() - age))  # fmt: skip
+    db.add(
+        Feedback(
+            id=fid,
+            project_id=project,
+            idempotency_key=fid,
+            target_kind=kind,
+            target_id=target,
+            name="thumbs",
+            value=True,
+            source="",
+            meta={},
+            created_at=utcnow() - age,
+        )
+    )
     return fid
 
 
@@ -70,8 +82,11 @@ def test_a_bounded_sweep_walks_on_from_its_cursor_and_wraps_round(db: Session) -
     _never(db, project, 600)
     late = f"cmpl-late-{uuid.uuid4().hex[:8]}"
     by_request = f"req-{uuid.uuid4().hex[:8]}"
-    items = [_pending(db, project, "completion_id", late), _pending(db, project, "client_request_id", by_request),
-             _pending(db, project, "session_id", "s-late")]  # fmt: skip
+    items = [
+        _pending(db, project, "completion_id", late),
+        _pending(db, project, "client_request_id", by_request),
+        _pending(db, project, "session_id", "s-late"),
+    ]
     insert(db, row(late, P1, [], project=project, session="s-late", crid=by_request))
     db.commit()
     first = feedback.sweep_pending(db, project_id=project, page=500, pages=1)

@@ -37,8 +37,11 @@ def test_an_older_line_without_some_json_columns_reads_with_the_models_defaults(
     assert (rec.tags, rec.usage, rec.sampling) == (b"[]", b"null", b"{}")
 
 
-TRICKY = {"error": "tab\tnewline\ncr\r back\\slash \\N", "request": {"content": 'a "quote", a \\ and \t\n'},
-          "client_request_id": "\\N"}  # fmt: skip
+TRICKY = {
+    "error": "tab\tnewline\ncr\r back\\slash \\N",
+    "request": {"content": 'a "quote", a \\ and \t\n'},
+    "client_request_id": "\\N",
+}
 
 
 def _unescape(field: bytes) -> str | None:

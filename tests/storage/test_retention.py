@@ -31,23 +31,38 @@ def _world(db: Session, project: str) -> None:
 
     Now is T0 + 40 days.
     """
-    insert(db, row(f"{project}-o1", [1], [choice([5, 2])], session="old", project=project),
-           row(f"{project}-o2", [1], [choice([5, 2])], session="old", project=project, parent=f"{project}-o1", at=1),
-           row(f"{project}-m1", [1], [choice([5, 2])], session="mixed", project=project, at=2),
-           row(f"{project}-m2", [1], [choice([5, 2])], session="mixed", project=project, parent=f"{project}-m1",
-               at=35 * DAY),
-           row(f"{project}-n1", [1], [choice([5, 2])], session="new", project=project, at=35 * DAY))  # fmt: skip
+    insert(
+        db,
+        row(f"{project}-o1", [1], [choice([5, 2])], session="old", project=project),
+        row(f"{project}-o2", [1], [choice([5, 2])], session="old", project=project, parent=f"{project}-o1", at=1),
+        row(f"{project}-m1", [1], [choice([5, 2])], session="mixed", project=project, at=2),
+        row(
+            f"{project}-m2",
+            [1],
+            [choice([5, 2])],
+            session="mixed",
+            project=project,
+            parent=f"{project}-m1",
+            at=35 * DAY,
+        ),
+        row(f"{project}-n1", [1], [choice([5, 2])], session="new", project=project, at=35 * DAY),
+    )
     for session, at in (("old", 1), ("mixed", 35 * DAY), ("new", 35 * DAY)):
         db.add(SessionRow(project_id=project, id=session, created_at=T0, updated_at=T0 + timedelta(seconds=at)))
-    db.add_all([
-        feedback_row(project, "thumbs", False, session="old", completion=f"{project}-o2"),
-        feedback_row(project, "reward", 0.2, session="old"),  # session-level
-        feedback_row(project, "thumbs", True, session="mixed", completion=f"{project}-m1"),
-        feedback_row(project, "thumbs", True, session="new", completion=f"{project}-n1", at=35 * DAY),
-        feedback_row(project, "score", 1, pending_target=("completion_id", "never-landed")),
-    ])  # fmt: skip
-    db.add(CompletionFlag(project_id=project, completion_id=f"{project}-o2", session_id="old", alias="agent",
-                          mode="low_grade"))  # fmt: skip
+    db.add_all(
+        [
+            feedback_row(project, "thumbs", False, session="old", completion=f"{project}-o2"),
+            feedback_row(project, "reward", 0.2, session="old"),  # session-level
+            feedback_row(project, "thumbs", True, session="mixed", completion=f"{project}-m1"),
+            feedback_row(project, "thumbs", True, session="new", completion=f"{project}-n1", at=35 * DAY),
+            feedback_row(project, "score", 1, pending_target=("completion_id", "never-landed")),
+        ]
+    )
+    db.add(
+        CompletionFlag(
+            project_id=project, completion_id=f"{project}-o2", session_id="old", alias="agent", mode="low_grade"
+        )
+    )
     _trained(db, project, f"{project}-o2:0")
     db.commit()
 

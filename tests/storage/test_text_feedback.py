@@ -38,13 +38,16 @@ def _step(db: Session, p: str) -> int:
 def test_text_feedback_is_loaded_and_used_once_per_item_and_objective(db: Session, implicit: bool) -> None:
     p = new_project(db, {"implicit_feedback": True} if implicit else {})
     graded = _call(db, p, "graded", [Q], "ANSWER: 13")
-    db.add_all([
-        feedback_row(p, "reward", 0.0, session="graded", source="harness"),  # trained on numerically already
-        feedback_row(p, "review", comment="Wrong operation.", session="graded", source="customer", at=5),
-        feedback_row(p, "correction", comment="ANSWER: 5", completion=graded, session="graded", source="customer",
-                     at=6),
-        feedback_row(p, "reward", 0.1, comment="the judge's reasoning", session="graded", source="judge", at=7),
-    ])  # fmt: skip
+    db.add_all(
+        [
+            feedback_row(p, "reward", 0.0, session="graded", source="harness"),  # trained on numerically already
+            feedback_row(p, "review", comment="Wrong operation.", session="graded", source="customer", at=5),
+            feedback_row(
+                p, "correction", comment="ANSWER: 5", completion=graded, session="graded", source="customer", at=6
+            ),
+            feedback_row(p, "reward", 0.1, comment="the judge's reasoning", session="graded", source="judge", at=7),
+        ]
+    )
     t1 = _call(db, p, "chat", [Q], "ANSWER: 13")
     _call(db, p, "chat", [Q, A1, {"role": "user", "content": "No, I gave them away."}], "ANSWER: 5", parent=t1, at=1)
     _call(db, p, "elsewhere", [Q], "x", alias="other")

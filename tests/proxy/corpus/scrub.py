@@ -34,8 +34,10 @@ def placeholder(text: str) -> str:
 def _descriptions(node: Any) -> Any:
     """A schema or tool with every ``description`` string replaced."""
     if isinstance(node, dict):
-        return {k: placeholder(v) if k == "description" and isinstance(v, str) else _descriptions(v)
-                for k, v in node.items()}  # fmt: skip
+        return {
+            k: placeholder(v) if k == "description" and isinstance(v, str) else _descriptions(v)
+            for k, v in node.items()
+        }
     if isinstance(node, list):
         return [_descriptions(v) for v in node]
     return node

@@ -134,13 +134,26 @@ class DictStream(DialectStream):
         prefix = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}[kind]
         cur = self.current = _Item(kind, item_id(prefix), len(self.items), tool_index)
         if kind == "message":
-            out.append(self._event("response.output_item.added", output_index=cur.index,
-                                   item=message_item(cur.id, "in_progress", [])))  # fmt: skip
-            out.append(self._event("response.content_part.added", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, part=text_part("")))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.output_item.added", output_index=cur.index, item=message_item(cur.id, "in_progress", [])
+                )
+            )
+            out.append(
+                self._event(
+                    "response.content_part.added",
+                    output_index=cur.index,
+                    item_id=cur.id,
+                    content_index=0,
+                    part=text_part(""),
+                )
+            )
         elif kind == "reasoning":
-            out.append(self._event("response.output_item.added", output_index=cur.index,
-                                   item=reasoning_item(cur.id, "in_progress", "")))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.output_item.added", output_index=cur.index, item=reasoning_item(cur.id, "in_progress", "")
+                )
+            )
         return out
 
     def _call_delta(self, call: dict[str, Any]) -> list[bytes]:
@@ -170,9 +183,18 @@ class DictStream(DialectStream):
         if head is None:
             where = b"" if kind == "response.function_call_arguments.delta" else b',"content_index":0'
             name = kind.encode()
-            head = cur.heads[kind] = (b"event: " + name + b'\ndata: {"type":"' + name + b'","item_id":"'
-                                      + cur.id.encode() + b'","output_index":' + str(cur.index).encode() + where
-                                      + b',"delta":')  # fmt: skip
+            head = cur.heads[kind] = (
+                b"event: "
+                + name
+                + b'\ndata: {"type":"'
+                + name
+                + b'","item_id":"'
+                + cur.id.encode()
+                + b'","output_index":'
+                + str(cur.index).encode()
+                + where
+                + b',"delta":'
+            )
         seq, self.seq = self.seq, self.seq + 1
         return head + orjson.dumps(text) + extra + b',"sequence_number":' + str(seq).encode() + b"}\n\n"
 
@@ -184,18 +206,39 @@ class DictStream(DialectStream):
         out: list[bytes] = []
         if cur.kind == "message":
             part = text_part(text, cur.logprobs)
-            out.append(self._event("response.output_text.done", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, text=text, logprobs=cur.logprobs))  # fmt: skip
-            out.append(self._event("response.content_part.done", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, part=part))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.output_text.done",
+                    output_index=cur.index,
+                    item_id=cur.id,
+                    content_index=0,
+                    text=text,
+                    logprobs=cur.logprobs,
+                )
+            )
+            out.append(
+                self._event(
+                    "response.content_part.done", output_index=cur.index, item_id=cur.id, content_index=0, part=part
+                )
+            )
             item = message_item(cur.id, status, [part])
         elif cur.kind == "reasoning":
-            out.append(self._event("response.reasoning_text.done", output_index=cur.index, item_id=cur.id,
-                                   content_index=0, text=text))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.reasoning_text.done", output_index=cur.index, item_id=cur.id, content_index=0, text=text
+                )
+            )
             item = reasoning_item(cur.id, status, text)
         else:
-            out.append(self._event("response.function_call_arguments.done", output_index=cur.index,
-                                   item_id=cur.id, name=cur.name, arguments=text))  # fmt: skip
+            out.append(
+                self._event(
+                    "response.function_call_arguments.done",
+                    output_index=cur.index,
+                    item_id=cur.id,
+                    name=cur.name,
+                    arguments=text,
+                )
+            )
             item = function_call_item(cur.id, status, cur.call_id, cur.name, text)
         self.items.append(item)
         out.append(self._event("response.output_item.done", output_index=cur.index, item=item))

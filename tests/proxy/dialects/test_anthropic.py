@@ -189,15 +189,20 @@ def test_system_messages_inside_messages_stay_where_they_stand() -> None:
     """Claude Code 2.1's reminders: once a 400 (messages.1.role), now system chat messages in place."""
     messages = [
         {"role": "user", "content": "a"},
-        {"role": "system", "content": [{"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
-                                       {"type": "text", "text": "remind "}, {"type": "text", "text": "me",
-                                                                              "cache_control": {"type": "ephemeral"}}]},
+        {
+            "role": "system",
+            "content": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc=1;"},
+                {"type": "text", "text": "remind "},
+                {"type": "text", "text": "me", "cache_control": {"type": "ephemeral"}},
+            ],
+        },
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "calculator", "input": {}}]},
         {"role": "system", "content": "between a call and its result"},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "51"}]},
         {"role": "system", "content": "x-anthropic-billing-header: cc=2;"},  # nothing left: no message
         {"role": "system", "content": []},
-    ]  # fmt: skip
+    ]
     chat = dialect.to_chat(body(system="top", messages=messages, tools=[CALC]))
     assert [(m["role"], m.get("content")) for m in chat["messages"]] == [
         ("system", "top"),

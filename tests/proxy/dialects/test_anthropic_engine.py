@@ -24,9 +24,17 @@ from tests.proxy.conftest import Proxy, ProxyFactory, make_key
 
 pytestmark = [pytest.mark.engine, pytest.mark.default_model]
 
-CALC = {"name": "calculator", "description": "Evaluate an arithmetic expression", "strict": True,
-        "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
-                         "required": ["expression"], "additionalProperties": False}}  # fmt: skip
+CALC = {
+    "name": "calculator",
+    "description": "Evaluate an arithmetic expression",
+    "strict": True,
+    "input_schema": {
+        "type": "object",
+        "properties": {"expression": {"type": "string"}},
+        "required": ["expression"],
+        "additionalProperties": False,
+    },
+}
 # What Claude Code sends besides the request proper: all accepted, none changes the answer.
 EXTRAS: dict[str, Any] = {
     "metadata": {"user_id": "user_4711"},
@@ -85,8 +93,7 @@ def test_sdk_create_stream_count_tokens_and_curl_match_the_engine(served: tuple[
     model = engine.model.name
     system = [{"type": "text", "text": "You are a terse assistant.", "cache_control": {"type": "ephemeral"}}]
     messages: list[Any] = [{"role": "user", "content": "Name three colours."}]
-    request = {"model": model, "max_tokens": 24, "system": system, "messages": messages,
-               "stop_sequences": ["\n\n\n"]}  # fmt: skip
+    request = {"model": model, "max_tokens": 24, "system": system, "messages": messages, "stop_sequences": ["\n\n\n"]}
 
     raw = client.messages.with_raw_response.create(**request, **EXTRAS, **GREEDY)  # type: ignore[arg-type]
     message = raw.parse()
@@ -106,10 +113,24 @@ def test_sdk_create_stream_count_tokens_and_curl_match_the_engine(served: tuple[
     assert counted.input_tokens == message.usage.input_tokens
 
     curl = subprocess.run(
-        ["curl", "-sN", f"{proxy.url}/v1/messages", "-H", f"x-api-key: {key}", "-H", "anthropic-version: 2023-06-01",
-         "-H", "content-type: application/json", "-d", json.dumps({**request, "temperature": 0, "stream": True})],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        [
+            "curl",
+            "-sN",
+            f"{proxy.url}/v1/messages",
+            "-H",
+            f"x-api-key: {key}",
+            "-H",
+            "anthropic-version: 2023-06-01",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            json.dumps({**request, "temperature": 0, "stream": True}),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     frames = [f for f in curl.stdout.split("\n\n") if f.strip()]
     names = [f.split("\n")[0].removeprefix("event: ") for f in frames]
     assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
@@ -136,8 +157,13 @@ def test_forced_tool_use_round_trip_is_one_token_exact_trajectory(served: tuple[
     choices: list[dict[str, Any]] = [{"type": "tool", "name": "calculator"}, {"type": "any"}, {"type": "none"}]
     ids, sessions, results = [], set(), []
     for turn, choice in enumerate(choices):
-        request = {"model": model, "max_tokens": 100 if turn < 2 else 16, "messages": messages,
-                   "tools": [CALC], "tool_choice": choice}  # fmt: skip
+        request = {
+            "model": model,
+            "max_tokens": 100 if turn < 2 else 16,
+            "messages": messages,
+            "tools": [CALC],
+            "tool_choice": choice,
+        }
         if turn == 1:  # the middle turn streams: capture and linking must not care
             with client.messages.stream(**request, **GREEDY) as stream:  # type: ignore[arg-type]
                 message = stream.get_final_message()
@@ -158,8 +184,11 @@ def test_forced_tool_use_round_trip_is_one_token_exact_trajectory(served: tuple[
         result = f"RESULT-{turn}: 51"
         results.append(result)
         reply = {"type": "tool_result", "tool_use_id": use.id, "content": result}
-        messages = [*messages, {"role": "assistant", "content": message.content},  # type: ignore[list-item]
-                    {"role": "user", "content": [reply]}]  # fmt: skip
+        messages = [
+            *messages,
+            {"role": "assistant", "content": message.content},  # type: ignore[list-item]
+            {"role": "user", "content": [reply]},
+        ]
     assert len(sessions) == 1, "the Messages history must link the three calls into one session"
 
     proxy.wait_drained()

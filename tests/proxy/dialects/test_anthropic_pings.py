@@ -59,9 +59,18 @@ def test_a_silent_engine_gets_pings_between_whole_events() -> None:
         dialect = AnthropicDialect()
         dialect.ping_interval_s = 0.01
         ex = Exchange(id="msg_1", model="m", created=0, request={}, chat={})
-        call = StreamedReply(Silent(gate), endpoint="chat", wants=capture.Wants(False, False, False, True), alias="m",  # type: ignore[arg-type]
-                          headers={}, dialect=(dialect, dialect.stream(ex)), fingerprints={}, base="b",
-                          inflight=set(), finish=finish)  # fmt: skip
+        call = StreamedReply(
+            Silent(gate),
+            endpoint="chat",
+            wants=capture.Wants(False, False, False, True),
+            alias="m",  # type: ignore[arg-type]
+            headers={},
+            dialect=(dialect, dialect.stream(ex)),
+            fingerprints={},
+            base="b",
+            inflight=set(),
+            finish=finish,
+        )
         streaming = asyncio.create_task(call._stream(send))
         await asyncio.wait_for(pinged.wait(), 30)  # the engine is silent: a ping must come
         gate.set()
@@ -73,6 +82,12 @@ def test_a_silent_engine_gets_pings_between_whole_events() -> None:
     kinds = [e["type"] for e in events]
     assert kinds[0] == "message_start" and "ping" in kinds
     real = [k for k in kinds if k != "ping"]
-    assert real == ["message_start", "content_block_start", "content_block_delta", "content_block_stop",
-                    "message_delta", "message_stop"]  # fmt: skip
+    assert real == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert kinds[-1] == "message_stop"  # no ping after the end

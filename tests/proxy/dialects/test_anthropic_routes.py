@@ -23,16 +23,33 @@ def test_bad_input_gets_anthropic_errors_and_nothing_is_recorded_as_success(
     user = {"role": "user", "content": "hi"}
     cases = {
         "max_tokens": {"messages": [user]},
-        "messages.0.content.0.tool_use_id": {"max_tokens": 8, "messages": [
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}]},
+        "messages.0.content.0.tool_use_id": {
+            "max_tokens": 8,
+            "messages": [
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}
+            ],
+        },
         "tools.0.input_schema": {"max_tokens": 8, "messages": [user], "tools": [{"name": "calc", "input_schema": "x"}]},
         "messages": {"max_tokens": 8, "messages": []},
-        "messages.0.content.0.type": {"max_tokens": 8, "messages": [{"role": "user", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]},
-    }  # fmt: skip
+        "messages.0.content.0.type": {
+            "max_tokens": 8,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+                    ],
+                }
+            ],
+        },
+    }
     for field, request in cases.items():
-        got = httpx.post(f"{proxy.url}/v1/messages", json={"model": "stub-model", **request},
-                         headers={"x-api-key": key, "anthropic-version": "2023-06-01"}, timeout=10)  # fmt: skip
+        got = httpx.post(
+            f"{proxy.url}/v1/messages",
+            json={"model": "stub-model", **request},
+            headers={"x-api-key": key, "anthropic-version": "2023-06-01"},
+            timeout=10,
+        )
         assert got.status_code == 400, got.text
         assert got.json()["type"] == "error" and got.json()["error"]["type"] == "invalid_request_error"
         assert got.json()["error"]["message"].startswith(field + ":"), got.json()
@@ -53,13 +70,15 @@ def test_sessions_by_path_header_and_feedback_by_message_id(
     db_url = pg_factory()
     proxy, key = start_proxy(stub_upstream, db_url, auth=True), make_key(db_url)
     by_path = anthropic.Anthropic(base_url=f"{proxy.url}/s/ticket-9", api_key=key, max_retries=0)
-    raw = by_path.messages.with_raw_response.create(model="stub-model", max_tokens=4,
-                                                     messages=[{"role": "user", "content": "hi"}])  # fmt: skip
+    raw = by_path.messages.with_raw_response.create(
+        model="stub-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
+    )
     message = raw.parse()
     assert raw.headers["x-session-id"] == "ticket-9" and raw.headers["x-request-id"] == message.id
     assert message.id.startswith("msg_") and message.stop_reason == "max_tokens"
-    by_header = anthropic.Anthropic(base_url=proxy.url, api_key=key, max_retries=0,
-                                    default_headers={"X-Session-Id": "ticket-10"})  # fmt: skip
+    by_header = anthropic.Anthropic(
+        base_url=proxy.url, api_key=key, max_retries=0, default_headers={"X-Session-Id": "ticket-10"}
+    )
     assert (
         by_header.messages.with_raw_response.create(
             model="stub-model", max_tokens=4, messages=[{"role": "user", "content": "hi"}]
@@ -69,6 +88,10 @@ def test_sessions_by_path_header_and_feedback_by_message_id(
     feedback = {"target": {"completion_id": message.id}, "name": "reward", "value": 1.0, "id": "fb-1"}
     got = httpx.post(f"{proxy.v1}/feedback", json=feedback, headers={"x-api-key": key}, timeout=10)
     assert got.status_code in (201, 202), got.text
-    counted = httpx.post(f"{proxy.url}/s/ticket-9/v1/messages/count_tokens", headers={"x-api-key": key}, timeout=10,
-                         json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    counted = httpx.post(
+        f"{proxy.url}/s/ticket-9/v1/messages/count_tokens",
+        headers={"x-api-key": key},
+        timeout=10,
+        json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]},
+    )
     assert counted.status_code == 404 and counted.json()["type"] == "error"  # the stub has no tokenizer

@@ -62,8 +62,11 @@ def load(dialect: str, path: Path, model: str) -> dict[str, Any]:
     """A corpus request for this engine's model, greedy and short (32 tokens where it sets none)."""
     body: dict[str, Any] = json.loads(path.read_text())
     body["model"], body["temperature"] = model, 0
-    limits = {"anthropic": ["max_tokens"], "responses": ["max_output_tokens"],
-              "chat": ["max_tokens", "max_completion_tokens"]}[dialect]  # fmt: skip
+    limits = {
+        "anthropic": ["max_tokens"],
+        "responses": ["max_output_tokens"],
+        "chat": ["max_tokens", "max_completion_tokens"],
+    }[dialect]
     if dialect != "anthropic" and not any(k in body for k in limits):
         body[limits[0]] = 32  # Codex sends none: the engine would write to the end of its context
     for limit in limits:
@@ -128,15 +131,24 @@ def table() -> Iterator[None]:
     yield
     head = "| dialect | requests | same status | same prompt ids | same text and tool calls | refused by both |"
     rows = [head, "|---" * 6 + "|"]
-    rows += [f"| {d} | {t['requests']} | {t['status']} | {t['prompt_ids']} | {t['answer']} | {t['refused']} |"
-             for d, t in TALLY.items() if t["requests"]]  # fmt: skip
+    rows += [
+        f"| {d} | {t['requests']} | {t['status']} | {t['prompt_ids']} | {t['answer']} | {t['refused']} |"
+        for d, t in TALLY.items()
+        if t["requests"]
+    ]
     print("\n" + "\n".join(rows))
     if os.environ.get("ONTHEJOB_ORACLE_TABLE"):
         Path(os.environ["ONTHEJOB_ORACLE_TABLE"]).write_text("\n".join(rows) + "\n")
 
 
-def replay(dialect: str, path: Path, proxy: Proxy, engine: Engine, render: str | None = None,
-           tally: dict[str, int] | None = None) -> list[tuple[Any, ...]]:  # fmt: skip
+def replay(
+    dialect: str,
+    path: Path,
+    proxy: Proxy,
+    engine: Engine,
+    render: str | None = None,
+    tally: dict[str, int] | None = None,
+) -> list[tuple[Any, ...]]:
     """One corpus request at the engine and at the proxy; the answer they agree on (empty if refused)."""
     body = load(dialect, path, engine.model.name)
     route, tally = ROUTES[dialect], TALLY[dialect] if tally is None else tally

@@ -23,9 +23,16 @@ from proxy.errors import InvalidRequest
 from tests.proxy.conftest import ProxyFactory, make_key
 
 USER = {"role": "user", "parts": [{"text": "What is 17 times 3?"}]}
-CALC = {"name": "calc", "description": "Evaluate", "parameters": {
-    "type": "OBJECT", "required": ["e"], "propertyOrdering": ["e", "n"],
-    "properties": {"e": {"type": "STRING", "example": "1+1"}, "n": {"type": "INTEGER", "nullable": True}}}}  # fmt: skip
+CALC = {
+    "name": "calc",
+    "description": "Evaluate",
+    "parameters": {
+        "type": "OBJECT",
+        "required": ["e"],
+        "propertyOrdering": ["e", "n"],
+        "properties": {"e": {"type": "STRING", "example": "1+1"}, "n": {"type": "INTEGER", "nullable": True}},
+    },
+}
 
 
 def test_paths_name_the_model_mode_session_and_key() -> None:
@@ -49,13 +56,27 @@ def test_paths_name_the_model_mode_session_and_key() -> None:
 
 
 def test_system_turns_and_generation_config() -> None:
-    body = {"systemInstruction": {"parts": [{"text": "Be "}, {"text": "terse."}]},
-            "contents": [USER, {"role": "model", "parts": [{"text": "It is "}]}, {"role": "model", "parts": [
-                {"text": "51", "thoughtSignature": "c2ln"}]}, {"parts": [{"text": "Sure?"}, {"text": " Say."}]}],
-            "safetySettings": [{"category": "HARM_CATEGORY_HARASSMENT", "threshold": "BLOCK_NONE"}],
-            "generationConfig": {"temperature": 0.5, "topP": 0.9, "topK": 0, "maxOutputTokens": 16.0, "seed": 7,
-                                 "stopSequences": ["\n\n"], "candidateCount": 1, "responseMimeType": "text/plain",
-                                 "thinkingConfig": {"thinkingBudget": 0}}}  # fmt: skip
+    body = {
+        "systemInstruction": {"parts": [{"text": "Be "}, {"text": "terse."}]},
+        "contents": [
+            USER,
+            {"role": "model", "parts": [{"text": "It is "}]},
+            {"role": "model", "parts": [{"text": "51", "thoughtSignature": "c2ln"}]},
+            {"parts": [{"text": "Sure?"}, {"text": " Say."}]},
+        ],
+        "safetySettings": [{"category": "HARM_CATEGORY_HARASSMENT", "threshold": "BLOCK_NONE"}],
+        "generationConfig": {
+            "temperature": 0.5,
+            "topP": 0.9,
+            "topK": 0,
+            "maxOutputTokens": 16.0,
+            "seed": 7,
+            "stopSequences": ["\n\n"],
+            "candidateCount": 1,
+            "responseMimeType": "text/plain",
+            "thinkingConfig": {"thinkingBudget": 0},
+        },
+    }
     chat = to_chat(body, "m")
     assert chat["messages"] == [
         {"role": "system", "content": "Be terse."},
@@ -64,13 +85,21 @@ def test_system_turns_and_generation_config() -> None:
         {"role": "user", "content": "Sure? Say."},
     ]
     assert {k: chat[k] for k in ("temperature", "top_p", "top_k", "max_tokens", "seed", "stop")} == {
-        "temperature": 0.5, "top_p": 0.9, "top_k": -1, "max_tokens": 16, "seed": 7, "stop": ["\n\n"]}  # fmt: skip
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": -1,
+        "max_tokens": 16,
+        "seed": 7,
+        "stop": ["\n\n"],
+    }
     assert "stream" not in chat and "tools" not in chat
     prefill = to_chat({"contents": [USER, {"role": "model", "parts": [{"text": "It is"}]}]}, "m")
     assert prefill["continue_final_message"] is True and prefill["add_generation_prompt"] is False
     schema = {"type": "OBJECT", "properties": {"a": {"type": "STRING"}}}
-    structured = to_chat({"contents": [USER], "generationConfig": {"responseMimeType": "application/json",
-                                                                   "responseSchema": schema}}, "m")  # fmt: skip
+    structured = to_chat(
+        {"contents": [USER], "generationConfig": {"responseMimeType": "application/json", "responseSchema": schema}},
+        "m",
+    )
     assert structured["response_format"]["json_schema"]["schema"] == {
         "type": "object",
         "properties": {"a": {"type": "string"}},
@@ -78,26 +107,38 @@ def test_system_turns_and_generation_config() -> None:
 
 
 def test_function_declarations_calls_and_responses() -> None:
-    calls = [{"functionCall": {"name": "calc", "args": {"e": "1+1"}}},
-             {"functionCall": {"id": "call_b", "name": "calc", "args": {"e": "2+2"}}}]  # fmt: skip
-    answers = [{"functionResponse": {"id": "call_b", "name": "calc", "response": {"result": 4}}},
-               {"functionResponse": {"name": "calc", "response": {"result": 2}}}, {"text": "Both?"}]  # fmt: skip
-    body = {"contents": [USER, {"role": "model", "parts": calls}, {"role": "user", "parts": answers}],
-            "tools": [{"functionDeclarations": [CALC]}, {"googleSearch": {}}, {"codeExecution": {}}],
-            "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["calc"]}}}  # fmt: skip
+    calls = [
+        {"functionCall": {"name": "calc", "args": {"e": "1+1"}}},
+        {"functionCall": {"id": "call_b", "name": "calc", "args": {"e": "2+2"}}},
+    ]
+    answers = [
+        {"functionResponse": {"id": "call_b", "name": "calc", "response": {"result": 4}}},
+        {"functionResponse": {"name": "calc", "response": {"result": 2}}},
+        {"text": "Both?"},
+    ]
+    body = {
+        "contents": [USER, {"role": "model", "parts": calls}, {"role": "user", "parts": answers}],
+        "tools": [{"functionDeclarations": [CALC]}, {"googleSearch": {}}, {"codeExecution": {}}],
+        "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["calc"]}},
+    }
     chat = to_chat(body, "m")
     assistant, first, second, user = chat["messages"][1:]
     assert assistant["content"] is None
     assert [(c["id"], c["function"]["arguments"]) for c in assistant["tool_calls"]] == [
-        ("call_1_0", '{"e": "1+1"}'), ("call_b", '{"e": "2+2"}')]  # fmt: skip
+        ("call_1_0", '{"e": "1+1"}'),
+        ("call_b", '{"e": "2+2"}'),
+    ]
     # By id when the response has one, else the first unanswered call of that name.
     assert (first["tool_call_id"], json.loads(first["content"])) == ("call_b", {"result": 4})
     assert (second["tool_call_id"], json.loads(second["content"])) == ("call_1_0", {"result": 2})
     assert user == {"role": "user", "content": "Both?"}
     [tool] = chat["tools"]  # the hosted tools are left out of what the engine sees
     assert tool["function"]["strict"] is True  # ANY keeps calls to the schema
-    assert tool["function"]["parameters"] == {"type": "object", "required": ["e"], "properties": {
-        "e": {"type": "string"}, "n": {"type": ["integer", "null"]}}}  # fmt: skip
+    assert tool["function"]["parameters"] == {
+        "type": "object",
+        "required": ["e"],
+        "properties": {"e": {"type": "string"}, "n": {"type": ["integer", "null"]}},
+    }
     assert chat["tool_choice"] == {"type": "function", "function": {"name": "calc"}}
     for mode, choice in (("AUTO", "auto"), ("NONE", "none"), ("ANY", "required"), ("VALIDATED", "auto")):
         config = {"functionCallingConfig": {"mode": mode}}
@@ -113,26 +154,52 @@ def test_function_declarations_calls_and_responses() -> None:
         ("contents[0].role", {"contents": [{"role": "system", "parts": [{"text": "x"}]}]}),
         ("contents[0].parts[0].inlineData", {"contents": [{"parts": [{"inlineData": {"mimeType": "image/png"}}]}]}),
         ("contents[0].parts[0].functionCall", {"contents": [{"parts": [{"functionCall": {"name": "calc"}}]}]}),
-        ("contents[1].parts[0].functionResponse.name", {"contents": [USER, {"parts": [
-            {"functionResponse": {"name": "calc", "response": {}}}]}]}),
-        ("contents[2].parts[0].functionResponse.id", {"contents": [USER, {"role": "model", "parts": [
-            {"functionCall": {"id": "a", "name": "other"}}]}, {"parts": [{"functionResponse": {
-                "id": "b", "name": "calc", "response": {}}}]}]}),
+        (
+            "contents[1].parts[0].functionResponse.name",
+            {"contents": [USER, {"parts": [{"functionResponse": {"name": "calc", "response": {}}}]}]},
+        ),
+        (
+            "contents[2].parts[0].functionResponse.id",
+            {
+                "contents": [
+                    USER,
+                    {"role": "model", "parts": [{"functionCall": {"id": "a", "name": "other"}}]},
+                    {"parts": [{"functionResponse": {"id": "b", "name": "calc", "response": {}}}]},
+                ]
+            },
+        ),
         ("generationConfig.candidateCount", {"contents": [USER], "generationConfig": {"candidateCount": 2}}),
         ("generationConfig.temperature", {"contents": [USER], "generationConfig": {"temperature": "hot"}}),
         ("generationConfig.maxOutputTokens", {"contents": [USER], "generationConfig": {"maxOutputTokens": 0}}),
-        ("generationConfig.responseModalities", {"contents": [USER],
-                                                 "generationConfig": {"responseModalities": ["IMAGE"]}}),
+        (
+            "generationConfig.responseModalities",
+            {"contents": [USER], "generationConfig": {"responseModalities": ["IMAGE"]}},
+        ),
         ("tools[0].functionDeclarations[0].name", {"contents": [USER], "tools": [{"functionDeclarations": [{}]}]}),
-        ("tools[0].functionDeclarations[0].parameters.properties.e.type", {"contents": [USER], "tools": [
-            {"functionDeclarations": [{"name": "f", "parameters": {"type": "OBJECT", "properties": {
-                "e": {"type": "TEXT"}}}}]}]}),
-        ("toolConfig.functionCallingConfig.allowedFunctionNames", {"contents": [USER], "tools": [
-            {"functionDeclarations": [CALC]}], "toolConfig": {"functionCallingConfig": {
-                "mode": "ANY", "allowedFunctionNames": ["nope"]}}}),
+        (
+            "tools[0].functionDeclarations[0].parameters.properties.e.type",
+            {
+                "contents": [USER],
+                "tools": [
+                    {
+                        "functionDeclarations": [
+                            {"name": "f", "parameters": {"type": "OBJECT", "properties": {"e": {"type": "TEXT"}}}}
+                        ]
+                    }
+                ],
+            },
+        ),
+        (
+            "toolConfig.functionCallingConfig.allowedFunctionNames",
+            {
+                "contents": [USER],
+                "tools": [{"functionDeclarations": [CALC]}],
+                "toolConfig": {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": ["nope"]}},
+            },
+        ),
         ("cachedContent", {"contents": [USER], "cachedContent": "cachedContents/abc"}),
     ],
-)  # fmt: skip
+)
 def test_bad_input_names_the_field(field: str, body: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest) as info:
         to_chat(body, "m")
@@ -150,13 +217,34 @@ def test_a_stream_adds_up_to_the_reply() -> None:
     ex = Exchange("gemini-1", "m", 0, {}, {})
     head = {"id": "c", "object": "chat.completion.chunk"}
     start = {"index": 0, "delta": {"role": "assistant"}}
-    chunks: list[dict[str, Any]] = [{**head, "prompt_token_ids": [1, 2, 3], "choices": [start]},
-              {**head, "choices": [{"index": 0, "delta": {"content": "Hi "}, "token_ids": [5]}]},
-              {**head, "choices": [{"index": 0, "delta": {"content": "there"}, "token_ids": [6]}]},
-              {**head, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "t1", "function": {
-                  "name": "calc", "arguments": '{"e": '}}]}, "token_ids": [7]}]},
-              {**head, "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
-                  "arguments": '"1"}'}}]}, "token_ids": [8], "finish_reason": "tool_calls"}]}]  # fmt: skip
+    chunks: list[dict[str, Any]] = [
+        {**head, "prompt_token_ids": [1, 2, 3], "choices": [start]},
+        {**head, "choices": [{"index": 0, "delta": {"content": "Hi "}, "token_ids": [5]}]},
+        {**head, "choices": [{"index": 0, "delta": {"content": "there"}, "token_ids": [6]}]},
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [{"index": 0, "id": "t1", "function": {"name": "calc", "arguments": '{"e": '}}]
+                    },
+                    "token_ids": [7],
+                }
+            ],
+        },
+        {
+            **head,
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": '"1"}'}}]},
+                    "token_ids": [8],
+                    "finish_reason": "tool_calls",
+                }
+            ],
+        },
+    ]
     usage = {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     events = dialect.stream(ex)
     sent = [events.feed(c) for c in chunks] + [events.close(StreamEnd("tool_calls", usage))]
@@ -169,8 +257,11 @@ def test_a_stream_adds_up_to_the_reply() -> None:
     ]
     assert bodies[-1]["candidates"][0]["finishReason"] == "STOP"
     assert bodies[-1]["usageMetadata"] == {"promptTokenCount": 3, "candidatesTokenCount": 4, "totalTokenCount": 7}
-    message = {"role": "assistant", "content": "Hi there", "tool_calls": [
-        {"id": "t1", "type": "function", "function": {"name": "calc", "arguments": '{"e": "1"}'}}]}  # fmt: skip
+    message = {
+        "role": "assistant",
+        "content": "Hi there",
+        "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "calc", "arguments": '{"e": "1"}'}}],
+    }
     reply = {"choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}], "usage": usage}
     assert events.result == from_chat(reply, "gemini-1", "m")
     failed = dialect.stream(ex)
@@ -187,12 +278,13 @@ def test_bad_input_gets_google_errors_and_nothing_is_recorded_as_success(
     client = genai.Client(api_key=key, http_options=types.HttpOptions(base_url=proxy.url))
     url = f"{proxy.url}/v1beta/models/stub-model:generateContent"
     cases = {
-        "contents[0].parts[0].inlineData": {"contents": [{"role": "user", "parts": [
-            {"inlineData": {"mimeType": "image/png", "data": "AA=="}}]}]},
+        "contents[0].parts[0].inlineData": {
+            "contents": [{"role": "user", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AA=="}}]}]
+        },
         "generationConfig.candidateCount": {"contents": [USER], "generationConfig": {"candidateCount": 2}},
         "contents": {"contents": []},
         "metadata.session_id": {"contents": [USER], "metadata": {"session_id": "s" * 201}},  # proxy.admission's
-    }  # fmt: skip
+    }
     for field, request in cases.items():
         got = httpx.post(url, json=request, headers={"x-goog-api-key": key}, timeout=10)
         assert got.status_code == 400, got.text
@@ -201,23 +293,30 @@ def test_bad_input_gets_google_errors_and_nothing_is_recorded_as_success(
         assert error["message"].startswith(field), error
         assert error["details"][0]["fieldViolations"][0]["field"] == field
     with pytest.raises(errors.ClientError) as info:
-        client.models.generate_content(model="stub-model", contents="hi",
-                                       config=types.GenerateContentConfig(candidate_count=2))  # fmt: skip
+        client.models.generate_content(
+            model="stub-model", contents="hi", config=types.GenerateContentConfig(candidate_count=2)
+        )
     assert info.value.code == 400 and info.value.status == "INVALID_ARGUMENT"
     assert (info.value.message or "").startswith("generationConfig.candidateCount:")
-    no_alt = httpx.post(url.replace(":generateContent", ":streamGenerateContent"), json={"contents": [USER]},
-                        headers={"x-goog-api-key": key}, timeout=10)  # fmt: skip
+    no_alt = httpx.post(
+        url.replace(":generateContent", ":streamGenerateContent"),
+        json={"contents": [USER]},
+        headers={"x-goog-api-key": key},
+        timeout=10,
+    )
     assert no_alt.status_code == 400 and no_alt.json()["error"]["details"][0]["fieldViolations"][0]["field"] == "alt"
     unauthorised = httpx.post(url, json={"contents": [USER]}, timeout=10)
     assert unauthorised.status_code == 401 and unauthorised.json()["error"]["status"] == "UNAUTHENTICATED"
     unknown = httpx.post(url.replace("stub-model", "nope"), json={"contents": [USER]}, params={"key": key}, timeout=10)
     assert unknown.status_code == 404 and unknown.json()["error"]["status"] == "NOT_FOUND"
-    counted = httpx.post(url.replace(":generateContent", ":countTokens"), json={"contents": []}, params={"key": key},
-                         timeout=10)  # fmt: skip
+    counted = httpx.post(
+        url.replace(":generateContent", ":countTokens"), json={"contents": []}, params={"key": key}, timeout=10
+    )
     assert counted.status_code == 400 and counted.json()["error"]["message"].startswith("contents:")
     # ?key= authenticates as x-goog-api-key does; the call is recorded as a gemini call.
-    ok = httpx.post(url, json={"contents": [USER], "generationConfig": {"maxOutputTokens": 4}}, params={"key": key},
-                    timeout=10)  # fmt: skip
+    ok = httpx.post(
+        url, json={"contents": [USER], "generationConfig": {"maxOutputTokens": 4}}, params={"key": key}, timeout=10
+    )
     assert ok.status_code == 200, ok.text
     assert ok.json()["responseId"] == ok.headers["x-request-id"]
     proxy.wait_drained()

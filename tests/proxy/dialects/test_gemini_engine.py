@@ -26,9 +26,12 @@ pytestmark = [pytest.mark.engine]
 CALC = types.FunctionDeclaration(
     name="calculator",
     description="Evaluate an arithmetic expression",
-    parameters=types.Schema(type=types.Type.OBJECT, required=["expression"],
-                            properties={"expression": types.Schema(type=types.Type.STRING, enum=["17*3"])}),
-)  # fmt: skip
+    parameters=types.Schema(
+        type=types.Type.OBJECT,
+        required=["expression"],
+        properties={"expression": types.Schema(type=types.Type.STRING, enum=["17*3"])},
+    ),
+)
 
 
 @pytest.fixture
@@ -55,9 +58,11 @@ def record(proxy: Proxy, key: str, completion_id: str) -> dict[str, Any]:
 
 def engine_chat(engine: Engine, body: dict[str, Any]) -> dict[str, Any]:
     """The engine's own chat call, greedy, with its token ids: the reference."""
-    reply = httpx.post(f"{engine.url}/v1/chat/completions",
-                       json={**body, "model": engine.model.name, "temperature": 0, "return_token_ids": True},
-                       timeout=120)  # fmt: skip
+    reply = httpx.post(
+        f"{engine.url}/v1/chat/completions",
+        json={**body, "model": engine.model.name, "temperature": 0, "return_token_ids": True},
+        timeout=120,
+    )
     assert reply.status_code == 200, reply.text
     return reply.json()  # type: ignore[no-any-return]
 
@@ -77,8 +82,9 @@ def test_generate_stream_and_count_tokens_match_the_engine(served: tuple[Proxy, 
     expected = reference["choices"][0]
     assert reply.text == (expected["message"]["content"] or None)
     [candidate] = reply.candidates or []
-    assert candidate.finish_reason == (types.FinishReason.MAX_TOKENS if expected["finish_reason"] == "length"
-                                       else types.FinishReason.STOP)  # fmt: skip
+    assert candidate.finish_reason == (
+        types.FinishReason.MAX_TOKENS if expected["finish_reason"] == "length" else types.FinishReason.STOP
+    )
     usage = reply.usage_metadata
     assert usage is not None and usage.prompt_token_count == len(reference["prompt_token_ids"])
     assert usage.candidates_token_count == len(expected["token_ids"])
@@ -120,10 +126,15 @@ def test_forced_function_call_round_trip_is_one_token_exact_trajectory(
     modes = [("ANY", ["calculator"]), ("ANY", None), ("NONE", None)]
     ids, sessions, results = [], set(), []
     for turn, (mode, allowed) in enumerate(modes):
-        calling = types.FunctionCallingConfig(mode=types.FunctionCallingConfigMode(mode),
-                                              allowed_function_names=allowed)  # fmt: skip
-        config = types.GenerateContentConfig(tools=tools, temperature=0, max_output_tokens=100 if turn < 2 else 8,
-                                             tool_config=types.ToolConfig(function_calling_config=calling))  # fmt: skip
+        calling = types.FunctionCallingConfig(
+            mode=types.FunctionCallingConfigMode(mode), allowed_function_names=allowed
+        )
+        config = types.GenerateContentConfig(
+            tools=tools,
+            temperature=0,
+            max_output_tokens=100 if turn < 2 else 8,
+            tool_config=types.ToolConfig(function_calling_config=calling),
+        )
         if turn == 1:  # the middle turn streams: capture and linking must not care
             chunks = list(client.models.generate_content_stream(model=model, contents=contents, config=config))
             reply, parts = chunks[-1], [p for c in chunks for p in (c.candidates or [])[0].content.parts or []]  # type: ignore[union-attr]
@@ -160,8 +171,9 @@ def test_forced_function_call_round_trip_is_one_token_exact_trajectory(
     assert [m["tool_call_id"] for m in tool_messages] == [
         m["tool_calls"][0]["id"] for m in third["request"]["messages"] if m.get("tool_calls")
     ]
-    rendered = httpx.post(f"{engine.url}/v1/chat/completions/render",
-                          json={**third["request"], "model": model}, timeout=60)  # fmt: skip
+    rendered = httpx.post(
+        f"{engine.url}/v1/chat/completions/render", json={**third["request"], "model": model}, timeout=60
+    )
     assert rendered.status_code == 200, rendered.text
     assert third["prompt_token_ids"] == rendered.json()["token_ids"]
     got = httpx.get(f"{proxy.v1}/sessions/{sessions.pop()}/trajectories", headers={"x-api-key": key}, timeout=30)

@@ -466,23 +466,43 @@ def test_stream_failure_event_parses_in_the_sdk() -> None:
 
 # ---------------------------------------------------------------- what Codex sends (issue 32)
 
-SHELL = {"type": "function", "name": "exec", "description": "Run a command", "strict": False,
-         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}  # fmt: skip
-NAMESPACE = {"type": "namespace", "name": "shell", "description": "Shell tools",
-             "tools": [SHELL, {"type": "custom", "name": "patch", "description": "freeform"}]}  # fmt: skip
-CODEX_TOOLS = [WEATHER, {"type": "web_search"}, {"type": "file_search", "vector_store_ids": ["vs"]},
-               {"type": "code_interpreter", "container": {"type": "auto"}}, NAMESPACE]  # fmt: skip
+SHELL = {
+    "type": "function",
+    "name": "exec",
+    "description": "Run a command",
+    "strict": False,
+    "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+}
+NAMESPACE = {
+    "type": "namespace",
+    "name": "shell",
+    "description": "Shell tools",
+    "tools": [SHELL, {"type": "custom", "name": "patch", "description": "freeform"}],
+}
+CODEX_TOOLS = [
+    WEATHER,
+    {"type": "web_search"},
+    {"type": "file_search", "vector_store_ids": ["vs"]},
+    {"type": "code_interpreter", "container": {"type": "auto"}},
+    NAMESPACE,
+]
 
 
 def test_namespace_tools_flatten_and_hosted_tools_are_left_out() -> None:
     """Codex 0.171's tools[4] (a namespace) was a 400; hosted tools were too. Now as vLLM's route shows them."""
-    extras = {"store": False, "include": [], "prompt_cache_key": "k", "reasoning": {"effort": "low"},
-              "client_metadata": {"a": "b"}}  # fmt: skip
+    extras = {
+        "store": False,
+        "include": [],
+        "prompt_cache_key": "k",
+        "reasoning": {"effort": "low"},
+        "client_metadata": {"a": "b"},
+    }
     chat = D.to_chat({"model": "m", "input": "hi", "tools": CODEX_TOOLS, **extras}, None)
     assert [t["function"]["name"] for t in chat["tools"]] == ["get_weather", "shell__exec"]
     assert chat["tools"][1]["function"]["parameters"] == SHELL["parameters"]
-    named = D.to_chat({"model": "m", "input": "hi", "tools": CODEX_TOOLS,
-                       "tool_choice": {"type": "function", "name": "exec"}}, None)  # fmt: skip
+    named = D.to_chat(
+        {"model": "m", "input": "hi", "tools": CODEX_TOOLS, "tool_choice": {"type": "function", "name": "exec"}}, None
+    )
     assert named["tool_choice"] == {"type": "function", "function": {"name": "shell__exec"}}
     only_hosted = D.to_chat(
         {"model": "m", "input": "hi", "tools": [{"type": "web_search"}], "tool_choice": "auto"}, None
@@ -497,15 +517,41 @@ def test_a_namespaced_call_comes_back_namespaced_and_resent_flat() -> None:
     response = assert_full_response(body)
     [item] = [i for i in body["output"] if i["type"] == "function_call"]
     assert (item["namespace"], item["name"]) == ("shell", "exec")
-    assert [t.type for t in response.tools] == ["function", "web_search", "file_search", "code_interpreter",
-                                                   "namespace"]  # fmt: skip
-    resent = D.to_chat({"model": "m", "tools": CODEX_TOOLS, "input": [
-        {"role": "user", "content": "ls"}, item, {"type": "function_call_output", "call_id": "call_1", "output": "a"}]},
-        None)  # fmt: skip
+    assert [t.type for t in response.tools] == [
+        "function",
+        "web_search",
+        "file_search",
+        "code_interpreter",
+        "namespace",
+    ]
+    resent = D.to_chat(
+        {
+            "model": "m",
+            "tools": CODEX_TOOLS,
+            "input": [
+                {"role": "user", "content": "ls"},
+                item,
+                {"type": "function_call_output", "call_id": "call_1", "output": "a"},
+            ],
+        },
+        None,
+    )
     assert resent["messages"][1]["tool_calls"][0]["function"]["name"] == "shell__exec"
-    chunks = [chunk({"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
-                                     "function": {"name": "shell__exec", "arguments": '{"cmd": "ls"}'}}]}),
-              chunk({}, "tool_calls")]  # fmt: skip
+    chunks = [
+        chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "shell__exec", "arguments": '{"cmd": "ls"}'},
+                    }
+                ]
+            }
+        ),
+        chunk({}, "tool_calls"),
+    ]
     evs, result = run_stream(chunks, StreamEnd("tool_calls", USAGE), request)
     added = next(e for e in evs if e["type"] == "response.output_item.added")
     assert (added["item"]["namespace"], added["item"]["name"]) == ("shell", "exec")
@@ -515,6 +561,13 @@ def test_a_namespaced_call_comes_back_namespaced_and_resent_flat() -> None:
 def test_an_ambiguous_namespaced_choice_is_refused_as_the_engine_refuses_it() -> None:
     other = {**NAMESPACE, "name": "other"}
     with pytest.raises(InvalidRequest) as err:
-        D.to_chat({"model": "m", "input": "hi", "tools": [NAMESPACE, other],
-                   "tool_choice": {"type": "function", "name": "exec"}}, None)  # fmt: skip
+        D.to_chat(
+            {
+                "model": "m",
+                "input": "hi",
+                "tools": [NAMESPACE, other],
+                "tool_choice": {"type": "function", "name": "exec"},
+            },
+            None,
+        )
     assert err.value.param == "tool_choice.name"

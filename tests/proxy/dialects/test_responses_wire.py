@@ -22,20 +22,42 @@ from proxy.errors import Unavailable
 from tests.proxy.dialects.responses_reference import DictStream
 
 D = ResponsesDialect()
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city", "strict": True,
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}  # fmt: skip
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "strict": True,
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
 LOGPROBS = ["message.output_text.logprobs"]
 # Requests that echo nothing, a little, everything the envelope echoes (nulls, unicode and all).
 REQUESTS: list[dict[str, Any]] = [
     {"model": "m", "input": "hi"},
     {"model": "m", "input": "hi", "max_output_tokens": 16, "stream": False},
-    {"model": "m", "input": "hi", "instructions": "be brief ✓ \"quoted\"", "temperature": None, "top_p": 0.5,
-     "tools": [WEATHER, {"type": "function", "name": "f"}], "tool_choice": "required", "metadata": {"k": "v"},
-     "text": {"format": {"type": "json_object"}}, "truncation": "auto", "parallel_tool_calls": False, "user": "u",
-     "previous_response_id": "resp_x", "reasoning": {"effort": "low"}, "max_tool_calls": 3, "top_logprobs": 2,
-     "prompt_cache_key": "k", "prompt_cache_retention": "24h", "safety_identifier": "s", "include": LOGPROBS},
+    {
+        "model": "m",
+        "input": "hi",
+        "instructions": 'be brief ✓ "quoted"',
+        "temperature": None,
+        "top_p": 0.5,
+        "tools": [WEATHER, {"type": "function", "name": "f"}],
+        "tool_choice": "required",
+        "metadata": {"k": "v"},
+        "text": {"format": {"type": "json_object"}},
+        "truncation": "auto",
+        "parallel_tool_calls": False,
+        "user": "u",
+        "previous_response_id": "resp_x",
+        "reasoning": {"effort": "low"},
+        "max_tool_calls": 3,
+        "top_logprobs": 2,
+        "prompt_cache_key": "k",
+        "prompt_cache_retention": "24h",
+        "safety_identifier": "s",
+        "include": LOGPROBS,
+    },
     {"model": "m", "input": "hi", "metadata": {}, "text": None, "truncation": "", "tools": [], "user": None},
-]  # fmt: skip
+]
 TOP = [{"token": "a", "logprob": -0.5, "bytes": [97]}, {"token": "b", "logprob": -2.25}]
 LP = {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs": TOP}]}
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
@@ -72,27 +94,47 @@ def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extr
 
 TOOL_A = {"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather"}}
 STREAMS: dict[str, list[dict[str, Any]]] = {
-    "text": [chunk({"role": "assistant", "content": ""}), chunk({}), chunk({"content": "Hel"}),
-             chunk({"content": "lo \u2028\U0001f600"}), chunk({"content": "!"}, "stop"), chunk(None)],
+    "text": [
+        chunk({"role": "assistant", "content": ""}),
+        chunk({}),
+        chunk({"content": "Hel"}),
+        chunk({"content": "lo \u2028\U0001f600"}),
+        chunk({"content": "!"}, "stop"),
+        chunk(None),
+    ],
     "length": [chunk({"content": "a"}), chunk({"content": "b"}, "length")],
     "broken off": [chunk({"content": "a"}), chunk({"content": "b"})],
     "tools after text": [
-        chunk({"content": "Checking."}), chunk({"tool_calls": [TOOL_A]}),
+        chunk({"content": "Checking."}),
+        chunk({"tool_calls": [TOOL_A]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]}),
         chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
         chunk({"tool_calls": [{"index": 1, "function": {"name": "f", "arguments": "{}"}}]}, "tool_calls"),
     ],
-    "reasoning then text": [chunk({"reasoning": "hm"}), chunk({"reasoning_content": " ok", "content": "A"}),
-                            chunk({"content": "B"}), chunk({}, "stop")],
-    "second choice ignored": [chunk({"content": "a"}), {"choices": [{"index": 1, "delta": {"content": "z"}}]},
-                              chunk({}, "stop")],
+    "reasoning then text": [
+        chunk({"reasoning": "hm"}),
+        chunk({"reasoning_content": " ok", "content": "A"}),
+        chunk({"content": "B"}),
+        chunk({}, "stop"),
+    ],
+    "second choice ignored": [
+        chunk({"content": "a"}),
+        {"choices": [{"index": 1, "delta": {"content": "z"}}]},
+        chunk({}, "stop"),
+    ],
     "nothing": [],
-}  # fmt: skip
+}
 CACHED = {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
 # The last: an integer past 64 bits in the usage, which the stdlib writes (dump_json's fallback).
-ENDS = [StreamEnd("stop", USAGE), StreamEnd("length", CACHED), StreamEnd("tool_calls"),
-        StreamEnd("timeout", None, "the engine went silent"), StreamEnd("upstream_error"), StreamEnd("odd"),
-        StreamEnd("stop", {"prompt_tokens": 1e30})]  # fmt: skip
+ENDS = [
+    StreamEnd("stop", USAGE),
+    StreamEnd("length", CACHED),
+    StreamEnd("tool_calls"),
+    StreamEnd("timeout", None, "the engine went silent"),
+    StreamEnd("upstream_error"),
+    StreamEnd("odd"),
+    StreamEnd("stop", {"prompt_tokens": 1e30}),
+]
 
 
 @pytest.mark.parametrize("request_body", REQUESTS)

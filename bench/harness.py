@@ -95,14 +95,15 @@ def start_server(
         def pre() -> None:
             os.sched_setaffinity(0, wanted)
 
-    proc = subprocess.Popen(
-        cmd,
-        cwd=cwd,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-        preexec_fn=pre,  # noqa: PLW1509 - only sets CPU affinity
-    )
+    with log.open("ab") as out:  # the child holds its own copy of the descriptor
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            preexec_fn=pre,  # noqa: PLW1509 - only sets CPU affinity
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -52,14 +52,15 @@ def _die_with_parent() -> None:
 def spawn(name: str, cmd: list[str], port: int, logdir: Path, env: dict[str, str] | None = None) -> Server:
     """Start ``cmd``; it gets SIGKILL when the thread that spawned it exits, so spawn from the main thread."""
     log = logdir / f"{name}-{port}.log"
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **(env or {})},
-        preexec_fn=_die_with_parent,
-    )  # noqa: PLW1509
+    with log.open("ab") as out:  # the child holds its own copy of the descriptor
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
     return Server(name, f"http://{HOST}:{port}", port, proc, log)
 
 

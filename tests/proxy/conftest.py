@@ -62,8 +62,8 @@ def launch_proxy(folder: Path, upstream: str, db_url: str, *, auth: bool = False
            "--port", str(port), "--spool", str(spool), "--workers", str(workers)]  # fmt: skip
     if not auth:
         cmd.append("--no-auth")
-    proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})})  # fmt: skip
+    with log.open("ab") as out:  # the child holds its own copy of the descriptor
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -117,9 +117,13 @@ def stub_upstream(tmp_path: Path) -> Iterator[str]:
     port = free_port()
     log = tmp_path / "stub.log"
     # bench/ is test and bench equipment, not an installed package: run it from the checkout.
-    proc = subprocess.Popen([sys.executable, "-m", "bench.stub_upstream", "--port", str(port)],
-                            cwd=Path(__file__).resolve().parents[2], stdout=log.open("ab"),
-                            stderr=subprocess.STDOUT)  # fmt: skip
+    with log.open("ab") as out:  # the child holds its own copy of the descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.stub_upstream", "--port", str(port)],
+            cwd=Path(__file__).resolve().parents[2],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

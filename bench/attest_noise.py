@@ -3,7 +3,7 @@
 On a real engine (the tiny model by default, ``--model default`` for the demo's), a few LoRA versions
 are made the way consecutive training steps make them: v1 small, each next version v1's weights plus a
 small random step, and another alias's adapter of the same size. Each version's fingerprint is recorded
-as the proxy records it (:func:`proxy.attest.calibrate`: serial and concurrent repeats, noise,
+as the proxy records it (:func:`proxy.fingerprint.calibrate`: serial and concurrent repeats, noise,
 tolerance, separation from the base and the previous version). Then, ``--tries`` times, every model is
 probed while ``--load`` calls are in flight, and each probe is compared with every fingerprint:
 
@@ -29,7 +29,7 @@ import httpx
 
 from engine.launcher import Engine, EngineConfig
 from engine.weights import ModelInfo, resolve_model
-from proxy.attest import CONCURRENT, SAMPLES, calibrate, distance, parse_probe, probe_body, same
+from proxy.fingerprint import CONCURRENT, SAMPLES, calibrate, distance, parse_probe, probe_body, same
 from tests.adapters import light_adapter
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from engine.launcher import Engine
 from engine.weights import ModelInfo
-from proxy.attest import parse_probe, probe_body, same
+from proxy.fingerprint import parse_probe, probe_body, same
 from storage.alerts import open_alerts
 from storage.db import async_engine
 from tests.adapters import random_adapter

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.attest import TOLERANCE, TOLERANCE_FLOOR, calibrate, distance, parse_probe, same, tolerance_of
+from proxy.fingerprint import TOLERANCE, TOLERANCE_FLOOR, calibrate, distance, parse_probe, same, tolerance_of
 
 TOKENS = ["a", "b", "c", "d"]
 

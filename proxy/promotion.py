@@ -33,6 +33,7 @@ from proxy.routing import Router
 from proxy.served import Route, committed_adapter, lora_name
 from proxy.sessions import Naming
 from storage import promotion as store
+from storage import verdicts
 from storage.alerts import open_alerts
 from storage.models import Adapter, Alias, PromotionPolicy
 
@@ -257,16 +258,16 @@ class Promotion:
             elif policy.mode == "gate":
                 if eval_cmp is None:
                     return None
-                verdict = store.gate_verdict(eval_cmp[1], policy.margin, policy.z)
+                verdict = verdicts.gate_verdict(eval_cmp[1], policy.margin, policy.z)
                 reason = _gate_reason(verdict, eval_cmp[1], policy)
             else:
                 since = policy.candidate_since
                 assert since is not None
                 arms = await db.run_sync(lambda s: store.arm_rewards(s, project, alias, since))
-                cand, serve = store.Stats.of(arms.get(version, {})), store.Stats.of(arms.get(serving, {}))
-                live = store.compare(cand, serve)
+                cand, serve = verdicts.Stats.of(arms.get(version, {})), verdicts.Stats.of(arms.get(serving, {}))
+                live = verdicts.compare(cand, serve)
                 evidence["live_reward"] = live.to_dict()
-                verdict, reason = store.canary_verdict(
+                verdict, reason = verdicts.canary_verdict(
                     live, eval_cmp[1] if eval_cmp else None, policy.margin, policy.z, policy.min_sample
                 )
             if verdict is None:
@@ -330,7 +331,7 @@ async def _record(db: AsyncSession, project: str, alias: str, **event: Any) -> N
 
 def _eval_comparison(
     db: Any, project: str, alias: str, version: int, serving: int | None
-) -> tuple[str, store.Comparison] | None:
+) -> tuple[str, verdicts.Comparison] | None:
     """The candidate's newest eval against the serving version's newest eval of the same name, if both exist."""
     cand = store.latest_eval(db, project, alias, version)
     if cand is None:
@@ -338,14 +339,14 @@ def _eval_comparison(
     serve = store.latest_eval(db, project, alias, serving, cand.name)
     if serve is None:
         return None
-    return cand.name, store.compare(store.Stats.from_eval(cand), store.Stats.from_eval(serve))
+    return cand.name, verdicts.compare(verdicts.Stats.from_eval(cand), verdicts.Stats.from_eval(serve))
 
 
-def _gate_reason(verdict: str, cmp: store.Comparison, policy: store.Policy) -> str:
+def _gate_reason(verdict: str, cmp: verdicts.Comparison, policy: store.Policy) -> str:
     how = "paired" if cmp.paired else "independent"
-    if cmp.coverage < store.MIN_COVERAGE:
+    if cmp.coverage < verdicts.MIN_COVERAGE:
         return (
-            f"eval scored {cmp.coverage:.0%} of the serving version's items (under {store.MIN_COVERAGE:.0%}): "
+            f"eval scored {cmp.coverage:.0%} of the serving version's items (under {verdicts.MIN_COVERAGE:.0%}): "
             f"what it did not answer may be where it is worse"
         )
     where = "clearly worse" if verdict == "held" else "not clearly worse"

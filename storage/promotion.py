@@ -5,11 +5,11 @@ A policy per alias (``PromotionPolicy``; none stored means ``auto``):
 - ``auto``: every published version is routed at once (the behaviour before policies).
 - ``gate``: a published version is loaded into the engines but not routed. It is promoted once
   its eval (``Eval`` rows, same eval name) is not worse than the serving version's by more than
-  ``margin`` as judged with the standard errors, and held otherwise (:func:`gate_verdict`).
+  ``margin`` as judged with the standard errors, and held otherwise (storage/verdicts.py's ``gate_verdict``).
 - ``canary``: a sticky share of sessions is routed to the candidate; its live reward (and eval,
   when both versions have one) is compared with the serving version's once each arm has
   ``min_sample`` graded sessions, and it is promoted or rolled back when the evidence is clear
-  (:func:`canary_verdict`).
+  (storage/verdicts.py's ``canary_verdict``).
 
 Under ``gate`` and ``canary`` an open alert on the candidate (storage/alerts.py) holds it, and
 under ``canary`` rolls it back at once; under ``gate`` (the candidate serves no traffic to monitor)
@@ -17,15 +17,14 @@ a monitor alert on the serving version it was trained from holds it too. Every d
 evidence. A held or rolled-back version never becomes the parent of the next training step:
 :func:`training_parent` names the serving version.
 
-The statistics here are pure functions; the database functions take a synchronous ORM session
+The statistics are storage/verdicts.py's pure functions; the database functions here take a synchronous ORM session
 (the proxy calls them through ``AsyncSession.run_sync``). Writers do not commit.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -299,110 +298,6 @@ def eval_to_dict(row: Eval) -> dict[str, Any]:
         "detail": row.detail,
         "created_at": row.created_at.isoformat() if row.created_at else None,
     }
-
-
-# --------------------------------------------------------------------------- statistics (pure)
-
-
-@dataclass(frozen=True)
-class Stats:
-    """A mean with its standard error over ``n`` items; ``scores`` by item id when known (for pairing)."""
-
-    n: int
-    mean: float
-    stderr: float
-    scores: Mapping[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, scores: Mapping[str, float]) -> Stats:
-        """Mean and standard error (sample standard deviation / √n) of per-item scores."""
-        values = list(scores.values())
-        n = len(values)
-        mean = sum(values) / n if n else 0.0
-        var = sum((x - mean) ** 2 for x in values) / (n - 1) if n > 1 else 0.0
-        return cls(n, mean, math.sqrt(var / n) if n else 0.0, dict(scores))
-
-    @classmethod
-    def from_eval(cls, row: Eval) -> Stats:
-        return cls(row.n, row.mean, row.stderr, {str(k): float(v) for k, v in (row.scores or {}).items()})
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """candidate − serving, with the standard error of that difference (paired when both scored the same items)."""
-
-    diff: float
-    se: float
-    paired: bool
-    candidate: Stats
-    serving: Stats
-    coverage: float = 1.0  # share of the serving version's scored items the candidate scored too
-
-    def to_dict(self) -> dict[str, Any]:
-        def side(s: Stats) -> dict[str, Any]:
-            return {"n": s.n, "mean": s.mean, "stderr": s.stderr}
-
-        return {
-            "diff": self.diff,
-            "se": self.se,
-            "paired": self.paired,
-            "coverage": self.coverage,
-            "candidate": side(self.candidate),
-            "serving": side(self.serving),
-        }
-
-
-# A gate candidate whose eval scored less than this share of the serving version's items is held:
-# the items it could not answer (errors, timeouts) are exactly where it may be worse.
-MIN_COVERAGE = 0.9
-
-
-def compare(candidate: Stats, serving: Stats) -> Comparison:
-    """Paired over the items both scored (when at least two are shared), else independent samples.
-
-    Pairing removes the items' own difficulty from the difference's standard error; an item only one
-    side scored cannot be paired and is left out of the paired difference (``coverage`` says how much).
-    """
-    common = set(candidate.scores) & set(serving.scores)
-    coverage = len(common) / len(serving.scores) if serving.scores and candidate.scores else 1.0
-    if len(common) > 1:
-        diffs = Stats.of({k: candidate.scores[k] - serving.scores[k] for k in common})
-        return Comparison(diffs.mean, diffs.stderr, True, candidate, serving, coverage)
-    se = math.sqrt(candidate.stderr**2 + serving.stderr**2)
-    return Comparison(candidate.mean - serving.mean, se, False, candidate, serving, coverage)
-
-
-def clearly_worse(cmp: Comparison, margin: float, z: float) -> bool:
-    """The candidate is worse than the serving version by more than ``margin``, beyond ``z`` standard errors."""
-    return cmp.diff < -margin and cmp.diff + z * cmp.se <= -margin
-
-
-def clearly_not_worse(cmp: Comparison, margin: float, z: float) -> bool:
-    """Non-inferiority: the difference's lower bound (``z`` standard errors) is above ``-margin``."""
-    return cmp.diff - z * cmp.se > -margin
-
-
-def gate_verdict(cmp: Comparison, margin: float, z: float) -> Literal["promoted", "held"]:
-    """``gate``: promoted unless the eval says the candidate is clearly worse by more than the margin,
-    or it scored too few of the serving version's items to tell (:data:`MIN_COVERAGE`)."""
-    return "held" if cmp.coverage < MIN_COVERAGE or clearly_worse(cmp, margin, z) else "promoted"
-
-
-def canary_verdict(
-    live: Comparison | None, eval_cmp: Comparison | None, margin: float, z: float, min_sample: int
-) -> tuple[Literal["promoted", "rolled_back"] | None, str]:
-    """``canary``: (decision or None to keep collecting, why). Live reward decides after ``min_sample`` per arm;
-    an eval that says the candidate is clearly worse rolls it back whatever the live sample."""
-    if eval_cmp is not None and clearly_worse(eval_cmp, margin, z):
-        return "rolled_back", f"eval {eval_cmp.diff:+.3f} ± {eval_cmp.se:.3f} below the serving version"
-    if live is None or min(live.candidate.n, live.serving.n) < min_sample:
-        have = 0 if live is None else min(live.candidate.n, live.serving.n)
-        return None, f"{have} of {min_sample} graded sessions per arm"
-    if clearly_worse(live, margin, z):
-        return "rolled_back", f"live reward {live.diff:+.3f} ± {live.se:.3f} below the serving version"
-    if clearly_not_worse(live, margin, z):
-        return "promoted", f"live reward {live.diff:+.3f} ± {live.se:.3f}: not worse by more than {margin}"
-    return None, f"live reward {live.diff:+.3f} ± {live.se:.3f}: not clear yet"
 
 
 def arm_rewards(db: Session, project_id: str, alias: str, since: datetime) -> dict[int | None, dict[str, float]]:

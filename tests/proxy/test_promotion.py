@@ -16,10 +16,10 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session
 
-import storage.promotion as store
 from engine.launcher import Engine
 from judge.evaluate import after_publish
 from onthejob.cli import build_parser
+from storage import verdicts
 from storage.alerts import raise_alert
 from storage.db import async_engine, sync_engine
 from tests.adapters import random_adapter
@@ -210,8 +210,8 @@ def _configured_eval(a: Admin, db_url: str, engine: Engine, tmp_path: Path) -> N
         for v in (2, 5)
     }
     assert [(e["version"], e["n"]) for e in evals[2]] == [(2, 3)] and [e["n"] for e in evals[5]] == [3]
-    stats = {v: store.Stats.of({k: float(x) for k, x in evals[v][0]["scores"].items()}) for v in (2, 5)}
-    verdict = store.gate_verdict(store.compare(stats[5], stats[2]), 0.0, 2.0)
+    stats = {v: verdicts.Stats.of({k: float(x) for k, x in evals[v][0]["scores"].items()}) for v in (2, 5)}
+    verdict = verdicts.gate_verdict(verdicts.compare(stats[5], stats[2]), 0.0, 2.0)
     assert said.startswith(f"eval smoke {stats[5].mean:.3f} ± {stats[5].stderr:.3f} (n 3): {verdict}"), said
     assert a.deployed() == (5 if verdict == "promoted" else 2)
     args = build_parser().parse_args(

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from onthejob import commands, datasets
+from onthejob import commands, datasets, record_commands
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -269,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default=None)
     p.add_argument("--dataset", default=None, help="this dataset's pinned trajectories and rewards")
     p.add_argument("-o", "--output", required=True)
-    p.set_defaults(handler=commands.export)
+    p.set_defaults(handler=record_commands.export)
 
     _dataset_parsers(sub)
 
@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="mine-report", help="folder for mine.json, mine.md and mine.png")
     p.add_argument("--project", default="default")
     p.add_argument("--db", default=None)
-    p.set_defaults(handler=commands.mine)
+    p.set_defaults(handler=record_commands.mine)
 
     p = sub.add_parser(
         "retention",
@@ -294,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="change-log entries kept per project whatever the readers passed (default 100000)",
     )
-    p.set_defaults(handler=commands.retention)
+    p.set_defaults(handler=record_commands.retention)
 
     p = sub.add_parser(
         "housekeep",
@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="change-log entries kept per project whatever the readers passed (default 100000)",
     )
-    p.set_defaults(handler=commands.housekeep)
+    p.set_defaults(handler=record_commands.housekeep)
     return parser
 
 

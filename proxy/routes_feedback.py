@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse
 from proxy.deps import DbDep, PathId, PrincipalDep, QueryId
 from proxy.errors import Conflict, InvalidRequest, NotFound
 from proxy.redact import project_settings, redact_feedback
-from storage.feedback import feedback_to_dict, list_feedback, submit_feedback
+from storage.feedback import submit_feedback
 from storage.feedback_input import FeedbackConflict, FeedbackInputError, openapi_schema, parse_feedback
+from storage.feedback_read import feedback_to_dict, list_feedback
 from storage.loaders import load_trajectories_async, session_view
 from storage.trajectories import trajectory_to_dict
 

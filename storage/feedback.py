@@ -25,10 +25,9 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
 
 from sqlalchemy import Select, and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
@@ -36,7 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as DbSession
 
 from storage.feedback_input import FeedbackConflict, FeedbackIn
-from storage.grading import LandedCall, Targets, newest
+from storage.grading import LandedCall, Targets
 from storage.models import Completion, Feedback, Project, Session, utcnow
 
 ORPHAN_TTL = timedelta(hours=1)
@@ -310,96 +309,3 @@ async def count_orphans(
 ) -> int:
     """Pending feedback older than ``ttl``: its target never landed (or never existed here)."""
     return int(await db.scalar(orphans_stmt(ttl, project_id, now)) or 0)
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def _winner_key(row: Feedback) -> tuple[Any, ...]:
-    target = (
-        ("completion", row.completion_id)
-        if row.completion_id
-        else ("session", row.session_id)
-        if row.session_id
-        else (row.target_kind, row.target_id)
-    )
-    return (*target, row.choice, row.source, row.name)
-
-
-def current_ids(rows: Iterable[Feedback]) -> set[str]:
-    """Ids of the winning revisions (:func:`storage.grading.newest`), pending ones by their stated target."""
-    return {row.id for row in newest(rows, _winner_key)}
-
-
-def _iso(t: datetime | None) -> str | None:
-    return t.isoformat() if t is not None else None
-
-
-def feedback_to_dict(row: Feedback, *, current: bool = True) -> dict[str, Any]:
-    status: Literal["attached", "pending"] = "pending" if row.attached_at is None else "attached"
-    return {
-        "id": row.id,
-        "object": "feedback",
-        "target": {row.target_kind: row.target_id, **({"choice": row.choice} if row.choice is not None else {})},
-        "name": row.name,
-        "value": row.value,
-        "comment": row.comment,
-        "source": row.source,
-        "idempotency_key": row.idempotency_key,
-        "metadata": row.meta,
-        "status": status,
-        "completion_id": row.completion_id,
-        "session_id": row.session_id,
-        "created_at": _iso(row.created_at),
-        "attached_at": _iso(row.attached_at),
-        "current": current,
-    }
-
-
-def feedback_list(rows: Sequence[Feedback]) -> list[dict[str, Any]]:
-    """History, oldest first, each marked whether it is the current winner."""
-    winners = current_ids(rows)
-    ordered = sorted(rows, key=lambda r: (r.created_at, r.id))
-    return [feedback_to_dict(r, current=r.id in winners) for r in ordered]
-
-
-def feedback_for_stmt(
-    project_id: str, *, completion_id: str | None = None, session_id: str | None = None
-) -> Select[Feedback]:
-    """Feedback about a completion and/or a whole session (its completions' too), pending included.
-
-    With neither, the project's newest feedback (the caller pages by time).
-    """
-    stmt = select(Feedback).where(Feedback.project_id == project_id)
-    if completion_id is not None:
-        stmt = stmt.where(
-            or_(
-                Feedback.completion_id == completion_id,
-                and_(
-                    Feedback.attached_at.is_(None),
-                    Feedback.target_kind == "completion_id",
-                    Feedback.target_id == completion_id,
-                ),
-            )
-        )
-    if session_id is not None:
-        stmt = stmt.where(
-            or_(
-                Feedback.session_id == session_id,
-                and_(
-                    Feedback.attached_at.is_(None),
-                    Feedback.target_kind == "session_id",
-                    Feedback.target_id == session_id,
-                ),
-            )
-        )
-    if completion_id is None and session_id is None:
-        stmt = stmt.order_by(Feedback.created_at.desc()).limit(200)
-    return stmt
-
-
-async def list_feedback(
-    db: AsyncSession, project_id: str, *, completion_id: str | None = None, session_id: str | None = None
-) -> list[dict[str, Any]]:
-    rows = (await db.scalars(feedback_for_stmt(project_id, completion_id=completion_id, session_id=session_id))).all()
-    return feedback_list(rows)

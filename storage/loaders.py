@@ -18,7 +18,7 @@ from sqlalchemy import ColumnElement, Select, and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session as DbSession
 
-from storage.feedback import feedback_for_stmt, feedback_list
+from storage.feedback_read import feedback_for_stmt, feedback_list
 from storage.grading import (
     DEFAULT_RULE,
     Grade,

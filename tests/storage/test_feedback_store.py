@@ -16,8 +16,9 @@ from sqlalchemy.pool import NullPool
 
 from storage import feedback as feedback_module
 from storage.db import async_engine, sync_engine
-from storage.feedback import attach_orphans, attach_pending, count_orphans, list_feedback, submit_feedback
+from storage.feedback import attach_orphans, attach_pending, count_orphans, submit_feedback
 from storage.feedback_input import FeedbackConflict, parse_feedback
+from storage.feedback_read import list_feedback
 from storage.grading import resolve_grades
 from storage.migrate import upgrade
 from storage.models import Completion, Feedback, Project, utcnow

@@ -11,7 +11,7 @@ from a ``git worktree`` of ``HEAD`` with one step removed (never something to ru
 The differences of the medians are the parts: building the record (``nospool`` − off), the spool's
 mechanics (``nofsync`` − ``nospool``, less the recorder's share), the fsync (on − ``nofsync``) and
 the recorder (on − ``norec``). Each difference moves by ~0.01 ms between runs; the mechanics and
-the fsync traded places between two runs (bench/RESULTS.md); their sum read 0.028-0.037. Committed code
+the fsync traded places between two runs (bench/journal/2026-12-02.md); their sum read 0.028-0.037. Committed code
 only: the worktrees are of ``HEAD``. An ablation that no longer applies (the code it edits moved)
 stops the run and says which.
 

@@ -3,7 +3,7 @@
 Every call adds to six series as it ends (calls, terminations, latency, time to first
 token, prompt and completion tokens). Through ``prometheus_client`` each is a child
 object whose increment takes a lock and checks it may be observed: 8.5 µs a call on the
-serving loop under load, measured in place (bench/RESULTS.md), more than building the
+serving loop under load, measured in place (bench/journal/2026-12-02.md, the `CallMeter` table), more than building the
 call's whole database record. Here a call is a few dictionary and list updates on
 the event loop, the only writer; :meth:`CallMeter.collect` reads them at scrape time.
 Names, labels and buckets are those the ``Counter`` and ``Histogram`` objects had. The count of

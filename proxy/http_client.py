@@ -2,8 +2,9 @@
 
 Built for the proxy's one hot path, a JSON POST to an engine whose reply is read whole or
 forwarded as it streams. aiohttp's client spent ~125 µs of CPU a call doing that here, this one
-~40 (bench/RESULTS.md, "the upstream client"). It does only what an engine needs: no redirects,
-cookies, proxies or compression (it asks for none), no HTTP/2, no pipelining.
+~40 (bench/journal/2026-12-02.md, "Issue 21: the upstream client, our own"). It does only what
+an engine needs: no redirects, cookies, proxies or compression (it asks for none), no HTTP/2, no
+pipelining.
 
 Timeouts: connect, and idle (no byte for that long while a reader waits, the first byte of the
 reply included); never a total timeout on a stream (the callers add one where they want it).

@@ -2,7 +2,7 @@
 
 Python's defaults suit programs that build up and keep; a proxy allocates a few hundred
 objects per call and frees nearly all of them by reference counting milliseconds later,
-64 calls at a time (bench/RESULTS.md, "Proxy performance, third round").
+64 calls at a time (bench/journal/2026-12-01.md, "Proxy performance, third round").
 """
 
 from __future__ import annotations

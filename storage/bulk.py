@@ -5,7 +5,7 @@ and for pending feedback: four round trips per batch with the commit, and no
 per-row work beyond formatting (storage/records.py builds each COPY line). The
 portable path (SQLAlchemy ``executemany`` with ``ON CONFLICT DO NOTHING``, a pool
 checkout with a ping and an ORM session per batch) cost the proxy ~100 µs of CPU per
-recorded call under load (bench/RESULTS.md). COPY has no ``ON CONFLICT``: a batch
+recorded call under load (bench/journal/2026-11-30.md, P7). COPY has no ``ON CONFLICT``: a batch
 that is already partly stored (a segment replayed after a crash between commit and
 deletion) fails as a whole, and the caller writes it again the portable way.
 """

@@ -5,7 +5,7 @@ reply and the reference); a stream writes the same bytes from templates: each cl
 item's text is serialised once, where its three ``.done`` events and the final
 ``Response`` each serialised it again from a dict. The ``Response`` envelope itself
 stays a dict (a C-level copy of a template and one ``orjson.dumps``: a byte template
-built in Python measured slower, bench/RESULTS.md), with the items spliced in as
+built in Python measured slower, bench/journal/2026-12-01.md), with the items spliced in as
 :class:`orjson.Fragment`. Tests compare every event byte for byte with the dict-built
 translator this replaced (tests/proxy/dialects/responses_reference.py).
 """

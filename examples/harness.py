@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 from openai import OpenAI
@@ -302,8 +302,17 @@ def _review(problem: Problem, result: EpisodeResult) -> str:
 # ---- many episodes ---------------------------------------------------------------------
 
 
+P = TypeVar("P", contravariant=True)
+
+
+class RunsEpisodes(Protocol[P]):
+    """What :func:`run_episodes` needs: a :class:`Harness`, or one that runs another task family's problems."""
+
+    def episode(self, problem: P, *, eval: bool = ..., session_id: str | None = ...) -> EpisodeResult: ...
+
+
 def run_episodes(
-    harness: Harness, problems: Sequence[Problem], *, eval: bool = False, attempts: int = 1,
+    harness: RunsEpisodes[P], problems: Sequence[P], *, eval: bool = False, attempts: int = 1,
     workers: int = 8, desc: str | None = None, progress: bool = True,
 ) -> list[EpisodeResult]:  # fmt: skip
     """Run every problem ``attempts`` times on a small thread pool; results in problem order."""

@@ -9,7 +9,8 @@ sampled ids.
 
 Everything about finding a call's session is here: :class:`Linker` looks in this
 worker's memory, then in sibling workers' spools (records not yet drained), then
-in the database. A prefix the database had no parent for is not asked about again
+in the database, which it asks again for a moment when another host may have answered the parent
+(:data:`LINK_WAIT_S`). A prefix the database had no parent for is not asked about again
 for a few seconds (:data:`MISS_TTL_S`): a prompt whose assistant turns no recorded
 call returned (few-shot examples, a history brought from elsewhere) would otherwise
 cost every call a query.
@@ -38,6 +39,7 @@ import json
 import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -186,6 +188,15 @@ MISS_TTL_S = 5.0
 # connect hangs) leaves it alone this long: linking uses memory and spools, and calls do not each wait.
 LOOKUP_S = 1.0
 QUIET_S = 5.0
+# Several hosts on one database: a turn sent milliseconds after its parent's reply ended, to another host
+# than the one that answered it, finds the parent nowhere yet (that host's memory and spool are its own; its
+# recorder moves the record into the database within about 50 ms, longer under load). A call with an
+# assistant turn found nowhere asks the database again, with the other waiting calls, every POLL_S for up
+# to LINK_WAIT_S before it starts a new session. Only such calls wait, and only when other hosts may share
+# the database (Linker.other_hosts; unknown counts as yes): a history brought from elsewhere pays it once
+# (then MISS_TTL_S); ONTHEJOB_LINK_WAIT_S=0 turns it off.
+LINK_WAIT_S = float(os.environ.get("ONTHEJOB_LINK_WAIT_S", "3.0"))
+POLL_S = 0.025  # one query for every call waiting on this worker, this often
 
 
 class LinkCache:
@@ -232,16 +243,20 @@ class LinkCache:
 
     def longest(self, project: str, keys: list[str], session: str | None) -> Link | None:
         """The link for the longest prefix we know (within ``session`` if given), or AMBIGUOUS."""
-        for key in reversed(keys):
-            links = self._items.get((project, key))
+        return self.longest_at(project, keys, session)[1]
+
+    def longest_at(self, project: str, keys: list[str], session: str | None) -> tuple[int, Link | None]:
+        """(index in ``keys``, link) of the longest prefix we know; (-1, None) when none is known."""
+        for i in range(len(keys) - 1, -1, -1):
+            links = self._items.get((project, keys[i]))
             if not links:
                 continue
             if session is not None:
                 if session in links:
-                    return links[session]
+                    return i, links[session]
                 continue
-            return AMBIGUOUS if len(links) > 1 else next(iter(links.values()))
-        return None
+            return i, AMBIGUOUS if len(links) > 1 else next(iter(links.values()))
+        return -1, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,9 +273,14 @@ class Linker:
     """Finds the session a call continues: this worker's memory, sibling spools, then the database."""
 
     def __init__(
-        self, spool: Spool, sessionmaker: async_sessionmaker[AsyncSession], size: int = 100_000,
-        miss_ttl_s: float = MISS_TTL_S, quiet_s: float = QUIET_S,
-    ) -> None:  # fmt: skip
+        self,
+        spool: Spool,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        size: int = 100_000,
+        miss_ttl_s: float = MISS_TTL_S,
+        quiet_s: float = QUIET_S,
+        wait_s: float = LINK_WAIT_S,
+    ) -> None:
         self.spool = spool
         self.sessionmaker = sessionmaker
         self.cache = LinkCache(size)
@@ -273,6 +293,13 @@ class Linker:
         self.quiet_s = quiet_s
         self._quiet_until = 0.0  # no lookups before this (the last one failed)
         self.deletes = Deletes(sessionmaker, self.cache.forget)  # what this worker knows was deleted
+        self.wait_s = wait_s
+        # Whether other hosts may share the database (then a parent found nowhere is waited for); the
+        # rate-limit leases' presence rows tell it (proxy/state.py), else it is unknown: yes.
+        self.other_hosts: Callable[[], bool] = lambda: True
+        self.waits = 0  # polls of the database for calls waiting on another host's parent
+        self._waiters: list[_Waiter] = []
+        self._poller: asyncio.Task[None] | None = None
         # Calls with an earlier assistant turn, by where their parent was found: memory, spool (a sibling
         # worker's), database, none (asked, not found), believed_none (a recent "none"), database_down
         # (no answer), database_quiet (not asked: a recent lookup went unanswered).
@@ -313,15 +340,24 @@ class Linker:
             # A parent's link key always ends with the assistant message it returned.
             candidates = [k for k, m in zip(keys, messages, strict=True) if m.get("role") == "assistant"]
             if candidates:
-                link, found = self.cache.longest(project, candidates, naming.session_id), "memory"
-                if link is None:
+                at, link = self.cache.longest_at(project, candidates, naming.session_id)
+                found = "memory"
+                # The turns after the one memory knows (all of them when it knows none) were answered
+                # elsewhere: by a sibling worker (its spool), another host (the database, once drained), or
+                # by no recorded call (a history brought from elsewhere, an edited reply).
+                longer = candidates[at + 1 :]
+                if longer:
                     miss = (project, naming.session_id, candidates[-1])
                     if self._missed(miss):
-                        found = "believed_none"
-                    else:  # served by another worker, and maybe not yet in the database; else the database
-                        link, found = self._spool_link(project, candidates, naming.session_id), "spool"
-                        if link is None:
-                            link, found = await self._db_link(project, candidates, naming.session_id, miss)
+                        found = found if link is not None else "believed_none"
+                    else:
+                        far, where = self._spool_link(project, longer, naming.session_id), "spool"
+                        if far is None:
+                            far, where = await self._db_link(project, longer, naming.session_id, miss)
+                        if far is not None:
+                            link, found = far, where
+                        elif link is None:
+                            found = where
                 self.lookups[found] = self.lookups.get(found, 0) + 1
         if link is AMBIGUOUS:
             return SessionRef(new_session_id(), "ambiguous_link", None, naming.task_id)
@@ -364,14 +400,11 @@ class Linker:
         """The parent the database knows, and where it was found (:attr:`lookups`' names)."""
         if time.monotonic() < self._quiet_until:
             return None, "database_quiet"
-        query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
-            Completion.project_id == project, Completion.link_key.in_(keys)
-        )
-        if session:
-            query = query.where(Completion.session_id == session)
         try:
-            async with asyncio.timeout(LOOKUP_S), self.sessionmaker() as db:
-                rows = (await db.execute(query.order_by(Completion.created_at.desc()).limit(50))).all()
+            if self.wait_s > 0 and self.other_hosts():
+                rows = await self._wait_for(project, session, keys)
+            else:
+                rows = await self._query(project, session, keys)
         except Exception:  # noqa: BLE001 - database down: link from memory only; the call still goes through
             self._quiet_until = time.monotonic() + self.quiet_s
             return None, "database_down"
@@ -385,3 +418,70 @@ class Linker:
         if len({r.session_id for r in rows if r.link_key == best.link_key}) > 1:
             return AMBIGUOUS, "database"
         return Link(best.session_id, best.id, best.task_id), "database"
+
+    async def _query(self, project: str, session: str | None, keys: list[str], limit: int = 50) -> list[Any]:
+        """The recorded calls whose link key is one of ``keys`` (within ``session`` if given), newest first."""
+        query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
+            Completion.project_id == project, Completion.link_key.in_(keys)
+        )
+        if session:
+            query = query.where(Completion.session_id == session)
+        async with asyncio.timeout(LOOKUP_S), self.sessionmaker() as db:
+            return list((await db.execute(query.order_by(Completion.created_at.desc()).limit(limit))).all())
+
+    async def _wait_for(self, project: str, session: str | None, keys: list[str]) -> list[Any]:
+        """The rows for ``keys``, once another host's recorder has moved them here; none after :attr:`wait_s`.
+
+        One poller per worker asks for every waiting call's keys in one query, at once and then every
+        :data:`POLL_S`: calls of many conversations at once cost the database one query a tick, not one each.
+        A query that fails or times out (the database down, or slow under load) is retried while the call
+        may still wait; after its wait the call takes the failure (then :attr:`quiet_s` of no lookups).
+        """
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(project, session, keys, time.monotonic() + self.wait_s, loop.create_future())
+        self._waiters.append(waiter)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
+        return await waiter.rows
+
+    async def _poll(self) -> None:
+        while self._waiters:
+            groups: dict[tuple[str, str | None], list[_Waiter]] = {}
+            for waiter in self._waiters:
+                groups.setdefault((waiter.project, waiter.session), []).append(waiter)
+            for (project, session), waiters in groups.items():
+                wanted = sorted({k for w in waiters for k in w.keys})
+                rows, failure = [], None
+                try:
+                    rows = await self._query(project, session, wanted, limit=50 * len(waiters))
+                except Exception as exc:  # noqa: BLE001 - retried while the calls may wait
+                    failure = exc
+                now = time.monotonic()
+                for waiter in waiters:
+                    if waiter.rows.done():  # the call was cancelled
+                        continue
+                    mine = [r for r in rows if r.link_key in waiter.keys]
+                    waiter.failure = failure  # the latest poll's: one that answered clears an earlier failure
+                    if mine:
+                        waiter.rows.set_result(mine)
+                    elif now >= waiter.deadline:
+                        if waiter.failure is not None:
+                            waiter.rows.set_exception(waiter.failure)
+                        else:
+                            waiter.rows.set_result([])
+            self._waiters = [w for w in self._waiters if not w.rows.done()]  # answered, timed out or cancelled
+            if self._waiters:
+                await asyncio.sleep(POLL_S)
+                self.waits += 1
+
+
+@dataclass
+class _Waiter:
+    """A call waiting for its parent to reach the database from another host."""
+
+    project: str
+    session: str | None
+    keys: list[str]
+    deadline: float
+    rows: asyncio.Future[list[Any]]
+    failure: Exception | None = None  # the last failed poll, if any: raised if the wait ends with no rows

@@ -76,6 +76,8 @@ class AppState:
         spool = Spool(folder, settings.spool_max_bytes)
         recorder = Recorder(spool, maker, metrics, settings.drain_batch)
         linker = Linker(spool, maker)
+        if _sqlite(settings):  # one host: a parent found nowhere was never answered by another
+            linker.other_hosts = lambda: False
         policies = Policies(settings.spool_dir)  # the last known redaction policies, until the database answers
         policies.load()
         router = Router(maker, upstream, metrics, settings.default_project)
@@ -83,7 +85,8 @@ class AppState:
         limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
         leases = None
         if settings.auth and settings.rate_limit_rps > 0 and not _sqlite(settings):
-            leases = LeaseKeeper(limiter, maker, settings.host_id, str(os.getpid()), workers=settings.workers)
+            keeper = leases = LeaseKeeper(limiter, maker, settings.host_id, str(os.getpid()), workers=settings.workers)
+            linker.other_hosts = lambda: keeper.hosts > 1  # its presence rows count the hosts on this database
         else:  # SQLite is one host: its workers split the limit evenly, no leases (no writer beside the recorder)
             limiter.fallback = fallback_share(settings.rate_limit_rps, 1, settings.workers)
         return cls(

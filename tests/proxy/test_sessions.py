@@ -89,7 +89,8 @@ async def test_a_prefix_the_database_has_no_parent_for_is_asked_about_once_per_f
     project = f"p-{uuid.uuid4().hex[:8]}"
     engine = async_engine(pg_url)
     spool = Spool(tmp_path / "spool", 10**9)
-    linker = Linker(spool, async_sessionmaker(engine, expire_on_commit=False), miss_ttl_s=0.5)
+    # One host here (no wait for another host's parent: tests/proxy/test_two_hosts.py has that).
+    linker = Linker(spool, async_sessionmaker(engine, expire_on_commit=False), miss_ttl_s=0.5, wait_s=0.0)
     unnamed, named = Naming(None, None, (), None, "new"), Naming("ses_named", None, (), None, "header")
     keys = prefix_keys(FEW_SHOT)
     try:

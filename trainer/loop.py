@@ -51,6 +51,7 @@ from trainer.objective import (
     tis_loss,
 )
 from trainer.policy import Policy, TrainConfig
+from trainer.shard import gathered, lockstep
 from trainer.textual import TextualExample
 from trainer.textual_step import TextualSums, textual_backward
 
@@ -179,11 +180,37 @@ def _single_pass(
     """tis / sdpo / reinforce / bc: one forward-backward over the shard (and text examples), one optimiser step."""
     obj = cfg.objective
     stats = RatioStats()
-    loss_sum = tokens = rejected = trajs = 0.0
     policy.model.train()
     policy.optimizer.zero_grad(set_to_none=True)
     pack = _pack(policy, cfg)
-    for examples in micro_batches(shard, cfg.micro_tokens, pack=pack):
+    chunks = list(micro_batches(shard, cfg.micro_tokens, pack=pack))
+    with lockstep(policy.model, len(chunks), grad=True):  # sharded base: as many passes on every rank
+        sums = _passes(policy, cfg, chunks, pack, stats)
+    with gathered(policy.model):
+        text = textual_backward(
+            policy.model,
+            policy.pad_id,
+            policy.device,
+            textual,
+            micro_tokens=cfg.micro_tokens,
+            clip=obj.clip,
+            sdpo_weight=obj.sdpo_weight,
+            correction_weight=obj.correction_weight,
+            form=obj.sdpo_form,
+            k=obj.sdpo_k,
+            center=obj.sdpo_center,
+        )
+    _optimiser_step(policy, cfg, sums[1] + text.tokens, idle_tokens)
+    return sums, stats, text
+
+
+def _passes(
+    policy: Policy, cfg: TrainConfig, chunks: Sequence[Sequence[Example]], pack: bool, stats: RatioStats
+) -> list[float]:
+    """_single_pass's forward-backward over its micro-batches: [loss sum, tokens, rejected, trajectories]."""
+    obj = cfg.objective
+    loss_sum = tokens = rejected = trajs = 0.0
+    for examples in chunks:
         b = collate(examples, policy.pad_id, policy.device, pack=pack)
         logp = _score(policy, b)
         prox = logp.detach()
@@ -203,13 +230,7 @@ def _single_pass(
         loss_sum += float(loss.detach())
         tokens += float(mask.sum())
         trajs += float((mask.sum(dim=1) > 0).sum())
-    text = textual_backward(
-        policy.model, policy.pad_id, policy.device, textual, micro_tokens=cfg.micro_tokens, clip=obj.clip,
-        sdpo_weight=obj.sdpo_weight, correction_weight=obj.correction_weight, form=obj.sdpo_form, k=obj.sdpo_k,
-        center=obj.sdpo_center,
-    )  # fmt: skip
-    _optimiser_step(policy, cfg, tokens + text.tokens, idle_tokens)
-    return [loss_sum, tokens, rejected, trajs], stats, text
+    return [loss_sum, tokens, rejected, trajs]
 
 
 def _ppo_epochs(
@@ -222,8 +243,9 @@ def _ppo_epochs(
     accepted: list[tuple[Batch, torch.Tensor, torch.Tensor]] = []  # (batch, π_prox, mask after rejection)
     policy.model.eval()
     pack = _pack(policy, cfg)
-    with torch.no_grad():
-        for examples in micro_batches(shard, cfg.micro_tokens, pack=pack):
+    chunks = list(micro_batches(shard, cfg.micro_tokens, pack=pack))
+    with torch.no_grad(), lockstep(policy.model, len(chunks), grad=False):
+        for examples in chunks:
             b = collate(examples, policy.pad_id, policy.device, pack=pack)
             prox = _score(policy, b)
             stats.add(prox, b.behav, b.mask, obj.clip)
@@ -237,11 +259,12 @@ def _ppo_epochs(
     for epoch in range(max(obj.epochs, 1)):
         policy.optimizer.zero_grad(set_to_none=True)
         epoch_loss = 0.0
-        for b, prox, mask in accepted:
-            logp = _score(policy, b)
-            loss = ppo_loss(logp, prox, b.behav, mask, b.adv, n_tokens=1, clip=obj.clip, eps=obj.ppo_eps)
-            loss.backward()
-            epoch_loss += float(loss.detach())
+        with lockstep(policy.model, len(accepted), grad=True):
+            for b, prox, mask in accepted:
+                logp = _score(policy, b)
+                loss = ppo_loss(logp, prox, b.behav, mask, b.adv, n_tokens=1, clip=obj.clip, eps=obj.ppo_eps)
+                loss.backward()
+                epoch_loss += float(loss.detach())
         if epoch == 0:
             first_loss = epoch_loss
         _optimiser_step(policy, cfg, tokens, idle_tokens)
@@ -298,11 +321,22 @@ def _fill_behaviour(
             by_version.setdefault(v, []).append(e)
     policy.model.eval()
     pack = _pack(policy, cfg)
-    for version, group in by_version.items():
-        if version == policy.version and not policy.dirty:
-            continue  # the loaded weights served it: μ = π_prox, which the NaN fill gives exactly
+    # The loaded weights served a group: μ = π_prox, which the NaN fill gives exactly.
+    todo = {
+        v: list(micro_batches(g, cfg.micro_tokens, pack=pack))
+        for v, g in by_version.items()
+        if not (v == policy.version and not policy.dirty)
+    }
+    with lockstep(policy.model, sum(len(c) for c in todo.values()), grad=False):
+        _fill_groups(policy, todo, adapters, pack)
+
+
+def _fill_groups(
+    policy: Policy, todo: Mapping[int | None, Sequence[Sequence[Example]]], adapters: Mapping[int, Path], pack: bool
+) -> None:
+    for version, chunks in todo.items():
         with torch.no_grad(), _serving(policy, version, adapters):
-            for chunk in micro_batches(group, cfg.micro_tokens, pack=pack):
+            for chunk in chunks:
                 b = collate(chunk, policy.pad_id, policy.device, pack=pack)
                 logp = _score(policy, b).cpu()
                 for row, e in enumerate(chunk):

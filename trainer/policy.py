@@ -50,6 +50,7 @@ class TrainConfig:
     resume_optimizer: bool = True  # continue the parent adapter's AdamW moments when it saved them
     step_floor: float = 0.0  # > 0: AdamW's ε, the gradient size below which a step shrinks with it (see below)
     seed: int = 0
+    shard: bool = True  # under torchrun: the base model's decoder layers sharded over the ranks (trainer.shard)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,10 +129,14 @@ def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: in
         model = get_peft_model(base, lora)
     params = [p for p in model.parameters() if p.requires_grad]
     dist.broadcast_params(params)  # LoRA A is initialised at random: every rank starts from rank 0's
+    pad = base.config.pad_token_id
+    pad_id = int(pad) if isinstance(pad, int) else 0  # padding is never attended to nor scored
+    if cfg.shard:
+        from trainer.shard import shard
+
+        shard(model, pad_id)  # under torchrun only; the LoRA parameters stay whole, so ``params`` is unchanged
     optimizer = build_optimizer(params, cfg, parent if cfg.resume_optimizer else None)
     if cfg.objective.name == "sdpo":
         obj = cfg.objective
         attach(model, Teacher.of(model, obj.sdpo_teacher, obj.sdpo_ema, obj.sdpo_signal_clip, obj.sdpo_kl))
-    pad = base.config.pad_token_id
-    pad_id = int(pad) if isinstance(pad, int) else 0  # padding is never attended to nor scored
     return Policy(model, info, optimizer, pad_id, device, version=parent_version if parent else None)

@@ -124,8 +124,9 @@ async def test_a_prefix_the_database_has_no_parent_for_is_asked_about_once_per_f
 
 @pytest.mark.anyio
 async def test_a_database_that_does_not_answer_is_left_alone_a_few_seconds(tmp_path: Path) -> None:
-    """Behind a partition a connect hangs: one call waits out the lookup's second, the next ones link from
-    memory and spools alone until the quiet seconds pass; then the database is asked again."""
+    """Behind a partition a connect hangs: one call waits out its lookups (a second each, retried while it may
+    wait for another host's parent), the next ones link from memory and spools alone until the quiet seconds
+    pass; then the database is asked again."""
     silent = socket.create_server(("127.0.0.1", 0))  # accepts connections (its backlog) and never answers
     port = silent.getsockname()[1]
     engine = async_engine(f"postgresql://postgres@127.0.0.1:{port}/nothing")

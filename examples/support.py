@@ -29,6 +29,11 @@ timeouts. It copies the example's shape and adapts the status word, so shipped (
 "cancelled and refunded"), and calls processing orders shipped (0/3). Those three are what the
 customer's words have to teach.
 
+Checked through the proxy (6 training episodes, ``voice="reply"``, 2026-12-03): the stored rows give
+every answer its customer's reply as implicit feedback (:func:`storage.hindsight.next_turn_feedback`),
+but it also reads each ``RESULT:`` line as "feedback" on the ``LOOKUP:`` call before it, since tool
+results in this text protocol are user messages (arithmetic's ``CALC:`` results too).
+
 Everything here except the harness is pure and deterministic: the orders table, the problems,
 the held-out split, the action parser, the order tool, the grade and the customer's words.
 """
@@ -273,12 +278,22 @@ def grade(problem: SupportProblem, answer: str | None, completion_tokens: int) -
 # ---- the customer's words ----------------------------------------------------------------
 
 Verdict = Literal[
-    "no_lookup", "wrong_order", "no_answer", "wrong_status", "no_detail", "no_apology", "no_name", "too_long", "good"
+    "no_lookup",
+    "wrong_order",
+    "no_answer",
+    "no_status",
+    "wrong_status",
+    "no_detail",
+    "no_apology",
+    "no_name",
+    "too_long",
+    "good",
 ]
 PHRASES: dict[Verdict, tuple[str, ...]] = {
     "no_lookup": ("Did you even look my order up?", "You did not check my order at all."),
     "wrong_order": ("That is not my order.", "You looked up the wrong order."),
     "no_answer": ("I never got an answer.", "Hello? You did not answer me."),
+    "no_status": ("You did not tell me where my order is.", "So what is happening with my order?"),
     "wrong_status": ("That is not what my order's status is.", "That is wrong, my order is not in that state."),
     "no_detail": (
         "Fine, but you did not tell me what I actually need to know.",
@@ -317,6 +332,10 @@ def customer_verdict(
         "apology": "no_apology",
         "name": "no_name",
     }
+    if failed[0] == "status" and not any(
+        re.search(rf"\b{re.escape(w)}\b", (answer or "").lower()) for words in _STATUS_WORDS.values() for w in words
+    ):
+        return "no_status"  # no status word at all: nothing said, rather than something wrong
     return first[failed[0]]
 
 

@@ -165,6 +165,7 @@ def test_the_customer_reacts_to_the_first_thing_wrong_and_never_says_a_number() 
     assert customer_verdict(p, ["12345"], _good(o), False, 1.0) == "wrong_order"
     assert customer_verdict(p, [o.id], None, False, 0.0) == "no_answer"
     assert customer_verdict(p, [o.id], _good(o).replace("delayed", "shipped"), False, 1.0) == "wrong_status"
+    assert customer_verdict(p, [o.id], f"Hi {o.name}, about order {o.id}: {o.date}.", False, 1.0) == "no_status"
     assert customer_verdict(p, [o.id], _good(o).replace("sorry, ", ""), False, 1.0) == "no_apology"
     assert customer_verdict(p, [o.id], _good(o), True, 0.5) == "too_long"
     assert customer_verdict(p, [o.id], _good(o), True, 1.0) == "good"

@@ -36,11 +36,17 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": -1, "min_p": 0.0}
 
 
 def _batch(seed: int, n: int) -> list[Trajectory]:
-    """Base-served trajectories without recorded μ: recomputed under the base once the LoRA has moved."""
+    """Base-served trajectories without recorded μ: recomputed under the base once the LoRA has moved.
+
+    Three long ones go to rank 0 of two, so its shard takes more micro-batches than rank 1's
+    (the lock-step's empty passes are exercised).
+    """
     rng = random.Random(seed)
     out = []
     for i in range(n):
         prompt, sampled = random_tokens(rng, rng.randrange(4, 12)), random_tokens(rng, rng.randrange(2, 8))
+        if i % 2 == 0 and i < 6:
+            prompt += random_tokens(rng, 24)  # rank 0's shard takes more micro-batches: rank 1 pads
         lps: list[float | None] = [None] * len(sampled)
         out.append(
             make_trajectory(

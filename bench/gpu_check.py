@@ -16,7 +16,11 @@ processed logprobs, the sampling parameters, the model's sha256.
 4. throughput of ``train_step`` against a bare PEFT loop on a SmolLM2-135M-shaped model
    (random weights from the carried config: its weights are not on that machine), bf16,
    for each of the four sampling settings;
-5. the trainer's unit tests (no database, no engine) with CUDA visible.
+5. the trainer's unit tests (no database, no engine) with CUDA visible;
+6. with two or more GPUs, the sharded trainer (``trainer.shard``, FSDP2 over NCCL) under
+   torchrun: a TIS and an SDPO step on two ranks against one process (loss, LoRA gradients,
+   saved adapter; ``tests/trainer/shard_step.py``). With one GPU it says so and is skipped
+   (two NCCL ranks cannot share a GPU).
 
     .venv/bin/python -m bench.gpu_check record --out .device/engine_samples.json
     python -m bench.gpu_check check --samples .device/engine_samples.json --out "$OUT"
@@ -198,9 +202,31 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
                           capture_output=True, text=True, check=False)  # fmt: skip
     report["unit_tests"] = {"exit": done.returncode, "seconds": round(time.monotonic() - started, 1),
                             "tail": (done.stdout + done.stderr)[-3000:]}  # fmt: skip
+
+    # 6. The sharded trainer under torchrun, one rank per GPU.
+    report["sharded"] = _sharded(Path(tempfile.mkdtemp()))
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0
+
+
+def _sharded(tmp: Path) -> dict[str, Any]:
+    """Two NCCL ranks with the base model sharded against one process: the largest differences."""
+    import torch
+
+    from tests.trainer.test_shard import differences, run
+
+    if torch.cuda.device_count() < 2:
+        return {"skipped": f"{torch.cuda.device_count()} GPU(s): two NCCL ranks need two"}
+    started = time.monotonic()
+    try:
+        run(tmp / "one", 1)
+        run(tmp / "two", 2)
+    except AssertionError as e:
+        return {"error": str(e)[-3000:]}
+    two = json.loads((tmp / "two.json").read_text())
+    diffs = differences(tmp / "one", tmp / "two")
+    return {"max_abs_diff": diffs, "sharded_params": two["sharded"], "seconds": round(time.monotonic() - started, 1)}
 
 
 def main() -> None:

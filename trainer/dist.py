@@ -8,6 +8,11 @@ exactly the one-process gradient, so every rank's optimiser takes the same
 step and the weights stay identical without DDP's wrapper (which would also
 get in the way of PEFT's ``disable_adapter`` and of ``logits_to_keep``).
 Gloo on CPU, NCCL on GPUs; one process needs none of this.
+
+Under torchrun the base model is also sharded over the ranks (:mod:`trainer.shard`, FSDP2;
+``TrainConfig.shard``): each rank then holds 1/world of the decoder layers' frozen weights
+rather than the whole model. The LoRA parameters are not sharded, so everything here (the
+broadcast at load, the gradient all-reduce, rank 0 saving) applies unchanged.
 """
 
 from __future__ import annotations

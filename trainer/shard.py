@@ -71,6 +71,8 @@ def shard(model: Any, pad_id: int) -> Sharding | None:
     from torch.distributed.fsdp import fully_shard
 
     dev = dist.device()
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # NCCL: this rank's GPU
     mesh = init_device_mesh(dev.type, (dist.world(),))
     decoder = decoder_of(model)
     layers = list(decoder.layers)

@@ -1,6 +1,8 @@
 """One training step on a fixed batch; writes what each optimiser step was given. Run alone or under torchrun.
 
 Used by test_dist.py: two gloo processes must hand the optimiser the same gradients as one.
+Under torchrun the base model is sharded (``TrainConfig.shard``, :mod:`trainer.shard`), so
+ppo's no-grad and per-epoch passes run in lock-step here too.
 The batch mixes on-policy, stale (ratios ≠ 1, some clipped, one rejected) and
 missing behaviour logprobs, and more micro-batches than ranks.
 

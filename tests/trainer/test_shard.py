@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,14 +15,20 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from tests.conftest import free_port
-
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("shard_step.py")
 STEPS = (0, 1)  # 0: tis, 1: sdpo with text feedback
 
 
-def _run(out: Path, world: int, *extra: str) -> None:
+def free_port() -> int:
+    """As tests.conftest's, here so that bench/gpu_check.py can import this module without the test stack."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(out: Path, world: int, *extra: str) -> None:
+    """shard_step.py in one process (world 1) or under torchrun; its files are ``out.*``."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env["OMP_NUM_THREADS"] = "1"
     launch = [sys.executable]
@@ -37,8 +44,8 @@ def _run(out: Path, world: int, *extra: str) -> None:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("shard")
     one, two = tmp / "one", tmp / "two"
-    _run(one, 1)
-    _run(two, 2)
+    run(one, 1)
+    run(two, 2)
     return one, two
 
 
@@ -111,7 +118,7 @@ def test_two_sharded_gloo_ranks_match_one_process(runs: tuple[Path, Path]) -> No
 def test_the_comparison_fails_when_a_rank_trains_on_other_data(runs: tuple[Path, Path], tmp_path: Path) -> None:
     one, _ = runs
     skewed = tmp_path / "skew"
-    _run(skewed, 2, "skew")
+    run(skewed, 2, "skew")
     diffs = differences(one, skewed)
     print("max abs differences, one process vs a rank on other data:", diffs)
     assert all(diffs[f"grad{step}"] > 1e-3 for step in STEPS)

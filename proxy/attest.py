@@ -46,14 +46,21 @@ class Attestor:
         self.router = router
         self.metrics = metrics
         self.pending: set[asyncio.Task[Any]] = set()  # fingerprints being measured (held so they finish)
+        self.measuring: set[tuple[str, str, int]] = set()  # (project, alias, version) of those
         router.on_reload = self.reloaded
 
     def soon(self, project: str, alias: str, version: int) -> None:
         """Measure and check the version's fingerprint in the background: a deployment never waits for
-        the probe (under load one engine call can take longer than the caller's timeout)."""
+        the probe (under load one engine call can take longer than the caller's timeout). Once at a time
+        per version: a version whose probes all failed is tried again by the periodic check (:meth:`check_all`)."""
+        key = (project, alias, version)
+        if key in self.measuring:
+            return
+        self.measuring.add(key)
         task = asyncio.get_running_loop().create_task(self._record_logged(project, alias, version))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
+        task.add_done_callback(lambda _: self.measuring.discard(key))
 
     async def _record_logged(self, project: str, alias: str, version: int) -> None:
         try:
@@ -80,7 +87,7 @@ class Attestor:
                 return None
             return parse_probe(reply, kind)
         except Exception as exc:  # noqa: BLE001 - an unreachable or busy replica is not a mismatch
-            log.warning("attestation probe of %s on %s failed: %s", served_model, base, exc)
+            log.warning("attestation probe of %s on %s failed: %s %s", served_model, base, type(exc).__name__, exc)
             return None
 
     async def calibrated(
@@ -254,7 +261,8 @@ class Attestor:
         return result
 
     async def check_all(self, bases: list[str] | None = None) -> int:
-        """Check every routed or candidate version that has a fingerprint; returns how many were checked."""
+        """Check every routed or candidate version that has a fingerprint; returns how many were checked.
+        One that has none (every probe failed when it was loaded: a busy engine) is measured again."""
         from storage.models import PromotionPolicy
 
         async with self.sessionmaker() as db:
@@ -280,9 +288,11 @@ class Attestor:
                 .tuples()
                 .all()
             )
-            rows = [
-                r for r in (await db.scalars(select(Attestation))).all() if (r.project_id, r.alias, r.version) in live
-            ]
+            stored = (await db.scalars(select(Attestation))).all()
+        rows = [r for r in stored if (r.project_id, r.alias, r.version) in live]
+        for project, alias, version in live - {(r.project_id, r.alias, r.version) for r in stored}:
+            if version is not None:
+                self.soon(project, alias, version)
         for row in rows:
             await self.check(row.project_id, row.alias, row.version, dict(row.fingerprint), bases)
         return len(rows)

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from engine.launcher import Engine
@@ -46,6 +46,17 @@ async def _tamper(db_url: str, version: int) -> None:
         await db.execute(update(Attestation).where(Attestation.version == version).values(fingerprint=fp))
         await db.commit()
     await eng.dispose()
+
+
+async def _forget(db_url: str, version: int) -> list[float]:
+    """Delete the version's stored fingerprint; the logprobs it held."""
+    eng = async_engine(db_url)
+    async with AsyncSession(eng) as db:
+        fp = dict(await db.scalar(select(Attestation.fingerprint).where(Attestation.version == version)))
+        await db.execute(delete(Attestation).where(Attestation.version == version))
+        await db.commit()
+    await eng.dispose()
+    return list(fp["logprobs"])
 
 
 async def _alerts(db_url: str, version: int) -> list[tuple[str, str]]:
@@ -86,3 +97,9 @@ def test_a_mismatch_on_the_only_replica_keeps_the_alias_served(
         body = {"model": ALIAS, "prompt": "one, two,", "max_tokens": 4, "temperature": 0}
         reply = httpx.post(f"{proxy.v1}/completions", json=body, headers={"x-session-id": f"s{i}"}, timeout=120)
         assert reply.status_code == 200, reply.text  # before: 502 "no engine replica may serve selfcheck@v2"
+
+    # A version whose recording failed (every probe timed out on a busy engine) is measured again by the
+    # periodic check, not left unattested for good: here, the tampered row is forgotten and comes back real.
+    tampered = asyncio.run(_forget(db_url, 2))
+    again = _attested(proxy.v1, 2)["fingerprint"]
+    assert again["kind"] == "calibrated" and again["logprobs"] != tampered

@@ -65,6 +65,7 @@ async def readyz(request: Request, st: StateDep) -> Response:
         },
         "draining": st.draining,
         "policies": st.recording.policies.source,
+        "hosts": st.leases.hosts if st.leases is not None else 1,  # live proxy hosts on this database
     }
     # A worker that knows no project's redaction policy refuses every recorded call (it fails closed):
     # not ready, so a load balancer sends the calls to a sibling that can take them.

@@ -192,9 +192,9 @@ QUIET_S = 5.0
 # than the one that answered it, finds the parent nowhere yet (that host's memory and spool are its own; its
 # recorder moves the record into the database within about 50 ms, longer under load). A call with an
 # assistant turn found nowhere asks the database again, with the other waiting calls, every POLL_S for up
-# to LINK_WAIT_S before it starts a new session. Only such calls wait, and only when other hosts may share
-# the database (Linker.other_hosts; unknown counts as yes): a history brought from elsewhere pays it once
-# (then MISS_TTL_S); ONTHEJOB_LINK_WAIT_S=0 turns it off.
+# to LINK_WAIT_S before it starts a new session. Only such calls wait, and only while another host is live
+# on the database (Linker.other_hosts: hosts counted from their presence rows, proxy/ratelimit.py); a
+# history brought from elsewhere (few-shot turns) pays it once (then MISS_TTL_S). ONTHEJOB_LINK_WAIT_S=0: off.
 LINK_WAIT_S = float(os.environ.get("ONTHEJOB_LINK_WAIT_S", "3.0"))
 POLL_S = 0.025  # one query for every call waiting on this worker, this often
 
@@ -296,7 +296,7 @@ class Linker:
         self.wait_s = wait_s
         # Whether other hosts may share the database (then a parent found nowhere is waited for); the
         # rate-limit leases' presence rows tell it (proxy/state.py), else it is unknown: yes.
-        self.other_hosts: Callable[[], bool] = lambda: True
+        self.other_hosts: Callable[[], bool] = lambda: False  # one host unless told (proxy/state.py counts them)
         self.waits = 0  # polls of the database for calls waiting on another host's parent
         self._waiters: list[_Waiter] = []
         self._poller: asyncio.Task[None] | None = None

@@ -84,9 +84,12 @@ class AppState:
         attestor = Attestor(maker, router, metrics)
         limiter = RateLimiter(settings.rate_limit_rps, settings.rate_limit_burst)
         leases = None
-        if settings.auth and settings.rate_limit_rps > 0 and not _sqlite(settings):
+        if not _sqlite(settings):
+            # Every worker on Postgres renews its presence (and, with limits on, its keys' leases): the live
+            # hosts are counted from it, and only while another host is live does a turn whose parent is
+            # nowhere here wait for that host's recorder (proxy/sessions.py).
             keeper = leases = LeaseKeeper(limiter, maker, settings.host_id, str(os.getpid()), workers=settings.workers)
-            linker.other_hosts = lambda: keeper.hosts > 1  # its presence rows count the hosts on this database
+            linker.other_hosts = lambda: keeper.hosts > 1
         else:  # SQLite is one host: its workers split the limit evenly, no leases (no writer beside the recorder)
             limiter.fallback = fallback_share(settings.rate_limit_rps, 1, settings.workers)
         return cls(

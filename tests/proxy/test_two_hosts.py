@@ -69,6 +69,11 @@ def test_turns_alternating_between_two_hosts_stay_one_session_with_each_turn_as_
     db_url = pg_factory()
     a = start_proxy(stub_upstream, db_url, spool=tmp_path / "spool-a", env={"ONTHEJOB_HOST_ID": "a"})
     b = start_proxy(stub_upstream, db_url, spool=tmp_path / "spool-b", env={"ONTHEJOB_HOST_ID": "b"})
+    for host in (a, b):  # each knows of the other (presence renewed about every second) before the first turn
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{host.url}/readyz", timeout=5).json().get("hosts") != 2:
+            assert time.monotonic() < deadline, "the hosts never saw each other"
+            time.sleep(0.2)
 
     async def main() -> list[list[str]]:
         openings = [FEW_SHOT if n == 0 else [] for n in range(CONVERSATIONS)]

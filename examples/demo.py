@@ -60,8 +60,14 @@ def play_round(
     if evaluate:
         model = f"{stack.model_name}@v{candidate}" if candidate is not None else None
         with stack.harness(model, admin=candidate is not None) as h:
-            heldout = run_episodes(h, make_problems("heldout", cfg.heldout), eval=True, workers=cfg.workers,
-                                   desc=f"round {round_no} held-out ({label})", progress=cfg.progress)  # fmt: skip
+            heldout = run_episodes(
+                h,
+                make_problems("heldout", cfg.heldout),
+                eval=True,
+                workers=cfg.workers,
+                desc=f"round {round_no} held-out ({label})",
+                progress=cfg.progress,
+            )
     verdict = stack.post_eval(version, heldout) if cfg.promotion != "auto" else None
     serving = stack.deployed_version()
     flipped = train and round_no in cfg.flip_reward
@@ -70,15 +76,25 @@ def play_round(
         served = f"v{serving}" if serving else "base"
         with stack.harness(reward_sign=-1.0 if flipped else 1.0) as h:
             problems = make_problems("train", cfg.problems, seed=round_no + 1000 * cfg.seed)
-            traffic = run_episodes(h, problems, attempts=cfg.attempts, workers=cfg.workers,
-                                   desc=f"round {round_no} traffic ({served})", progress=cfg.progress)  # fmt: skip
+            traffic = run_episodes(
+                h,
+                problems,
+                attempts=cfg.attempts,
+                workers=cfg.workers,
+                desc=f"round {round_no} traffic ({served})",
+                progress=cfg.progress,
+            )
     result = RoundResult(
-        round=round_no, adapter_version=version, heldout=summarise(heldout) if evaluate else None,
+        round=round_no,
+        adapter_version=version,
+        heldout=summarise(heldout) if evaluate else None,
         train=summarise(traffic) if train else None,
         traffic_tokens=sum(r.prompt_tokens + r.completion_tokens for r in traffic),
         feedback=dict(Counter(name for r in traffic for name in r.feedback)),
-        verdict=verdict, traffic_version=serving, flipped=flipped,
-    )  # fmt: skip
+        verdict=verdict,
+        traffic_version=serving,
+        flipped=flipped,
+    )
     if train:
         if stack.judge_settings is not None:
             say(f"judge: {stack.judge(round_no)}")
@@ -104,8 +120,10 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
         )
         say(HEADER)
         if cfg.flip_reward:
-            say(f"(* rounds {', '.join(map(str, cfg.flip_reward))}: training traffic graded with the reward's sign "
-                "flipped; the table shows the true reward)")  # fmt: skip
+            say(
+                f"(* rounds {', '.join(map(str, cfg.flip_reward))}: training traffic graded with the reward's sign "
+                "flipped; the table shows the true reward)"
+            )
         for round_no in range(1, cfg.rounds + 2):
             final = round_no == cfg.rounds + 1  # the last adapter gets evaluated too
             evaluate = evaluated(round_no, cfg.rounds, cfg.eval_every)
@@ -118,12 +136,16 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
                 say(line)
         summary = write_summary(cfg, stack, rounds, baseline, out / "summary.json", time.monotonic() - started)
     write_plot(rounds, baseline["mean_reward"], out / "heldout_reward.png")
-    say(f"\nheld-out reward {100 * summary['base_heldout_mean_reward']:.1f} (base) → "
+    say(
+        f"\nheld-out reward {100 * summary['base_heldout_mean_reward']:.1f} (base) → "
         f"{100 * summary['final_heldout_mean_reward']:.1f} (final), {summary['improvement_points']:+.1f} points; "
-        f"{summary['seconds'] / 60:.1f} min")  # fmt: skip
+        f"{summary['seconds'] / 60:.1f} min"
+    )
     if failed := final_failures(summary):
-        say(f"{failed} call(s) of the final held-out evaluation failed: the final score is not the adapter's "
-            "(see the reasons above and the proxy's log)")  # fmt: skip
+        say(
+            f"{failed} call(s) of the final held-out evaluation failed: the final score is not the adapter's "
+            "(see the reasons above and the proxy's log)"
+        )
     say(f"wrote {out / 'summary.json'}, {out / 'heldout_reward.png'}, {out / 'episodes.jsonl'}")
     return summary
 
@@ -142,7 +164,10 @@ def exit_status(summary: dict[str, Any]) -> int:
     """Non-zero when any call of the final held-out evaluation failed: the run's headline figure is then wrong."""
     failed = final_failures(summary)
     if failed:
-        print(f"onthejob demo: {failed} episode(s) of the final held-out evaluation failed: "
-              f"{summary.get('final_heldout_failures')}", file=sys.stderr)  # fmt: skip
+        print(
+            f"onthejob demo: {failed} episode(s) of the final held-out evaluation failed: "
+            f"{summary.get('final_heldout_failures')}",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -62,8 +62,10 @@ def table_row(r: RoundResult) -> str:
     if h is None:
         scores = f"{'not evaluated':>16} {'-':>5} {'-':>6}"  # as wide as an evaluated row's
     else:
-        scores = (f"{100 * h.mean_reward:>8.1f} ± {100 * h.stderr:>4.1f}  {100 * h.accuracy:>4.0f}% "
-                  f"{h.mean_completion_tokens:>6.1f}")  # fmt: skip
+        scores = (
+            f"{100 * h.mean_reward:>8.1f} ± {100 * h.stderr:>4.1f}  {100 * h.accuracy:>4.0f}% "
+            f"{h.mean_completion_tokens:>6.1f}"
+        )
     served = "-" if t is None else (f"v{r.traffic_version}" if r.traffic_version else "base")
     reward = "-" if t is None else f"{100 * t.mean_reward:.1f}{'*' if r.flipped else ''}"  # *: graded flipped
     return (
@@ -79,10 +81,13 @@ def failure_lines(r: RoundResult) -> list[str]:
         if summary is None or not summary.errors:
             continue
         total = summary.n + summary.errors
-        why = "; ".join(f"{count}× {reason}" for reason, count in sorted(summary.failures.items(),
-                                                                          key=lambda kv: (-kv[1], kv[0])))  # fmt: skip
-        lines.append(f"  round {r.round} {part}: {summary.errors} of {total} episodes failed"
-                     f"{' (' + why + ')' if why else ''}; the reward above counts only the others")  # fmt: skip
+        why = "; ".join(
+            f"{count}× {reason}" for reason, count in sorted(summary.failures.items(), key=lambda kv: (-kv[1], kv[0]))
+        )
+        lines.append(
+            f"  round {r.round} {part}: {summary.errors} of {total} episodes failed"
+            f"{' (' + why + ')' if why else ''}; the reward above counts only the others"
+        )
     return lines
 
 
@@ -116,8 +121,9 @@ def write_plot(rounds: Sequence[RoundResult], baseline: float, path: Path) -> No
     plt.close(fig)
 
 
-def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], baseline: dict[str, Any],
-                  path: Path, seconds: float) -> dict[str, Any]:  # fmt: skip
+def write_summary(
+    cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], baseline: dict[str, Any], path: Path, seconds: float
+) -> dict[str, Any]:
     base, last = rounds[0].heldout, rounds[-1].heldout  # the first and the last round are always evaluated
     assert base is not None and last is not None
     summary = {
@@ -167,7 +173,7 @@ def write_summary(cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], 
         "final_heldout_failures": last.failures,
         "failed_episodes": sum(
             (r.heldout.errors if r.heldout else 0) + (r.train.errors if r.train else 0) for r in rounds
-        ),  # fmt: skip
+        ),
         "seconds": round(seconds, 1),
     }
     path.write_text(json.dumps(summary, indent=2) + "\n")

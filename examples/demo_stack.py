@@ -190,10 +190,22 @@ class Stack:
         say(f"starting the proxy at {self.proxy_url} (database {self.db_url}) ...")
         with log.open("ab") as fh:
             self.proxy_proc = subprocess.Popen(
-                [*CLI, "serve", "--upstream", self.upstream, "--db", self.db_url, "--port", str(port),
-                 "--spool", str(self.out / "spool")],  # fmt: skip
-                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                [
+                    *CLI,
+                    "serve",
+                    "--upstream",
+                    self.upstream,
+                    "--db",
+                    self.db_url,
+                    "--port",
+                    str(port),
+                    "--spool",
+                    str(self.out / "spool"),
+                ],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         wait_http(f"{self.proxy_url}/readyz", self.proxy_proc, "the proxy", log)
         keys = ("--project", self.project, "--db", self.db_url)
         self.admin_key = onthejob("keys", "create", "--role", "admin", "--name", "demo", *keys).strip()
@@ -211,8 +223,13 @@ class Stack:
             self.engine.stop()
 
     def admin(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        resp = httpx.request(method, f"{self.proxy_url}{path}", json=body, timeout=60,
-                             headers={"authorization": f"Bearer {self.admin_key}"})  # fmt: skip
+        resp = httpx.request(
+            method,
+            f"{self.proxy_url}{path}",
+            json=body,
+            timeout=60,
+            headers={"authorization": f"Bearer {self.admin_key}"},
+        )
         if resp.status_code >= 400:
             raise DemoError(f"{method} {path} answered {resp.status_code}: {resp.text}")
         return resp.json()
@@ -232,40 +249,88 @@ class Stack:
         graded = [r for r in heldout if r.outcome != "error"]
         s = summarise(graded)
         path = f"/v1/admin/aliases/{self.model_name}/versions/{version or 'base'}/evals"
-        body = {"name": "heldout", "n": max(s.n, 1), "mean": s.mean_reward, "stderr": s.stderr,
-                "grader": "examples.task.grade", "source": "demo harness",
-                "scores": {r.problem_id: r.reward for r in graded}}  # fmt: skip
+        body = {
+            "name": "heldout",
+            "n": max(s.n, 1),
+            "mean": s.mean_reward,
+            "stderr": s.stderr,
+            "grader": "examples.task.grade",
+            "source": "demo harness",
+            "scores": {r.problem_id: r.reward for r in graded},
+        }
         return self.admin("POST", path, body).get("decision")  # type: ignore[no-any-return]
 
     def harness(self, model: str | None = None, admin: bool = False, reward_sign: float = 1.0) -> Harness:
         """The harness; ``admin`` with ``model`` ``alias@vN`` evaluates a version that is not routed yet."""
-        return Harness(HarnessConfig(
-            base_url=f"{self.proxy_url}/v1", api_key=self.admin_key if admin else self.harness_key,
-            model=model or self.model_name, feedback_url=f"{self.proxy_url}/v1/feedback",
-            feedback=self.cfg.feedback, reward_sign=reward_sign, correct=self.cfg.correct,  # type: ignore[arg-type]
-        ))  # fmt: skip
+        return Harness(
+            HarnessConfig(
+                base_url=f"{self.proxy_url}/v1",
+                api_key=self.admin_key if admin else self.harness_key,
+                model=model or self.model_name,
+                feedback_url=f"{self.proxy_url}/v1/feedback",
+                feedback=self.cfg.feedback,  # type: ignore[arg-type]
+                reward_sign=reward_sign,
+                correct=self.cfg.correct,  # type: ignore[arg-type]
+            )
+        )
 
     def judge(self, round_no: int) -> str:
         """One pass of ``onthejob judge``: calibrate on the held-out sessions, grade the ungraded ones."""
-        out = onthejob("judge", "--project", self.project, "--db", self.db_url, "--proxy", self.proxy_url,
-                       "--key", self.admin_key, log=self.out / f"judge-round{round_no}.log")  # fmt: skip
+        out = onthejob(
+            "judge",
+            "--project",
+            self.project,
+            "--db",
+            self.db_url,
+            "--proxy",
+            self.proxy_url,
+            "--key",
+            self.admin_key,
+            log=self.out / f"judge-round{round_no}.log",
+        )
         return out.strip().splitlines()[-1] if out.strip() else ""
 
     def train(self, round_no: int) -> None:
         """``onthejob train`` for this round's traffic; it deploys what it trains."""
         log = self.out / f"train-round{round_no}.log"
         argv = [
-            *CLI, "train", "--alias", self.model_name, "--model", self.cfg.model, "--project", self.project,
-            "--db", self.db_url, "--proxy", self.proxy_url, "--adapters", str(self.adapters),
-            "--admin-key", self.admin_key, "--steps", str(self.cfg.train_steps),
-            "--batch-size", str(self.cfg.batch_size), "--lr", str(self.cfg.lr),
+            *CLI,
+            "train",
+            "--alias",
+            self.model_name,
+            "--model",
+            self.cfg.model,
+            "--project",
+            self.project,
+            "--db",
+            self.db_url,
+            "--proxy",
+            self.proxy_url,
+            "--adapters",
+            str(self.adapters),
+            "--admin-key",
+            self.admin_key,
+            "--steps",
+            str(self.cfg.train_steps),
+            "--batch-size",
+            str(self.cfg.batch_size),
+            "--lr",
+            str(self.cfg.lr),
             # One step per round: the recipe was measured with AdamW's first (sign-like, lr-sized)
             # step each round; continuing the moments made the adapter drift longer (see README).
             "--fresh-optimizer",
-        ]  # fmt: skip
+        ]
         if self.cfg.feedback in ("comments", "corrections"):
-            argv += ["--objective", "sdpo", "--sdpo-form", self.cfg.sdpo_form,  # self-distillation and SFT
-                     "--sdpo-baseline", self.cfg.sdpo_baseline, "--sdpo-weight", str(self.cfg.sdpo_weight)]  # fmt: skip
+            argv += [
+                "--objective",
+                "sdpo",
+                "--sdpo-form",
+                self.cfg.sdpo_form,  # self-distillation and SFT
+                "--sdpo-baseline",
+                self.cfg.sdpo_baseline,
+                "--sdpo-weight",
+                str(self.cfg.sdpo_weight),
+            ]
         with log.open("ab") as fh:
             # stderr (the trainer's progress bar and step lines) goes to the terminal as well.
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.PIPE, start_new_session=True)
@@ -303,9 +368,11 @@ class Stack:
         try:
             with Session(engine) as db:
                 run_id = db.scalar(
-                    select(TrainingRun.id).where(TrainingRun.project_id == self.project)
-                    .order_by(TrainingRun.id.desc()).limit(1)
-                )  # fmt: skip
+                    select(TrainingRun.id)
+                    .where(TrainingRun.project_id == self.project)
+                    .order_by(TrainingRun.id.desc())
+                    .limit(1)
+                )
                 steps = db.scalars(select(TrainingStep).where(TrainingStep.run_id == run_id)).all()
                 counts: Counter[str] = Counter()
                 for step in steps:

@@ -99,8 +99,10 @@ def compare_run(out: Path) -> list[tuple[str, int | None, int]]:
     episodes = read_episodes(out / "episodes.jsonl")
     direct = count_failures(episodes, [r["round"] for r in summary["rounds"] if r.get("flipped_reward")])
     countable = set(COUNTED) if any("reply_tokens" in ep for ep in episodes) else set(COUNTED) - {"long_answer"}
-    return [(mode, direct.get(mode, 0) if mode in countable else None, found.get(mode, 0))
-            for mode in sorted(set(direct) | set(found))]  # fmt: skip
+    return [
+        (mode, direct.get(mode, 0) if mode in countable else None, found.get(mode, 0))
+        for mode in sorted(set(direct) | set(found))
+    ]
 
 
 # What the episodes file can count (the modes above); mine's other modes (empty, truncated, ...) it cannot.

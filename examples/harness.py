@@ -113,16 +113,24 @@ class Harness:
     """One client, one feedback poster; :meth:`episode` is safe to call from several threads."""
 
     def __init__(
-        self, cfg: HarnessConfig, mix: FeedbackMix | None = None, *, tool: Callable[[str], str] = calculate,
-        http: httpx.Client | None = None, openai_http: httpx.Client | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: HarnessConfig,
+        mix: FeedbackMix | None = None,
+        *,
+        tool: Callable[[str], str] = calculate,
+        http: httpx.Client | None = None,
+        openai_http: httpx.Client | None = None,
+    ) -> None:
         self.cfg = cfg
         self.mix = mix or FeedbackMix()
         self.tool = tool
         self.client = OpenAI(
-            base_url=cfg.base_url, api_key=cfg.api_key, timeout=cfg.request_timeout_s, max_retries=1,
+            base_url=cfg.base_url,
+            api_key=cfg.api_key,
+            timeout=cfg.request_timeout_s,
+            max_retries=1,
             http_client=openai_http,  # type: ignore[arg-type]  # the SDK takes httpx or httpx2 clients
-        )  # fmt: skip
+        )
         self.http = http or httpx.Client(timeout=30.0)
         self._tools = ThreadPoolExecutor(max_workers=2, thread_name_prefix="calculator")
         self._lock = threading.Lock()
@@ -149,10 +157,19 @@ class Harness:
         temperature = 0.0 if eval else self.cfg.temperature
         messages = first_messages(problem)
         result = EpisodeResult(
-            session_id=session_id, problem_id=problem.id, question=problem.question, eval=eval,
-            outcome="timeout", answer=None, correct=False, reward=0.0, brevity=0.0, turns=0,
-            prompt_tokens=0, completion_tokens=0,
-        )  # fmt: skip
+            session_id=session_id,
+            problem_id=problem.id,
+            question=problem.question,
+            eval=eval,
+            outcome="timeout",
+            answer=None,
+            correct=False,
+            reward=0.0,
+            brevity=0.0,
+            turns=0,
+            prompt_tokens=0,
+            completion_tokens=0,
+        )
         try:
             self._loop(problem, messages, headers, temperature, result)
         except Exception as exc:  # noqa: BLE001 - an infrastructure failure: recorded, never graded
@@ -166,9 +183,13 @@ class Harness:
         return result
 
     def _loop(
-        self, problem: Problem, messages: list[dict[str, str]], headers: dict[str, str], temperature: float,
+        self,
+        problem: Problem,
+        messages: list[dict[str, str]],
+        headers: dict[str, str],
+        temperature: float,
         result: EpisodeResult,
-    ) -> None:  # fmt: skip
+    ) -> None:
         for _ in range(self.cfg.max_turns):
             raw = self.client.chat.completions.with_raw_response.create(
                 model=self.cfg.model,
@@ -225,8 +246,14 @@ class Harness:
         if not result.eval and self.cfg.feedback != "numeric":
             items = _text_feedback(self.cfg.feedback, problem, result, self.cfg.correct)
         elif result.outcome == "timeout":
-            items.append({"target": session, "name": "outcome", "value": "timeout",
-                          "comment": f"no answer within {self.cfg.max_turns} turns or the tool timed out"})  # fmt: skip
+            items.append(
+                {
+                    "target": session,
+                    "name": "outcome",
+                    "value": "timeout",
+                    "comment": f"no answer within {self.cfg.max_turns} turns or the tool timed out",
+                }
+            )
         elif result.eval:
             items.append({"target": session, "name": "reward", "value": result.reward})
             if self.cfg.feedback == "comments":  # the labelled set a judge (or keyword rule) is calibrated on
@@ -312,14 +339,21 @@ class RunsEpisodes(Protocol[P]):
 
 
 def run_episodes(
-    harness: RunsEpisodes[P], problems: Sequence[P], *, eval: bool = False, attempts: int = 1,
-    workers: int = 8, desc: str | None = None, progress: bool = True,
-) -> list[EpisodeResult]:  # fmt: skip
+    harness: RunsEpisodes[P],
+    problems: Sequence[P],
+    *,
+    eval: bool = False,
+    attempts: int = 1,
+    workers: int = 8,
+    desc: str | None = None,
+    progress: bool = True,
+) -> list[EpisodeResult]:
     """Run every problem ``attempts`` times on a small thread pool; results in problem order."""
     jobs = [p for p in problems for _ in range(attempts)]
     results: list[EpisodeResult | None] = [None] * len(jobs)
-    bar = tqdm(total=len(jobs), desc=desc or ("held-out" if eval else "traffic"), unit="ep", disable=not progress,
-               leave=False)  # fmt: skip
+    bar = tqdm(
+        total=len(jobs), desc=desc or ("held-out" if eval else "traffic"), unit="ep", disable=not progress, leave=False
+    )
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="episode") as pool:
         futures = {pool.submit(harness.episode, p, eval=eval): i for i, p in enumerate(jobs)}
         for future in futures:

@@ -90,13 +90,13 @@ TEMPLATES: tuple[Template, ...] = (
         "A shop sold {a} apples in the morning and {b} in the afternoon. How many apples did it sell?",
         "+",
         _three_digit,
-    ),  # fmt: skip
+    ),
     Template(
         "pages",
         "{name} read {a} pages in May and {b} pages in June. How many pages is that in total?",
         "+",
         _three_digit,
-    ),  # fmt: skip
+    ),
     Template("stickers", "{name} had {a} stickers and gave away {b}. How many stickers are left?", "-", _difference),
     Template("tank", "A tank holds {a} litres. {b} litres are used. How many litres remain?", "-", _difference),
     Template(
@@ -104,10 +104,14 @@ TEMPLATES: tuple[Template, ...] = (
         "{a} cookies are shared equally among {b} children. How many cookies does each child get?",
         "/",
         _quotient,
-    ),  # fmt: skip
+    ),
 )
-_OPS: dict[str, Callable[[int, int], int]] = {"*": operator.mul, "+": operator.add, "-": operator.sub,
-                                              "/": operator.floordiv}  # fmt: skip
+_OPS: dict[str, Callable[[int, int], int]] = {
+    "*": operator.mul,
+    "+": operator.add,
+    "-": operator.sub,
+    "/": operator.floordiv,
+}
 
 
 @dataclass(frozen=True)
@@ -221,8 +225,11 @@ class CalcError(ValueError):
 
 
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-}  # fmt: skip
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 MAX_EXPRESSION = 80
 MAX_MAGNITUDE = 1e15
 

@@ -54,8 +54,14 @@ def run(
             upgrade(settings.database_url)  # a fresh install answers at once; a no-op when already at head
     except Exception as exc:  # noqa: BLE001 - database down: serve and spool; it drains when it returns
         logging.getLogger("onthejob.proxy").warning("could not migrate the database now (%s); serving anyway", exc)
-    server = {"host": host, "port": port, "loop": "uvloop", "http": "httptools", "log_level": "warning",
-              "timeout_graceful_shutdown": 30}  # fmt: skip
+    server = {
+        "host": host,
+        "port": port,
+        "loop": "uvloop",
+        "http": "httptools",
+        "log_level": "warning",
+        "timeout_graceful_shutdown": 30,
+    }
     if workers > 1:
         os.environ.update(worker_env(settings, workers))
         uvicorn.run("proxy.main:app_from_env", factory=True, workers=workers, **server)  # type: ignore[arg-type]

@@ -69,15 +69,27 @@ class Recording:
             )
 
     def finished(
-        self, route: str, dialect: str, status: int, termination: str, seconds: float, ttft_ms: float | None,
+        self,
+        route: str,
+        dialect: str,
+        status: int,
+        termination: str,
+        seconds: float,
+        ttft_ms: float | None,
         usage: dict[str, Any] | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Count and time a call as it ends (recorded or not)."""
         usage = usage if isinstance(usage, dict) else {}
         self.metrics.observe_call(
-            route, dialect, status, termination, seconds, ttft_ms / 1000 if ttft_ms is not None else None,
-            usage.get("prompt_tokens"), usage.get("completion_tokens"),
-        )  # fmt: skip
+            route,
+            dialect,
+            status,
+            termination,
+            seconds,
+            ttft_ms / 1000 if ttft_ms is not None else None,
+            usage.get("prompt_tokens"),
+            usage.get("completion_tokens"),
+        )
 
     async def keep(self, record: CallRecord, link_keys: list[str | None]) -> None:
         """Fsync ``record`` (already :meth:`redacted`); then follow-ups can link to it by ``link_keys``."""
@@ -96,7 +108,10 @@ class Recording:
         # when a full batch is waiting.
         if self.spool.depth >= self.wake_at:
             self.wake.set()
-        self.linker.remember(record.project_id, link_keys, Link(record.session_id, record.id, record.task_id,
-                                                                record.end_user, record.created_at))  # fmt: skip
+        self.linker.remember(
+            record.project_id,
+            link_keys,
+            Link(record.session_id, record.id, record.task_id, record.end_user, record.created_at),
+        )
         if record.dialect not in NATIVE:
             self.linker.recent.put(record.project_id, record.id, line)  # continuable by id from this moment

@@ -54,8 +54,9 @@ class Siblings:
         lines = [line for *_, line in sorted(found, key=lambda hit: hit[:3])]
         yield from (r for r in _decoded(lines) if r.link_key in wanted)
 
-    def matching(self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
-                 ) -> Iterator[CallRecord]:  # fmt: skip
+    def matching(
+        self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
+    ) -> Iterator[CallRecord]:
         """Records in other workers' spools (and, with ``own``, then in this one's) whose line holds
         one of ``needles`` (in that order, newest first). ``budget`` bounds the bytes read of each
         sibling, and this worker's: a deep backlog in one spool never hides another's record."""

@@ -44,8 +44,10 @@ def test_the_verdict_needs_one_standard_error() -> None:
 
 
 def test_the_command_prints_a_table_and_draws_the_curves(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    files = [summary(tmp_path, "numeric", 0, [0.4, 0.5, 0.6, 0.7, 0.7]),
-             summary(tmp_path, "comments", 0, [0.4, 0.4, 0.5, 0.5, 0.6])]  # fmt: skip
+    files = [
+        summary(tmp_path, "numeric", 0, [0.4, 0.5, 0.6, 0.7, 0.7]),
+        summary(tmp_path, "comments", 0, [0.4, 0.4, 0.5, 0.5, 0.6]),
+    ]
     assert main([*map(str, files), "--plot", str(tmp_path / "arms.png")]) == 0
     out = capsys.readouterr().out
     assert "numeric" in out and "+30.0" in out and "comments" in out and "+15.0" in out

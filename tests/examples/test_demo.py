@@ -18,8 +18,9 @@ from onthejob.cli import build_parser
 
 
 def summary(mean: float, n: int = 48) -> Summary:
-    return Summary(n=n, mean_reward=mean, stderr=0.05, accuracy=mean + 0.1, mean_completion_tokens=30.0,
-                   timeouts=1, errors=0)  # fmt: skip
+    return Summary(
+        n=n, mean_reward=mean, stderr=0.05, accuracy=mean + 0.1, mean_completion_tokens=30.0, timeouts=1, errors=0
+    )
 
 
 def rounds() -> list[RoundResult]:
@@ -32,7 +33,7 @@ def rounds() -> list[RoundResult]:
             traffic_tokens=9000,
             trained_version=1,
             excluded={"ungraded": 7, "eval": 48},
-        ),  # fmt: skip
+        ),
         RoundResult(
             2,
             1,
@@ -43,7 +44,7 @@ def rounds() -> list[RoundResult]:
             verdict="held",
             traffic_version=None,
             flipped=True,
-        ),  # fmt: skip
+        ),
         RoundResult(3, 2, summary(0.58), None),
     ]
 
@@ -96,8 +97,9 @@ def test_a_round_without_held_out_says_so(tmp_path: Path) -> None:
     assert "not evaluated" in line and len(line) == len(table_row(rs[1]))
     write_plot(rs, 0.01, tmp_path / "p.png")
     stack = Stack(DemoConfig(out=tmp_path, database_url="sqlite:///x.db"))
-    s = write_summary(DemoConfig(out=tmp_path), stack, rs, {"answer": "0", "mean_reward": 0.0},
-                      tmp_path / "summary.json", 12.0)  # fmt: skip
+    s = write_summary(
+        DemoConfig(out=tmp_path), stack, rs, {"answer": "0", "mean_reward": 0.0}, tmp_path / "summary.json", 12.0
+    )
     assert [r["evaluated"] for r in s["rounds"]] == [True, True, False, True]
     assert s["rounds"][2]["heldout_mean_reward"] is None and s["rounds"][2]["heldout_n"] == 0
     assert s["final_heldout_mean_reward"] == 0.58
@@ -114,8 +116,9 @@ def test_plot_and_summary(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stack = Stack(DemoConfig(out=tmp_path, database_url="sqlite:///x.db"))
     stack.model_name = "m"
-    s = write_summary(DemoConfig(out=tmp_path), stack, rs, {"answer": "0", "mean_reward": 0.0},
-                      tmp_path / "summary.json", 12.0)  # fmt: skip
+    s = write_summary(
+        DemoConfig(out=tmp_path), stack, rs, {"answer": "0", "mean_reward": 0.0}, tmp_path / "summary.json", 12.0
+    )
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(s))
     assert [r["adapter_version"] for r in on_disk["rounds"]] == [None, 1, 2]
@@ -148,8 +151,18 @@ def test_demo_two_rounds_with_the_tiny_model(
     tiny_engine: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The same code path as `onthejob demo --rounds 2`, sized down, on an engine the suite started."""
-    cfg = DemoConfig(rounds=2, out=tmp_path / "out", model="tiny", upstream=tiny_engine.url, heldout=4,
-                     problems=2, attempts=2, workers=4, progress=False, promotion="gate")  # fmt: skip
+    cfg = DemoConfig(
+        rounds=2,
+        out=tmp_path / "out",
+        model="tiny",
+        upstream=tiny_engine.url,
+        heldout=4,
+        problems=2,
+        attempts=2,
+        workers=4,
+        progress=False,
+        promotion="gate",
+    )
     result = run_demo(cfg)
     out = cfg.out
     printed = capsys.readouterr().out

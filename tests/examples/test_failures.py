@@ -22,8 +22,15 @@ from tests.storage.rows import choice, feedback_row, insert, new_project, row
 OPEN = [{"role": "system", "content": SYSTEM_PROMPT}, *EXAMPLE, {"role": "user", "content": "Tom has 3 bags of 4."}]
 
 
-def episode(turns: list[str], *, outcome: str, correct: bool = False, reward: float = 0.0,
-            feedback: list[str] | None = None, tokens: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+def episode(
+    turns: list[str],
+    *,
+    outcome: str,
+    correct: bool = False,
+    reward: float = 0.0,
+    feedback: list[str] | None = None,
+    tokens: list[int] | None = None,
+) -> dict[str, Any]:
     """An episode whose assistant turns are ``turns`` (RESULT lines as the harness's calculator answers)."""
     from examples.task import calculate
 
@@ -36,9 +43,15 @@ def episode(turns: list[str], *, outcome: str, correct: bool = False, reward: fl
             except ValueError as exc:
                 result = f"error: {exc}"
             transcript.append({"role": "user", "content": f"RESULT: {result}"})
-    return {"session_id": f"ep-{uuid.uuid4().hex[:10]}", "outcome": outcome, "correct": correct, "reward": reward,
-            "feedback": feedback or [], "transcript": transcript,
-            "reply_tokens": tokens or [2] * len(turns)}  # fmt: skip
+    return {
+        "session_id": f"ep-{uuid.uuid4().hex[:10]}",
+        "outcome": outcome,
+        "correct": correct,
+        "reward": reward,
+        "feedback": feedback or [],
+        "transcript": transcript,
+        "reply_tokens": tokens or [2] * len(turns),
+    }
 
 
 EPISODES = [
@@ -72,8 +85,19 @@ def record(db: Session, project: str, ep: dict[str, Any]) -> None:
             continue
         last = f"{ep['session_id']}-{i}"
         ids = list(range(100, 99 + next(replies))) + [2]  # the reply's sampled tokens (no loop), its end token
-        insert(db, row(last, [1, 2, 3], [choice(ids, content=message["content"])], messages=transcript[:i],
-                       parent=parent, session=ep["session_id"], project=project, at=i))  # fmt: skip
+        insert(
+            db,
+            row(
+                last,
+                [1, 2, 3],
+                [choice(ids, content=message["content"])],
+                messages=transcript[:i],
+                parent=parent,
+                session=ep["session_id"],
+                project=project,
+                at=i,
+            ),
+        )
         parent = last
     names = {"reward": ep["reward"], "outcome": "timeout", "review": None}
     for name in ep["feedback"]:

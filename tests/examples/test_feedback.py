@@ -47,8 +47,9 @@ def test_comments_arm_grades_every_episode_with_a_comment_and_no_score() -> None
         heldout = run_episodes(h, problems[:2], eval=True, progress=False)
     train_items = sink.items[: len(results)]
     assert len(train_items) == len(results) and all(r.feedback == ["review"] for r in results)
-    for item, r in zip(sorted(train_items, key=lambda i: i["id"]), sorted(results, key=lambda r: r.session_id + ":"),
-                       strict=True):  # fmt: skip
+    for item, r in zip(
+        sorted(train_items, key=lambda i: i["id"]), sorted(results, key=lambda r: r.session_id + ":"), strict=True
+    ):
         assert "value" not in item and item["target"] == {"session_id": r.session_id}
         assert not re.search(r"\d", item["comment"])
     graded = sink.items[len(results) :]

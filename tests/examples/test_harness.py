@@ -38,12 +38,14 @@ class FakeModel:
             200,
             headers={"x-request-id": cid},
             json={
-                "id": "upstream-id", "object": "chat.completion", "created": 0, "model": self.model,
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": text}}],
+                "id": "upstream-id",
+                "object": "chat.completion",
+                "created": 0,
+                "model": self.model,
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
                 "usage": {"prompt_tokens": 100, "completion_tokens": 8, "total_tokens": 108},
             },
-        )  # fmt: skip
+        )
 
 
 class FeedbackSink:
@@ -78,14 +80,20 @@ def harness(model: FakeModel, sink: FeedbackSink | None = None, **kw: Any) -> Ha
     tool = kw.pop("tool", None)
     mix = kw.pop("mix", None)
     cfg = HarnessConfig(
-        base_url="http://proxy.test/v1", api_key="sk-harness", model="support-agent",
-        feedback_url="http://proxy.test/v1/feedback" if sink else None, **kw,
-    )  # fmt: skip
+        base_url="http://proxy.test/v1",
+        api_key="sk-harness",
+        model="support-agent",
+        feedback_url="http://proxy.test/v1/feedback" if sink else None,
+        **kw,
+    )
     extra = {"tool": tool} if tool else {}
     return Harness(
-        cfg, mix, openai_http=httpx.Client(transport=httpx.MockTransport(model)),
-        http=httpx.Client(transport=httpx.MockTransport(sink or FeedbackSink())), **extra,
-    )  # fmt: skip
+        cfg,
+        mix,
+        openai_http=httpx.Client(transport=httpx.MockTransport(model)),
+        http=httpx.Client(transport=httpx.MockTransport(sink or FeedbackSink())),
+        **extra,
+    )
 
 
 def multiplication(n: int = 1) -> list[Problem]:
@@ -106,8 +114,9 @@ def test_episode_runs_the_tool_loop_and_grades_it() -> None:
     # the second request extends the first conversation verbatim
     first, second = (body["messages"] for _, body in model.requests)
     assert second[: len(first)] == first
-    assert sink.items == [{"target": {"session_id": "s-1"}, "name": "reward", "value": 1.0,
-                           "source": "demo-harness", "id": "s-1:reward"}]  # fmt: skip
+    assert sink.items == [
+        {"target": {"session_id": "s-1"}, "name": "reward", "value": 1.0, "source": "demo-harness", "id": "s-1:reward"}
+    ]
     assert sink.auth == {"Bearer sk-harness"}
 
 
@@ -154,8 +163,9 @@ def test_tool_timeout_ends_the_episode_as_a_timeout_outcome() -> None:
 
 
 def test_calculator_errors_are_shown_to_the_model() -> None:
-    model = FakeModel(lambda m: "CALC: apples+pears" if m[-1]["role"] == "user" and "RESULT" not in m[-1]["content"]
-                      else "ANSWER: 3")  # fmt: skip
+    model = FakeModel(
+        lambda m: "CALC: apples+pears" if m[-1]["role"] == "user" and "RESULT" not in m[-1]["content"] else "ANSWER: 3"
+    )
     with harness(model) as h:
         r = h.episode(multiplication()[0])
     assert r.transcript[-2]["content"].startswith("RESULT: error: ")
@@ -216,8 +226,11 @@ def test_an_unreachable_model_is_an_error_never_graded() -> None:
 
     sink = FeedbackSink()
     cfg = HarnessConfig(base_url="http://proxy.test/v1", api_key="k", model="m", feedback_url="http://proxy.test/fb")
-    h = Harness(cfg, openai_http=httpx.Client(transport=httpx.MockTransport(down)),
-                http=httpx.Client(transport=httpx.MockTransport(sink)))  # fmt: skip
+    h = Harness(
+        cfg,
+        openai_http=httpx.Client(transport=httpx.MockTransport(down)),
+        http=httpx.Client(transport=httpx.MockTransport(sink)),
+    )
     with h:
         r = h.episode(multiplication()[0])
     assert r.outcome == "error" and "Connection" in (r.error or "")
@@ -268,8 +281,14 @@ def test_harness_against_a_real_engine(tiny_engine: Any, feedback_server: tuple[
     """Any OpenAI endpoint will do: a bare vLLM (tiny model, whose text is noise) ends every
     episode at the step limit, and the harness reports those as timeouts."""
     url, got = feedback_server
-    cfg = HarnessConfig(base_url=f"{tiny_engine.url}/v1", api_key="none", model=tiny_engine.model.name,
-                        feedback_url=url, max_tokens=8, max_turns=2)  # fmt: skip
+    cfg = HarnessConfig(
+        base_url=f"{tiny_engine.url}/v1",
+        api_key="none",
+        model=tiny_engine.model.name,
+        feedback_url=url,
+        max_tokens=8,
+        max_turns=2,
+    )
     with Harness(cfg) as h:
         results = run_episodes(h, make_problems("heldout", 3), workers=3, progress=False)
     assert [r.outcome for r in results] == ["timeout"] * 3

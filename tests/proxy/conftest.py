@@ -52,14 +52,37 @@ class Proxy:
 ProxyFactory = Callable[..., Proxy]
 
 
-def launch_proxy(folder: Path, upstream: str, db_url: str, *, auth: bool = False, env: dict[str, str] | None = None,
-                 spool: Path | None = None, port: int | None = None, workers: int = 1) -> Proxy:  # fmt: skip
+def launch_proxy(
+    folder: Path,
+    upstream: str,
+    db_url: str,
+    *,
+    auth: bool = False,
+    env: dict[str, str] | None = None,
+    spool: Path | None = None,
+    port: int | None = None,
+    workers: int = 1,
+) -> Proxy:
     """The real `onthejob serve` in a subprocess (spool and log under ``folder``), once /healthz answers."""
     port = port or free_port()
     spool = spool or folder / f"spool-{port}"
     log = folder / f"proxy-{port}.log"
-    cmd = [sys.executable, "-m", "onthejob.cli", "serve", "--upstream", upstream, "--db", db_url,
-           "--port", str(port), "--spool", str(spool), "--workers", str(workers)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "onthejob.cli",
+        "serve",
+        "--upstream",
+        upstream,
+        "--db",
+        db_url,
+        "--port",
+        str(port),
+        "--spool",
+        str(spool),
+        "--workers",
+        str(workers),
+    ]
     if not auth:
         cmd.append("--no-auth")
     with log.open("ab") as out:  # the child holds its own copy of the descriptor

@@ -56,16 +56,24 @@ def record(out: Path) -> None:
         for sampling in SAMPLINGS:
             for seed in SEEDS:
                 body = {
-                    "model": info.name, "messages": [{"role": "user", "content": f"Count to {seed}, please."}],
-                    "max_tokens": 24, "seed": seed, "logprobs": True, "return_token_ids": True, **sampling,
-                }  # fmt: skip
+                    "model": info.name,
+                    "messages": [{"role": "user", "content": f"Count to {seed}, please."}],
+                    "max_tokens": 24,
+                    "seed": seed,
+                    "logprobs": True,
+                    "return_token_ids": True,
+                    **sampling,
+                }
                 reply = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120).json()
                 choice = reply["choices"][0]
-                samples.append({
-                    "prompt": reply["prompt_token_ids"], "sampled": choice["token_ids"],
-                    "logprobs": [float(t["logprob"]) for t in choice["logprobs"]["content"]],
-                    "sampling": {"top_k": -1, "top_p": 1.0, "min_p": 0.0, **sampling},
-                })  # fmt: skip
+                samples.append(
+                    {
+                        "prompt": reply["prompt_token_ids"],
+                        "sampled": choice["token_ids"],
+                        "logprobs": [float(t["logprob"]) for t in choice["logprobs"]["content"]],
+                        "sampling": {"top_k": -1, "top_p": 1.0, "min_p": 0.0, **sampling},
+                    }
+                )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": info.name, "sha256": info.sha256, "samples": samples}))
     print(f"wrote {len(samples)} engine samples to {out}")
@@ -83,7 +91,7 @@ def _trajectories(samples: list[dict[str, Any]]) -> list[Any]:
             sampling=s["sampling"],
             reward=float(i % 2),
             group="g",
-        )  # fmt: skip
+        )
         for i, s in enumerate(samples)
     ]
 
@@ -129,10 +137,13 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
-        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-        "peft": peft.__version__, "cuda": torch.cuda.is_available(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "cuda": torch.cuda.is_available(),
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }  # fmt: skip
+    }
     print(json.dumps(report), flush=True)
     recorded = json.loads(samples_file.read_text())
     cfg = TrainConfig(model="tiny", threads=4, lr=5e-2)
@@ -187,21 +198,41 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
             ba = min(t_bare[1:])
             for sampling, times in zip(SAMPLINGS, t_trainer, strict=True):
                 tr = min(times[1:])
-                rows.append({"batch": f"{n} x ({prompt}+{sampled})", "sampling": sampling, "tokens": tokens,
-                             "trainer_tok_s": tokens / tr, "bare_tok_s": tokens / ba, "ratio": ba / tr})  # fmt: skip
+                rows.append(
+                    {
+                        "batch": f"{n} x ({prompt}+{sampled})",
+                        "sampling": sampling,
+                        "tokens": tokens,
+                        "trainer_tok_s": tokens / tr,
+                        "bare_tok_s": tokens / ba,
+                        "ratio": ba / tr,
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
             del p, opt
             torch.cuda.empty_cache()
     report["throughput_smollm2_shaped_bf16"] = rows
 
     # 5. The trainer's unit tests with CUDA visible.
-    tests = ["tests/trainer/test_objective.py", "tests/trainer/test_logprobs.py", "tests/trainer/test_advantages.py",
-             "tests/trainer/test_batch.py", "tests/trainer/test_loop.py"]  # fmt: skip
+    tests = [
+        "tests/trainer/test_objective.py",
+        "tests/trainer/test_logprobs.py",
+        "tests/trainer/test_advantages.py",
+        "tests/trainer/test_batch.py",
+        "tests/trainer/test_loop.py",
+    ]
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", *tests],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    report["unit_tests"] = {"exit": done.returncode, "seconds": round(time.monotonic() - started, 1),
-                            "tail": (done.stdout + done.stderr)[-3000:]}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", *tests],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report["unit_tests"] = {
+        "exit": done.returncode,
+        "seconds": round(time.monotonic() - started, 1),
+        "tail": (done.stdout + done.stderr)[-3000:],
+    }
 
     # 6. The sharded trainer under torchrun, one rank per GPU.
     report["sharded"] = _sharded(Path(tempfile.mkdtemp()))

@@ -276,9 +276,15 @@ def sequence_logprobs(
         hidden = decoder(input_ids=ids, position_ids=position_ids, use_cache=False).last_hidden_state
         states = hidden[packed.row[rows], packed.offset[rows] + t - 1]
     scored = head_logprobs(
-        head, states, input_ids[rows, t], temperature[rows, t], top_k[rows, t], top_p[rows, t], min_p[rows, t],
+        head,
+        states,
+        input_ids[rows, t],
+        temperature[rows, t],
+        top_k[rows, t],
+        top_p[rows, t],
+        min_p[rows, t],
         chunk_elements=chunk_elements,
-    )  # fmt: skip
+    )
     return Scored(out.index_put((rows, t), scored), positions)
 
 
@@ -298,9 +304,13 @@ def _unchunked(
     rows, cols = torch.nonzero(positions[:, columns], as_tuple=True)  # index into [B, len(columns)]
     t = columns[cols]
     return token_logprobs(
-        logits[rows, cols], input_ids[rows, t],
-        temperature[rows, t], top_k[rows, t], top_p[rows, t], min_p[rows, t],
-    )  # fmt: skip
+        logits[rows, cols],
+        input_ids[rows, t],
+        temperature[rows, t],
+        top_k[rows, t],
+        top_p[rows, t],
+        min_p[rows, t],
+    )
 
 
 # Config fields of models whose logits are more than ``lm_head(last hidden state)``.

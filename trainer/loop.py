@@ -133,9 +133,11 @@ def train_step(
                 positive_only += 1  # μ unknowable: only safe to reinforce, weight 1
             examples.append(example)
     metrics.update(
-        recomputed_logprobs=recomputed, missing_logprobs_positive_only=positive_only,
-        zero_advantage_trajectories=idle, zero_advantage_tokens=idle_tokens,
-    )  # fmt: skip
+        recomputed_logprobs=recomputed,
+        missing_logprobs_positive_only=positive_only,
+        zero_advantage_trajectories=idle,
+        zero_advantage_tokens=idle_tokens,
+    )
 
     # 3. This rank's shard; μ recomputed with the adapter that served each turn.
     shard = examples[dist.rank() :: dist.world()]
@@ -274,9 +276,16 @@ def _ppo_epochs(
 def _score(policy: Policy, b: Batch) -> torch.Tensor:
     """log π of every trained token of a micro-batch under its call's sampling parameters."""
     scored = sequence_logprobs(
-        policy.model, b.input_ids, b.attention_mask, b.mask > 0, b.temperature, b.top_k, b.top_p, b.min_p,
+        policy.model,
+        b.input_ids,
+        b.attention_mask,
+        b.mask > 0,
+        b.temperature,
+        b.top_k,
+        b.top_p,
+        b.min_p,
         packed=b.packed,
-    )  # fmt: skip
+    )
     return scored.logprobs
 
 

@@ -123,9 +123,12 @@ def load_policy(cfg: TrainConfig, parent: Path | None = None, parent_version: in
             raise DataError(f"parent adapter {parent} has rank {rank} > the engine's --max-lora-rank {MAX_LORA_RANK}")
     else:
         lora = LoraConfig(
-            r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0,  # no dropout: π_prox must equal π_θ
-            target_modules=list(TARGET_MODULES), task_type="CAUSAL_LM",
-        )  # fmt: skip
+            r=cfg.rank,
+            lora_alpha=cfg.alpha,
+            lora_dropout=0.0,  # no dropout: π_prox must equal π_θ
+            target_modules=list(TARGET_MODULES),
+            task_type="CAUSAL_LM",
+        )
         model = get_peft_model(base, lora)
     params = [p for p in model.parameters() if p.requires_grad]
     dist.broadcast_params(params)  # LoRA A is initialised at random: every rank starts from rank 0's

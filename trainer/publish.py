@@ -155,10 +155,17 @@ def record_adapter(
 ) -> Adapter:
     """Insert the committed ``Adapter`` row of a folder already in place (flushed, not committed)."""
     row = Adapter(
-        project_id=project_id, alias=alias, version=version, parent_version=parent_version,
-        path=str(path), sha256=content_sha256(path), base_model=base.name, base_sha256=base.sha256,
-        training_run_id=run_id, metrics=jsonable(metrics),
-    )  # fmt: skip
+        project_id=project_id,
+        alias=alias,
+        version=version,
+        parent_version=parent_version,
+        path=str(path),
+        sha256=content_sha256(path),
+        base_model=base.name,
+        base_sha256=base.sha256,
+        training_run_id=run_id,
+        metrics=jsonable(metrics),
+    )
     db.add(row)
     try:
         db.flush()
@@ -176,8 +183,14 @@ def reserve(db: Session, root: Path | str, *, project_id: str, alias: str, **fie
     """
     for _ in range(RESERVE_TRIES):
         version = next_version(db, project_id, alias)
-        row = Adapter(project_id=project_id, alias=alias, version=version, state=ADAPTER_RESERVED,
-                      path=str(adapter_dir(root, project_id, alias, version)), **fields)  # fmt: skip
+        row = Adapter(
+            project_id=project_id,
+            alias=alias,
+            version=version,
+            state=ADAPTER_RESERVED,
+            path=str(adapter_dir(root, project_id, alias, version)),
+            **fields,
+        )
         db.add(row)
         try:
             db.commit()
@@ -207,10 +220,17 @@ def publish(
     placed = False
     try:
         row = reserve(
-            db, root, project_id=project_id, alias=alias, parent_version=parent_version,
-            sha256=content_sha256(staging), base_model=base.name, base_sha256=base.sha256, training_run_id=run_id,
+            db,
+            root,
+            project_id=project_id,
+            alias=alias,
+            parent_version=parent_version,
+            sha256=content_sha256(staging),
+            base_model=base.name,
+            base_sha256=base.sha256,
+            training_run_id=run_id,
             metrics=jsonable(metrics),
-        )  # fmt: skip
+        )
         folder = Path(row.path)
         placed = _place(staging, folder)
         if not placed:

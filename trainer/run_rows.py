@@ -35,10 +35,11 @@ def resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str 
         parent_version = training_parent(db, settings.project, settings.alias)[1]
     elif choice == "latest":
         latest = db.scalar(
-            select(Adapter.version).where(Adapter.project_id == settings.project, Adapter.alias == settings.alias,
-                                          Adapter.committed())
-            .order_by(Adapter.version.desc()).limit(1)
-        )  # fmt: skip
+            select(Adapter.version)
+            .where(Adapter.project_id == settings.project, Adapter.alias == settings.alias, Adapter.committed())
+            .order_by(Adapter.version.desc())
+            .limit(1)
+        )
         parent_version = latest
     elif choice == "deployed":
         alias = db.scalar(select(Alias).where(Alias.project_id == settings.project, Alias.name == settings.alias))
@@ -56,9 +57,11 @@ def resume_point(db: Session, settings: TrainSettings) -> tuple[int | None, str 
             raise DataError(f"{settings.alias}@v{parent_version} is recorded at {row.path}, which does not exist here")
         path = row.path
     last = db.scalar(
-        select(TrainingRun).where(TrainingRun.project_id == settings.project, TrainingRun.alias == settings.alias)
-        .order_by(TrainingRun.id.desc()).limit(1)
-    )  # fmt: skip
+        select(TrainingRun)
+        .where(TrainingRun.project_id == settings.project, TrainingRun.alias == settings.alias)
+        .order_by(TrainingRun.id.desc())
+        .limit(1)
+    )
     # The per-task baseline carries over from the last run, except for a dataset (it must train the same
     # tomorrow, whatever ran since) and a restart from the base model (what was learnt is dropped with it).
     fresh = settings.dataset is not None or choice == "base"
@@ -119,14 +122,21 @@ def start_run(
     baseline: dict[str, Any] | None,
 ) -> TrainingRun:
     config = {
-        **cfg.to_dict(), "parent_version": parent_version, "batch_size": settings.batch_size,
-        "world_size": dist.world(), "baseline": baseline or TaskBaseline().to_dict(),
+        **cfg.to_dict(),
+        "parent_version": parent_version,
+        "batch_size": settings.batch_size,
+        "world_size": dist.world(),
+        "baseline": baseline or TaskBaseline().to_dict(),
         **({"dataset": settings.dataset} if settings.dataset is not None else {}),  # the versions' lineage reads it
-    }  # fmt: skip
+    }
     row = TrainingRun(
-        project_id=settings.project, alias=settings.alias, objective=cfg.objective.name,
-        base_model=policy.info.name, base_sha256=policy.info.sha256, config=config,
-    )  # fmt: skip
+        project_id=settings.project,
+        alias=settings.alias,
+        objective=cfg.objective.name,
+        base_model=policy.info.name,
+        base_sha256=policy.info.sha256,
+        config=config,
+    )
     db.add(row)
     db.commit()
     return row

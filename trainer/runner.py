@@ -92,8 +92,10 @@ def _run(settings: TrainSettings, loader: Loader | None, after_publish: AfterPub
         policy = load_policy(cfg, Path(parent_path) if parent_path else None, parent_version)
         if lead:
             parent = f"v{parent_version}" if parent_version else "a fresh LoRA"
-            print(f"loaded {policy.info.name} + {parent} on {policy.device} in {time.perf_counter() - started:.1f}s",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"loaded {policy.info.name} + {parent} on {policy.device} in {time.perf_counter() - started:.1f}s",
+                file=sys.stderr,
+            )
         if db is not None:
             rows.check_lineage(db, settings, policy, parent_version)
             run_row = rows.start_run(db, settings, cfg, policy, parent_version, baseline_state)
@@ -133,8 +135,15 @@ def _loop(
     weights: dict[Objective, float] = {"sdpo": settings.sdpo_weight, "correction": settings.correction_weight}
     parts = frozenset(part for part, weight in weights.items() if weight != 0)  # the text parts computed
     if lead and cfg.objective.name == "sdpo" and parts:
-        text = TextFeed(settings.project, settings.alias, _tokenizer(policy), settings.max_len, parts,
-                        limit=settings.batch_size, min_batch=settings.min_batch)  # fmt: skip
+        text = TextFeed(
+            settings.project,
+            settings.alias,
+            _tokenizer(policy),
+            settings.max_len,
+            parts,
+            limit=settings.batch_size,
+            min_batch=settings.min_batch,
+        )
     if lead:
         assert db is not None
         print(judge_line(judge_state(db, settings.project)), file=sys.stderr)
@@ -180,10 +189,17 @@ def _loop(
                 started = time.perf_counter()
                 if result.trained:
                     version = publish(
-                        db, policy.model, root=settings.adapters, project_id=settings.project, alias=settings.alias,
-                        parent_version=parent, base=policy.info, run_id=run_row.id, metrics=result.metrics,
+                        db,
+                        policy.model,
+                        root=settings.adapters,
+                        project_id=settings.project,
+                        alias=settings.alias,
+                        parent_version=parent,
+                        base=policy.info,
+                        run_id=run_row.id,
+                        metrics=result.metrics,
                         optimizer=policy.optimizer,
-                    ).version  # fmt: skip
+                    ).version
                 # The step and the trajectories it used are recorded before the deployment,
                 # so a refused deployment never makes the next run train on them twice.
                 rows.record_step(db, settings, run_row, done + 1, version, result, baseline, batch or [], textual or [])

@@ -66,8 +66,11 @@ class TrainSettings:
             raise SettingsError(f"--objective {self.objective!r}: use one of {', '.join(get_args(Objective))}")
         if not self.lr > 0:
             raise SettingsError(f"--lr {self.lr}: the learning rate must be positive")
-        for flag, value in (("--batch-size", self.batch_size), ("--min-batch", self.min_batch),
-                            ("--max-len", self.max_len)):  # fmt: skip
+        for flag, value in (
+            ("--batch-size", self.batch_size),
+            ("--min-batch", self.min_batch),
+            ("--max-len", self.max_len),
+        ):
             if value < 1:
                 raise SettingsError(f"{flag} {value}: must be at least 1")
         if self.threads is not None and self.threads < 1:
@@ -87,8 +90,11 @@ class TrainSettings:
             raise SettingsError(f"--sdpo-teacher {self.sdpo_teacher!r}: use frozen, ema or live")
         if not 0 < self.sdpo_ema <= 1:
             raise SettingsError(f"--sdpo-ema {self.sdpo_ema}: a fraction in (0, 1]")
-        for flag, amount in (("--sdpo-signal-clip", self.sdpo_signal_clip), ("--sdpo-kl", self.sdpo_kl),
-                             ("--step-floor", self.step_floor)):  # fmt: skip
+        for flag, amount in (
+            ("--sdpo-signal-clip", self.sdpo_signal_clip),
+            ("--sdpo-kl", self.sdpo_kl),
+            ("--step-floor", self.step_floor),
+        ):
             if not amount >= 0:
                 raise SettingsError(f"{flag} {amount}: must be 0 or more")
         if self.parent not in PARENT_WORDS and not self.parent.isdigit():
@@ -107,12 +113,23 @@ class TrainSettings:
     def train_config(self) -> TrainConfig:
         """The per-step config: the objective (PPO takes several epochs), lr, threads, length limit."""
         objective = ObjectiveConfig(
-            name=cast(Objective, self.objective), epochs=PPO_EPOCHS if self.objective == "ppo" else 1,
-            sdpo_weight=self.sdpo_weight, correction_weight=self.correction_weight,
-            sdpo_form="topk" if self.sdpo_form == "topk" else "token", sdpo_center=self.sdpo_baseline == "mean",
-            sdpo_teacher=cast(Mode, self.sdpo_teacher), sdpo_ema=self.sdpo_ema,
-            sdpo_signal_clip=self.sdpo_signal_clip, sdpo_kl=self.sdpo_kl,
-        )  # fmt: skip
-        cfg = TrainConfig(model=self.model, objective=objective, lr=self.lr, threads=self.threads,
-                          resume_optimizer=not self.fresh_optimizer, step_floor=self.step_floor)  # fmt: skip
+            name=cast(Objective, self.objective),
+            epochs=PPO_EPOCHS if self.objective == "ppo" else 1,
+            sdpo_weight=self.sdpo_weight,
+            correction_weight=self.correction_weight,
+            sdpo_form="topk" if self.sdpo_form == "topk" else "token",
+            sdpo_center=self.sdpo_baseline == "mean",
+            sdpo_teacher=cast(Mode, self.sdpo_teacher),
+            sdpo_ema=self.sdpo_ema,
+            sdpo_signal_clip=self.sdpo_signal_clip,
+            sdpo_kl=self.sdpo_kl,
+        )
+        cfg = TrainConfig(
+            model=self.model,
+            objective=objective,
+            lr=self.lr,
+            threads=self.threads,
+            resume_optimizer=not self.fresh_optimizer,
+            step_floor=self.step_floor,
+        )
         return replace(cfg, max_len=self.max_len)

@@ -56,8 +56,9 @@ class Teacher:
     steps: int = field(default=0, init=False)  # ema updates done
 
     @classmethod
-    def of(cls, model: Any, mode: Mode = "frozen", rate: float = 0.05, signal_clip: float = 2.0,
-           kl: float = 0.1) -> Teacher:  # fmt: skip
+    def of(
+        cls, model: Any, mode: Mode = "frozen", rate: float = 0.05, signal_clip: float = 2.0, kl: float = 0.1
+    ) -> Teacher:
         """A snapshot of ``model``'s trainable tensors as they are now."""
         weights = {name: p.detach().clone() for name, p in _trainable(model).items()}
         if not weights:

@@ -110,17 +110,29 @@ def _trajectory(
     head: list[float | None] = [None] * start
     turn = Turn(call.id, 0, start, start + len(sampled), call.adapter_version, call.served_model, sampling)
     return Trajectory(
-        id=trajectory_id(call.id, 0), project_id=call.project_id, session_id=call.session_id,
-        task_id=call.task_id, alias=call.alias, token_ids=prompt + sampled,
-        mask=[0] * start + [1] * len(sampled), logprobs=head + logprobs, turns=[turn],
-        completion_ids=[call.id], tags=[str(t) for t in call.tags or ()],
-    )  # fmt: skip
+        id=trajectory_id(call.id, 0),
+        project_id=call.project_id,
+        session_id=call.session_id,
+        task_id=call.task_id,
+        alias=call.alias,
+        token_ids=prompt + sampled,
+        mask=[0] * start + [1] * len(sampled),
+        logprobs=head + logprobs,
+        turns=[turn],
+        completion_ids=[call.id],
+        tags=[str(t) for t in call.tags or ()],
+    )
 
 
 def build_examples(
-    calls: Sequence[Any], items: Iterable[Hint], prompt_render: PromptRender, turn_render: Render, *,
-    max_len: int = 2048, used: Collection[tuple[str, str, str]] = (),
-) -> tuple[list[TextualExample], Counter[str]]:  # fmt: skip
+    calls: Sequence[Any],
+    items: Iterable[Hint],
+    prompt_render: PromptRender,
+    turn_render: Render,
+    *,
+    max_len: int = 2048,
+    used: Collection[tuple[str, str, str]] = (),
+) -> tuple[list[TextualExample], Counter[str]]:
     """SDPO and correction examples for the hints, and every hint left out counted by reason."""
     by_id = {c.id: c for c in calls}
     out: list[TextualExample] = []
@@ -140,8 +152,9 @@ def build_examples(
     return out, excluded
 
 
-def _examples(call: Any, hint: Hint, prompt_render: PromptRender, turn_render: Render,
-              max_len: int) -> tuple[str | None, list[TextualExample]]:  # fmt: skip
+def _examples(
+    call: Any, hint: Hint, prompt_render: PromptRender, turn_render: Render, max_len: int
+) -> tuple[str | None, list[TextualExample]]:
     tags = {str(t) for t in call.tags or ()}
     if "eval" in tags:
         return HELD_OUT, []

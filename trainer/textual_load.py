@@ -67,9 +67,13 @@ class TextFeed(ChangeReader[TextualExample, bool]):
         loaded = load_text_feedback(db, self.project, self.alias, session_ids=list(sessions))
         items = hints(loaded.calls, loaded.grades, loaded.hindsight if implicit else ())
         examples, excluded = build_examples(
-            loaded.calls, items, prompt_render(self.tokenizer), chat_template_render(self.tokenizer),
-            max_len=self.max_len, used=loaded.used,
-        )  # fmt: skip
+            loaded.calls,
+            items,
+            prompt_render(self.tokenizer),
+            chat_template_render(self.tokenizer),
+            max_len=self.max_len,
+            used=loaded.used,
+        )
         by_session: dict[str, list[TextualExample]] = {}
         for example in examples:
             if example.objective not in self.parts:

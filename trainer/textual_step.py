@@ -89,9 +89,13 @@ def _rows(model: Any, b: Batch) -> tuple[torch.Tensor, tuple[torch.Tensor, torch
     rows, cols = torch.nonzero(positions[:, columns], as_tuple=True)
     t = columns[cols]
     processed = processed_logits(
-        logits[rows, cols], b.temperature[rows, t], b.top_k[rows, t], b.top_p[rows, t], b.min_p[rows, t],
+        logits[rows, cols],
+        b.temperature[rows, t],
+        b.top_k[rows, t],
+        b.top_p[rows, t],
+        b.min_p[rows, t],
         keep=b.input_ids[rows, t],
-    )  # fmt: skip
+    )
     return torch.log_softmax(processed, dim=-1).clamp(min=FLOOR), (rows, t)
 
 
@@ -111,10 +115,20 @@ def _chunks(examples: Sequence[TextualExample], max_tokens: int) -> list[list[Te
 
 
 def textual_backward(
-    model: Any, pad_id: int, device: torch.device | str, examples: Sequence[TextualExample], *,
-    micro_tokens: int = 4096, clip: float = 2.0, sdpo_weight: float = 1.0, correction_weight: float = 1.0,
-    form: Form = "token", k: int = 20, center: bool = False, teacher: Teacher | None = None,
-) -> TextualSums:  # fmt: skip
+    model: Any,
+    pad_id: int,
+    device: torch.device | str,
+    examples: Sequence[TextualExample],
+    *,
+    micro_tokens: int = 4096,
+    clip: float = 2.0,
+    sdpo_weight: float = 1.0,
+    correction_weight: float = 1.0,
+    form: Form = "token",
+    k: int = 20,
+    center: bool = False,
+    teacher: Teacher | None = None,
+) -> TextualSums:
     """Accumulate the summed SDPO and correction gradients of ``examples`` into ``model``'s parameters.
 
     ``form``: ``token`` (the sampled-token signal, one log-prob per position) or ``topk`` (reverse
@@ -132,8 +146,9 @@ def textual_backward(
     signal_clip = teacher.signal_clip if teacher is not None else 0.0
     kl = teacher.kl if teacher is not None and teacher.moved(model) else 0.0  # unmoved: KL and its gradient are 0
     for chunk in _chunks(sdpo, micro_tokens):
-        teachers = collate([Example(e.teacher, 0.0, [math.nan] * len(e.teacher.token_ids)) for e in chunk if e.teacher],
-                           pad_id, device)  # fmt: skip
+        teachers = collate(
+            [Example(e.teacher, 0.0, [math.nan] * len(e.teacher.token_ids)) for e in chunk if e.teacher], pad_id, device
+        )
         b = collate([Example(e.student, 0.0, recorded_behaviour(e.student)) for e in chunk], pad_id, device)
         ref = None
         if kl > 0 and teacher is not None:
@@ -150,8 +165,19 @@ def textual_backward(
                 teacher_logp = _score(model, teachers)
             logp = _score(model, b)
             aligned = align(teacher_logp, teachers.mask, b.mask)
-            loss = sdpo_token_loss(logp, aligned, logp.detach(), b.behav, b.mask, n_tokens=1, clip=clip, center=center,
-                                   signal_clip=signal_clip, ref_logp=ref, kl=kl)  # fmt: skip
+            loss = sdpo_token_loss(
+                logp,
+                aligned,
+                logp.detach(),
+                b.behav,
+                b.mask,
+                n_tokens=1,
+                clip=clip,
+                center=center,
+                signal_clip=signal_clip,
+                ref_logp=ref,
+                kl=kl,
+            )
             logp = logp.detach()
         (sdpo_weight * loss).backward()
         diff = (aligned - logp) * b.mask
@@ -187,9 +213,16 @@ def _topk(
     picked = student_rows.gather(1, ids).squeeze(1)
     mu = b.behav[rows, t]
     loss = sdpo_topk_loss(
-        student_rows.unsqueeze(0), teacher_rows.unsqueeze(0), picked.detach().unsqueeze(0), mu.unsqueeze(0),
-        torch.ones_like(mu).unsqueeze(0), n_tokens=1, k=k, clip=clip, signal_clip=signal_clip,
-    )  # fmt: skip
+        student_rows.unsqueeze(0),
+        teacher_rows.unsqueeze(0),
+        picked.detach().unsqueeze(0),
+        mu.unsqueeze(0),
+        torch.ones_like(mu).unsqueeze(0),
+        n_tokens=1,
+        k=k,
+        clip=clip,
+        signal_clip=signal_clip,
+    )
     logp = torch.zeros_like(b.mask).index_put((rows, t), picked)
     aligned = torch.zeros_like(b.mask).index_put((rows, t), teacher_rows.gather(1, ids).squeeze(1))
     return loss, logp, aligned

@@ -130,8 +130,9 @@ class UsedFeedback(Base):
     # Not unique (migration 0015): the feed never takes a key twice (it screens on these columns), but a
     # retraining from a dataset (``train --dataset``, e.g. after a deletion) trains the same items again on
     # purpose, and its version's lineage must record them.
-    __table_args__ = (Index("ix_used_feedback_lookup", "project_id", "alias", "trajectory_id", "feedback_id",
-                            "objective"),)  # fmt: skip
+    __table_args__ = (
+        Index("ix_used_feedback_lookup", "project_id", "alias", "trajectory_id", "feedback_id", "objective"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     project_id: Mapped[str] = mapped_column(ForeignKey("projects.id"))

@@ -37,8 +37,13 @@ SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": -1, "min_p": 0.0}
 
 def main(out: str, objective: str) -> None:
     dist.init()
-    cfg = TrainConfig(model="tiny", threads=1, lr=1e-2, micro_tokens=40,
-                      objective=ObjectiveConfig(name=objective, epochs=2 if objective == "ppo" else 1))  # type: ignore[arg-type]  # fmt: skip
+    cfg = TrainConfig(
+        model="tiny",
+        threads=1,
+        lr=1e-2,
+        micro_tokens=40,
+        objective=ObjectiveConfig(name=objective, epochs=2 if objective == "ppo" else 1),
+    )  # type: ignore[arg-type]
     policy = load_policy(cfg)
     policy.optimizer = torch.optim.SGD(policy.parameters(), lr=1.0)  # see the docstring: SGD keeps epochs comparable
     names = {id(p): n for n, p in policy.model.named_parameters() if p.requires_grad}
@@ -53,10 +58,17 @@ def main(out: str, objective: str) -> None:
     policy.optimizer.register_step_pre_hook(record)
     rng = random.Random(0)
     trajectories = [
-        make_trajectory(f"t{i}", random_tokens(rng, rng.randrange(4, 12)), random_tokens(rng, rng.randrange(2, 8)),
-                        reward=rng.random(), sampling=SAMPLING, task=f"task{i % 3}", group=f"g{i % 4}")
+        make_trajectory(
+            f"t{i}",
+            random_tokens(rng, rng.randrange(4, 12)),
+            random_tokens(rng, rng.randrange(2, 8)),
+            reward=rng.random(),
+            sampling=SAMPLING,
+            task=f"task{i % 3}",
+            group=f"g{i % 4}",
+        )
         for i in range(11)
-    ]  # fmt: skip
+    ]
     batch = collate([Example(t, 0.0, recorded_behaviour(t)) for t in trajectories], policy.pad_id)
     with torch.no_grad():
         lp = _score(policy, batch)

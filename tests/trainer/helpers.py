@@ -25,15 +25,29 @@ def make_trajectory(
     start = len(prompt)
     lps: list[float | None] = [None] * start + list(logprobs if logprobs is not None else [-1.0] * len(sampled))
     turn = Turn(
-        completion_id=f"cmpl-{tid}", choice_index=0, start=start, end=start + len(sampled),
-        adapter_version=adapter_version, served_model="m" if adapter_version is None else f"a@v{adapter_version}",
+        completion_id=f"cmpl-{tid}",
+        choice_index=0,
+        start=start,
+        end=start + len(sampled),
+        adapter_version=adapter_version,
+        served_model="m" if adapter_version is None else f"a@v{adapter_version}",
         sampling=sampling or {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0},
-    )  # fmt: skip
+    )
     return Trajectory(
-        id=tid, project_id="default", session_id=f"s-{tid}", task_id=task, alias="a",
-        token_ids=prompt + sampled, mask=[0] * start + [1] * len(sampled), logprobs=lps, turns=[turn],
-        completion_ids=[turn.completion_id], reward=reward, tags=tags or [], group=group,
-    )  # fmt: skip
+        id=tid,
+        project_id="default",
+        session_id=f"s-{tid}",
+        task_id=task,
+        alias="a",
+        token_ids=prompt + sampled,
+        mask=[0] * start + [1] * len(sampled),
+        logprobs=lps,
+        turns=[turn],
+        completion_ids=[turn.completion_id],
+        reward=reward,
+        tags=tags or [],
+        group=group,
+    )
 
 
 def random_tokens(rng: random.Random, n: int, vocab: int = 250) -> list[int]:

@@ -34,9 +34,12 @@ def test_screen_counts_each_reason() -> None:
     kept, dropped = screen(trajectories, max_len=8)
     assert [t.id for t in kept] == ["good"]
     assert dropped == {
-        "ungraded": "ungraded", "eval": "eval", "long": "too_long",
-        "empty": "no_sampled_tokens", "penalised": "unsupported_sampling",
-    }  # fmt: skip
+        "ungraded": "ungraded",
+        "eval": "eval",
+        "long": "too_long",
+        "empty": "no_sampled_tokens",
+        "penalised": "unsupported_sampling",
+    }
     assert reasons(dropped)["too_long"] == 1
 
 

@@ -31,13 +31,25 @@ def _sessions(pg_url: str, n: int) -> str:
     project = f"p-{uuid.uuid4().hex[:8]}"
     with Session(sync_engine(pg_url)) as db:
         ensure_project(db, project)
-        insert(db, *(
-            row(f"{project}-{i}", msg("user", 40 + i) + GEN, [choice([50 + i, 51, 2], logprobs=None)],
-                session=f"s{i}", project=project, task="add", alias="helper", at=i)
-            for i in range(n)
-        ))  # fmt: skip
-        db.add_all(feedback_row(project, "outcome", "success" if i % 2 else "failure", session=f"s{i}")
-                   for i in range(n))  # fmt: skip
+        insert(
+            db,
+            *(
+                row(
+                    f"{project}-{i}",
+                    msg("user", 40 + i) + GEN,
+                    [choice([50 + i, 51, 2], logprobs=None)],
+                    session=f"s{i}",
+                    project=project,
+                    task="add",
+                    alias="helper",
+                    at=i,
+                )
+                for i in range(n)
+            ),
+        )
+        db.add_all(
+            feedback_row(project, "outcome", "success" if i % 2 else "failure", session=f"s{i}") for i in range(n)
+        )
         db.commit()
     return project
 

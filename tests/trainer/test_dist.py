@@ -35,10 +35,24 @@ def _run(cmd: list[str]) -> None:
 def test_two_gloo_ranks_match_one_process(tmp_path: Path, objective: str) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, str(SCRIPT), str(one), objective])
-    _run([
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(SCRIPT), str(two), objective,
-    ])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            str(SCRIPT),
+            str(two),
+            objective,
+        ]
+    )
     g1, g2 = load_file(f"{one}.grads.safetensors"), load_file(f"{two}.grads.safetensors")
     assert g1.keys() == g2.keys()
     steps = sorted({int(k.split(":")[0]) for k in g1})
@@ -78,20 +92,61 @@ def test_train_command_runs_under_torchrun(pg_url: str, tmp_path: Path) -> None:
     with Session(engine) as db:
         project = new_project(db)
         # Ten graded one-call sessions of one task (tiny-model token ids, no recorded μ: recomputed).
-        insert(db, *(
-            row(f"cmpl-{uuid.uuid4().hex[:12]}", msg("user", 40 + i) + GEN, [choice([50 + i, 51, 2], logprobs=None)],
-                session=f"s{i}", project=project, task="add", alias="helper", at=i)
-            for i in range(10)
-        ))  # fmt: skip
-        db.add_all(feedback_row(project, "outcome", "success" if i % 2 else "failure", session=f"s{i}")
-                   for i in range(10))  # fmt: skip
+        insert(
+            db,
+            *(
+                row(
+                    f"cmpl-{uuid.uuid4().hex[:12]}",
+                    msg("user", 40 + i) + GEN,
+                    [choice([50 + i, 51, 2], logprobs=None)],
+                    session=f"s{i}",
+                    project=project,
+                    task="add",
+                    alias="helper",
+                    at=i,
+                )
+                for i in range(10)
+            ),
+        )
+        db.add_all(
+            feedback_row(project, "outcome", "success" if i % 2 else "failure", session=f"s{i}") for i in range(10)
+        )
         db.commit()
-    _run([
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "onthejob.cli", "train",
-        "--alias", "helper", "--model", "tiny", "--db", pg_url, "--project", project, "--no-deploy",
-        "--steps", "2", "--batch-size", "5", "--threads", "1", "--adapters", str(tmp_path),
-    ])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "onthejob.cli",
+            "train",
+            "--alias",
+            "helper",
+            "--model",
+            "tiny",
+            "--db",
+            pg_url,
+            "--project",
+            project,
+            "--no-deploy",
+            "--steps",
+            "2",
+            "--batch-size",
+            "5",
+            "--threads",
+            "1",
+            "--adapters",
+            str(tmp_path),
+        ]
+    )
     with Session(engine) as db:
         (run,) = db.scalars(select(TrainingRun).where(TrainingRun.project_id == project)).all()
         steps = db.scalars(select(TrainingStep).where(TrainingStep.run_id == run.id).order_by(TrainingStep.step)).all()

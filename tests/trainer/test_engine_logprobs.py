@@ -45,8 +45,12 @@ def _sample(engine: Engine, sampling: dict[str, Any], seed: int) -> Trajectory:
     body = {
         "model": engine.model.name,
         "messages": [{"role": "user", "content": f"Count to {seed}, please."}],
-        "max_tokens": 24, "seed": seed, "logprobs": True, "return_token_ids": True, **sampling,
-    }  # fmt: skip
+        "max_tokens": 24,
+        "seed": seed,
+        "logprobs": True,
+        "return_token_ids": True,
+        **sampling,
+    }
     resp = httpx.post(f"{engine.url}/v1/chat/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
     reply = resp.json()
@@ -54,9 +58,12 @@ def _sample(engine: Engine, sampling: dict[str, Any], seed: int) -> Trajectory:
     logprobs = [float(t["logprob"]) for t in choice["logprobs"]["content"]]
     assert len(logprobs) == len(choice["token_ids"]) > 0
     return make_trajectory(
-        f"s{seed}", reply["prompt_token_ids"], choice["token_ids"], logprobs=logprobs,
+        f"s{seed}",
+        reply["prompt_token_ids"],
+        choice["token_ids"],
+        logprobs=logprobs,
         sampling={"top_k": -1, "top_p": 1.0, "min_p": 0.0, **sampling},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))

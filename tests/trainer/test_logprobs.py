@@ -17,9 +17,13 @@ def _row(probs: list[float]) -> torch.Tensor:
 def _lp(logits: torch.Tensor, token: int, *, t: float = 1.0, k: int = 0, p: float = 1.0, min_p: float = 0.0) -> float:
     n = logits.shape[0]
     out = token_logprobs(
-        logits, torch.full((n,), token), torch.full((n,), t), torch.full((n,), k), torch.full((n,), p),
+        logits,
+        torch.full((n,), token),
+        torch.full((n,), t),
+        torch.full((n,), k),
+        torch.full((n,), p),
         torch.full((n,), min_p),
-    )  # fmt: skip
+    )
     return float(out[0])
 
 
@@ -80,9 +84,13 @@ def test_scored_token_stays_in_support_with_a_finite_gradient() -> None:
 def test_rows_carry_their_own_parameters() -> None:
     logits = torch.cat([_row([0.5, 0.3, 0.15, 0.05])] * 2)
     out = token_logprobs(
-        logits, torch.tensor([1, 1]), torch.tensor([1.0, 1.0]), torch.tensor([0, 0]),
-        torch.tensor([0.75, 1.0]), torch.tensor([0.0, 0.0]),
-    )  # fmt: skip
+        logits,
+        torch.tensor([1, 1]),
+        torch.tensor([1.0, 1.0]),
+        torch.tensor([0, 0]),
+        torch.tensor([0.75, 1.0]),
+        torch.tensor([0.0, 0.0]),
+    )
     assert out.tolist() == pytest.approx([math.log(0.3 / 0.8), math.log(0.3)], abs=1e-6)
 
 

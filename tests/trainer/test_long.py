@@ -39,9 +39,12 @@ def _batch(policy: Policy, lengths: list[int], *, pack: bool = False) -> Batch:
     for i, n in enumerate(lengths):
         prompt = n // 2
         t = make_trajectory(
-            f"t{i}", random_tokens(rng, prompt, vocab), random_tokens(rng, n - prompt, vocab),
-            logprobs=[-rng.uniform(0.5, 3.0) for _ in range(n - prompt)], sampling=SAMPLINGS[i % len(SAMPLINGS)],
-        )  # fmt: skip
+            f"t{i}",
+            random_tokens(rng, prompt, vocab),
+            random_tokens(rng, n - prompt, vocab),
+            logprobs=[-rng.uniform(0.5, 3.0) for _ in range(n - prompt)],
+            sampling=SAMPLINGS[i % len(SAMPLINGS)],
+        )
         examples.append(Example(t, 1.0 if i % 2 else -0.5, recorded_behaviour(t)))
     return collate(examples, policy.pad_id, policy.device, pack=pack)
 

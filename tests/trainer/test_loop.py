@@ -31,10 +31,17 @@ def _cfg(name: str = "tis", **kw: object) -> TrainConfig:
 def _trajectories(n: int, seed: int = 0, **kw: object) -> list[Trajectory]:
     rng = random.Random(seed)
     return [
-        make_trajectory(f"t{seed}-{i}", random_tokens(rng, 10), random_tokens(rng, 6), reward=float(i % 2),
-                        sampling=SAMPLING, group="g", **kw)  # type: ignore[arg-type]
+        make_trajectory(
+            f"t{seed}-{i}",
+            random_tokens(rng, 10),
+            random_tokens(rng, 6),
+            reward=float(i % 2),
+            sampling=SAMPLING,
+            group="g",
+            **kw,
+        )  # type: ignore[arg-type]
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def _score_all(policy: Policy, trajectories: list[Trajectory]) -> torch.Tensor:
@@ -237,8 +244,9 @@ def test_zero_advantage_examples_skip_the_forward_pass_but_not_the_denominator()
     assert sorted(result.consumed) == sorted(t.id for t in batch)  # the skipped ones are used up too
 
     # The same step computing every example (what the trainer did before skipping).
-    advantages = compute_advantages([float(t.reward) for t in batch], [t.group for t in batch],
-                                    [t.task_id for t in batch], TaskBaseline())  # fmt: skip
+    advantages = compute_advantages(
+        [float(t.reward) for t in batch], [t.group for t in batch], [t.task_id for t in batch], TaskBaseline()
+    )
     assert advantages[4:] == [0.0] * 4 and all(a != 0 for a in advantages[:4])
     _single_pass(computing, [Example(t, a, recorded_behaviour(t)) for t, a in zip(batch, advantages, strict=True)], cfg)
     untouched = load_policy(cfg).parameters()

@@ -71,10 +71,28 @@ def test_publish_numbers_versions_and_records_lineage(model: object, db: Session
     db.commit()
     base = ModelInfo(path=tmp_path, name="tiny-qwen2", sha256="b" * 64)
     assert next_version(db, project, "helper") == 1
-    first = publish(db, model, root=tmp_path / "adapters", project_id=project, alias="helper",
-                    parent_version=None, base=base, run_id=None, metrics={"loss": 0.5, "kl": float("nan")})  # fmt: skip
-    second = publish(db, model, root=tmp_path / "adapters", project_id=project, alias="helper",
-                     parent_version=1, base=base, run_id=None, metrics={})  # fmt: skip
+    first = publish(
+        db,
+        model,
+        root=tmp_path / "adapters",
+        project_id=project,
+        alias="helper",
+        parent_version=None,
+        base=base,
+        run_id=None,
+        metrics={"loss": 0.5, "kl": float("nan")},
+    )
+    second = publish(
+        db,
+        model,
+        root=tmp_path / "adapters",
+        project_id=project,
+        alias="helper",
+        parent_version=1,
+        base=base,
+        run_id=None,
+        metrics={},
+    )
     rows = db.scalars(select(Adapter).where(Adapter.project_id == project).order_by(Adapter.version)).all()
     assert [(r.version, r.parent_version) for r in rows] == [(1, None), (2, 1)]
     assert first.path == str((tmp_path / "adapters" / project / "helper" / "v1").resolve())
@@ -92,8 +110,17 @@ def test_publish_never_replaces_a_folder_it_finds(model: object, db: Session, tm
     orphan.mkdir(parents=True)
     (orphan / "junk").write_text("left by a crash before the row was committed")
     base = ModelInfo(path=tmp_path, name="tiny-qwen2", sha256="b" * 64)
-    row = publish(db, model, root=tmp_path, project_id=project, alias="helper", parent_version=None,
-                  base=base, run_id=None, metrics={})  # fmt: skip
+    row = publish(
+        db,
+        model,
+        root=tmp_path,
+        project_id=project,
+        alias="helper",
+        parent_version=None,
+        base=base,
+        run_id=None,
+        metrics={},
+    )
     assert row.version == 1 and Path(row.path) == orphan.parent / f"v1~{row.id}"
     assert (orphan / "junk").is_file() and row.sha256 == content_sha256(Path(row.path))
 
@@ -108,8 +135,13 @@ def _client(status: int, body: dict[str, object], seen: list[httpx.Request]) -> 
 
 def test_deploy_posts_alias_and_version_with_the_admin_key() -> None:
     seen: list[httpx.Request] = []
-    out = deploy("http://proxy:8000/", "helper", 3, "otj-secret",
-                 client=_client(201, {"alias": "helper", "version": 3, "status": "active"}, seen))  # fmt: skip
+    out = deploy(
+        "http://proxy:8000/",
+        "helper",
+        3,
+        "otj-secret",
+        client=_client(201, {"alias": "helper", "version": 3, "status": "active"}, seen),
+    )
     assert out["status"] == "active"
     (request,) = seen
     assert str(request.url) == "http://proxy:8000/v1/admin/deployments"

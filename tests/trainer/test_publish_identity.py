@@ -95,8 +95,9 @@ def db(url: str) -> Iterator[Session]:
 
 
 def _publish(db: Session, model: Any, root: Path, project: str, alias: str) -> Adapter:
-    return publish(db, model, root=root, project_id=project, alias=alias, parent_version=None, base=BASE,
-                   run_id=None, metrics={})  # fmt: skip
+    return publish(
+        db, model, root=root, project_id=project, alias=alias, parent_version=None, base=BASE, run_id=None, metrics={}
+    )
 
 
 def _rows(db: Session, project: str) -> list[Adapter]:
@@ -211,8 +212,17 @@ def test_a_folder_found_in_place_is_never_replaced(
 ) -> None:
     """A row written under the old lossy names (``a:b`` at ``a_b/v1``) keeps its folder; ``a_b@v1`` goes beside."""
     legacy = save_adapter(models[0], tmp_path / folder_name(project) / "a_b" / "v1")
-    record_adapter(db, project_id=project, alias="a:b", version=1, parent_version=None, path=legacy, base=BASE,
-                   run_id=None, metrics={})  # fmt: skip
+    record_adapter(
+        db,
+        project_id=project,
+        alias="a:b",
+        version=1,
+        parent_version=None,
+        path=legacy,
+        base=BASE,
+        run_id=None,
+        metrics={},
+    )
     db.commit()
     orphan = adapter_dir(tmp_path, project, "a_b", 2)  # no row names it: a crash of the old order, say
     orphan.mkdir()
@@ -233,8 +243,18 @@ def test_a_reserved_version_keeps_its_number_and_is_read_by_nobody(
     """A publish that crashed after reserving v2: the next is v3, and no reader takes v2 for a version."""
     _publish(db, models[0], tmp_path, project, "agent")
     crashed = adapter_dir(tmp_path, project, "agent", 2)
-    db.add(Adapter(project_id=project, alias="agent", version=2, path=str(crashed), sha256=shas[1],
-                   base_model=BASE.name, state=ADAPTER_RESERVED, parent_version=1))  # fmt: skip
+    db.add(
+        Adapter(
+            project_id=project,
+            alias="agent",
+            version=2,
+            path=str(crashed),
+            sha256=shas[1],
+            base_model=BASE.name,
+            state=ADAPTER_RESERVED,
+            parent_version=1,
+        )
+    )
     db.commit()
     save_adapter(models[1], crashed)  # it got as far as renaming its folder into place
     row = _publish(db, models[0], tmp_path, project, "agent")
@@ -271,8 +291,24 @@ def test_a_failed_save_leaves_no_row_and_no_folder(db: Session, project: str, tm
     assert list((tmp_path / folder_name(project) / "agent").iterdir()) == []
 
 
-NAMES = ["a:b", "a_b", "a%3Ab", "a b", "a/b", "a\\b", ".", "..", ".hidden", "%", "~", "ü", "Ü", "日本", "support-agent",
-         "v1.2_x"]  # fmt: skip
+NAMES = [
+    "a:b",
+    "a_b",
+    "a%3Ab",
+    "a b",
+    "a/b",
+    "a\\b",
+    ".",
+    "..",
+    ".hidden",
+    "%",
+    "~",
+    "ü",
+    "Ü",
+    "日本",
+    "support-agent",
+    "v1.2_x",
+]
 
 
 def test_folder_names_are_reversible_and_distinct() -> None:

@@ -82,18 +82,31 @@ class Pool:
         self.calls += 1
         if self.calls <= self.empty_polls:
             return [], Counter({"ungraded": 3})
-        used = set(db.scalars(select(UsedFeedback.trajectory_id).where(
-            UsedFeedback.project_id == project_id, UsedFeedback.alias == alias)))  # fmt: skip
+        used = set(
+            db.scalars(
+                select(UsedFeedback.trajectory_id).where(
+                    UsedFeedback.project_id == project_id, UsedFeedback.alias == alias
+                )
+            )
+        )
         return [t for t in self.trajectories if t.id not in used], Counter({"ungraded": 2})
 
 
 def _pool(n: int, seed: int = 0) -> list[Trajectory]:
     rng = random.Random(seed)
     return [
-        make_trajectory(f"t{seed}-{i}", random_tokens(rng, 8), random_tokens(rng, 5), reward=float(i % 2),
-                        logprobs=[None] * 5, sampling=SAMPLING, task=f"task{i % 3}", group=None)
+        make_trajectory(
+            f"t{seed}-{i}",
+            random_tokens(rng, 8),
+            random_tokens(rng, 5),
+            reward=float(i % 2),
+            logprobs=[None] * 5,
+            sampling=SAMPLING,
+            task=f"task{i % 3}",
+            group=None,
+        )
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 @pytest.fixture
@@ -109,19 +122,43 @@ def project(pg_url: str) -> Iterator[str]:
 
 def _args(pg_url: str, project: str, tmp_path: Path, proxy: str, *extra: str) -> TrainSettings:
     """The settings ``onthejob train`` builds from these flags (the CLI's own parser and builder)."""
-    return train_settings(build_parser().parse_args([
-        "train", "--alias", "helper", "--model", "tiny", "--db", pg_url, "--project", project,
-        "--adapters", str(tmp_path / "adapters"), "--proxy", proxy, "--admin-key", "otj-k",
-        "--threads", "1", "--lr", "1e-2", *extra,
-    ]))  # fmt: skip
+    return train_settings(
+        build_parser().parse_args(
+            [
+                "train",
+                "--alias",
+                "helper",
+                "--model",
+                "tiny",
+                "--db",
+                pg_url,
+                "--project",
+                project,
+                "--adapters",
+                str(tmp_path / "adapters"),
+                "--proxy",
+                proxy,
+                "--admin-key",
+                "otj-k",
+                "--threads",
+                "1",
+                "--lr",
+                "1e-2",
+                *extra,
+            ]
+        )
+    )
 
 
 def _rows(pg_url: str, project: str) -> tuple[list[TrainingRun], list[TrainingStep], list[Adapter], list[str]]:
     engine = sync_engine(pg_url)
     with Session(engine) as db:
         runs = list(db.scalars(select(TrainingRun).where(TrainingRun.project_id == project).order_by(TrainingRun.id)))
-        steps = list(db.scalars(select(TrainingStep).where(TrainingStep.run_id.in_([r.id for r in runs]))
-                                .order_by(TrainingStep.id)))  # fmt: skip
+        steps = list(
+            db.scalars(
+                select(TrainingStep).where(TrainingStep.run_id.in_([r.id for r in runs])).order_by(TrainingStep.id)
+            )
+        )
         adapters = list(db.scalars(select(Adapter).where(Adapter.project_id == project).order_by(Adapter.version)))
         used = list(db.scalars(select(UsedFeedback.trajectory_id).where(UsedFeedback.project_id == project)))
     engine.dispose()
@@ -146,8 +183,10 @@ def test_train_records_publishes_and_deploys(
         (2, 1, runs[0].id),
     ]
     assert sorted(used) == sorted(t.id for t in pool.trajectories)
-    assert proxy.requests == [({"alias": "helper", "version": 1, "candidate": True}, "Bearer otj-k"),
-                              ({"alias": "helper", "version": 2, "candidate": True}, "Bearer otj-k")]  # fmt: skip
+    assert proxy.requests == [
+        ({"alias": "helper", "version": 1, "candidate": True}, "Bearer otj-k"),
+        ({"alias": "helper", "version": 2, "candidate": True}, "Bearer otj-k"),
+    ]
     out = capsys.readouterr().err
     assert "step 1 v1: loss" in out and "· deployed" in out and "ungraded=2" in out
 
@@ -175,8 +214,10 @@ def test_held_versions_are_never_parents_under_gate(
         db.commit()
     pending = {"alias": "helper", "policy": "gate", "status": "pending"}
     with StubProxy(answer=pending) as proxy:
-        assert run(_args(pg_url, project, tmp_path, proxy.url, "--steps", "2", "--batch-size", "2"),
-                   loader=Pool(_pool(4))) == 0  # fmt: skip
+        assert (
+            run(_args(pg_url, project, tmp_path, proxy.url, "--steps", "2", "--batch-size", "2"), loader=Pool(_pool(4)))
+            == 0
+        )
         assert "continuing from the base model (serving), not v1 (not promoted)" in capsys.readouterr().err
         with Session(engine) as db:  # v2 was promoted meanwhile; v3 is then published and held
             db.execute(update(Alias).where(Alias.project_id == project).values(deployed_version=2))
@@ -246,11 +287,22 @@ def test_the_default_feed_trains_each_graded_session_once_with_its_feedback(
 
     engine = sync_engine(pg_url)
     with Session(engine) as db:
-        insert(db, *(
-            row(f"{project}-{i}", msg("user", 40 + i) + GEN, [choice([50 + i, 51, 2], logprobs=None)],
-                session=f"s{i}", project=project, task="add", alias="helper", at=i)
-            for i in range(3)
-        ))  # fmt: skip
+        insert(
+            db,
+            *(
+                row(
+                    f"{project}-{i}",
+                    msg("user", 40 + i) + GEN,
+                    [choice([50 + i, 51, 2], logprobs=None)],
+                    session=f"s{i}",
+                    project=project,
+                    task="add",
+                    alias="helper",
+                    at=i,
+                )
+                for i in range(3)
+            ),
+        )
         grades = [
             feedback_row(project, "outcome", "success" if i % 2 else "failure", session=f"s{i}") for i in range(3)
         ]
@@ -261,8 +313,11 @@ def test_the_default_feed_trains_each_graded_session_once_with_its_feedback(
     assert run(args) == 0
     assert run(args) == 0  # a second run resumes from the saved cursor: nothing left to train
     with Session(engine) as db:
-        used = db.execute(select(UsedFeedback.trajectory_id, UsedFeedback.feedback_id, UsedFeedback.objective)
-                          .where(UsedFeedback.project_id == project)).all()  # fmt: skip
+        used = db.execute(
+            select(UsedFeedback.trajectory_id, UsedFeedback.feedback_id, UsedFeedback.objective).where(
+                UsedFeedback.project_id == project
+            )
+        ).all()
         steps = db.scalars(select(TrainingStep.step).join(TrainingRun).where(TrainingRun.project_id == project)).all()
     engine.dispose()
     assert sorted(used) == sorted((t, f, "reward") for t, f in grade_ids.items())
@@ -274,11 +329,16 @@ def test_the_task_baseline_carries_over_except_for_a_dataset_or_a_restart_from_b
 
     with Session(sync_engine(pg_url)) as db:
         learnt = {"tasks": {"t1": [0.9, 3]}}
-        db.add(TrainingRun(project_id=project, alias="agent", objective="tis", base_model="tiny",
-                           config={"baseline": learnt}))  # fmt: skip
+        db.add(
+            TrainingRun(
+                project_id=project, alias="agent", objective="tis", base_model="tiny", config={"baseline": learnt}
+            )
+        )
         db.commit()
         settings = TrainSettings(alias="agent", database_url=pg_url, project=project)
         assert resume_point(db, settings)[2] == learnt
-        for fresh in (TrainSettings(alias="agent", database_url=pg_url, project=project, dataset="cut"),
-                      TrainSettings(alias="agent", database_url=pg_url, project=project, parent="base")):  # fmt: skip
+        for fresh in (
+            TrainSettings(alias="agent", database_url=pg_url, project=project, dataset="cut"),
+            TrainSettings(alias="agent", database_url=pg_url, project=project, parent="base"),
+        ):
             assert resume_point(db, fresh) == (None, None, None)

@@ -38,13 +38,32 @@ def _seed(pg_url: str, project: str) -> None:
     prompt = list(tokenizer.apply_chat_template([Q], add_generation_prompt=True, tokenize=True)["input_ids"])
     engine = sync_engine(pg_url)
     with Session(engine) as db:
-        insert(db, row("c-sdpo-1", prompt, [choice([50, 51, 2], content="ANSWER: 13")], messages=[Q], project=project,
-                       session="s1", alias="helper"))  # fmt: skip
-        db.add_all([
-            feedback_row(project, "review", comment="Wrong operation.", session="s1", source="customer"),
-            feedback_row(project, "correction", comment="ANSWER: 5", completion="c-sdpo-1", session="s1",
-                         source="customer", at=1),
-        ])  # fmt: skip
+        insert(
+            db,
+            row(
+                "c-sdpo-1",
+                prompt,
+                [choice([50, 51, 2], content="ANSWER: 13")],
+                messages=[Q],
+                project=project,
+                session="s1",
+                alias="helper",
+            ),
+        )
+        db.add_all(
+            [
+                feedback_row(project, "review", comment="Wrong operation.", session="s1", source="customer"),
+                feedback_row(
+                    project,
+                    "correction",
+                    comment="ANSWER: 5",
+                    completion="c-sdpo-1",
+                    session="s1",
+                    source="customer",
+                    at=1,
+                ),
+            ]
+        )
         db.commit()
     engine.dispose()
 
@@ -70,8 +89,11 @@ def test_text_feedback_trains_once_per_item_and_objective(
 
     engine = sync_engine(pg_url)
     with Session(engine) as db:
-        used = sorted(db.execute(select(UsedFeedback.objective, UsedFeedback.trajectory_id).where(
-            UsedFeedback.project_id == project)).all())  # fmt: skip
+        used = sorted(
+            db.execute(
+                select(UsedFeedback.objective, UsedFeedback.trajectory_id).where(UsedFeedback.project_id == project)
+            ).all()
+        )
     engine.dispose()
     assert used == [("correction", "c-sdpo-1:0"), ("sdpo", "c-sdpo-1:0"), ("sdpo", "c-sdpo-1:0")]
 

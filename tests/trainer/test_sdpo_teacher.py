@@ -64,8 +64,16 @@ def test_an_unmoved_student_is_the_serving_version() -> None:
 
 
 def test_the_settings_reach_the_teacher() -> None:
-    s = TrainSettings(alias="a", database_url="postgresql://x", objective="sdpo", sdpo_teacher="ema",
-                      sdpo_ema=0.1, sdpo_signal_clip=1.5, sdpo_kl=0.2, step_floor=1e-4)  # fmt: skip
+    s = TrainSettings(
+        alias="a",
+        database_url="postgresql://x",
+        objective="sdpo",
+        sdpo_teacher="ema",
+        sdpo_ema=0.1,
+        sdpo_signal_clip=1.5,
+        sdpo_kl=0.2,
+        step_floor=1e-4,
+    )
     obj = s.train_config().objective
     assert (obj.sdpo_teacher, obj.sdpo_ema, obj.sdpo_signal_clip, obj.sdpo_kl) == ("ema", 0.1, 1.5, 0.2)
     assert s.train_config().step_floor == 1e-4
@@ -97,8 +105,9 @@ def example(policy: Policy) -> TextualExample:
         return list(out["input_ids"] if hasattr(out, "keys") else out)
 
     sampled = list(tok.encode("ANSWER: 13", add_special_tokens=False)) + [tok.eos_token_id]
-    c = SimpleNamespace(**row("c1", ids([Q]), [choice(sampled, content="ANSWER: 13", logprobs=None)],
-                              messages=[Q], project="p"))  # fmt: skip
+    c = SimpleNamespace(
+        **row("c1", ids([Q]), [choice(sampled, content="ANSWER: 13", logprobs=None)], messages=[Q], project="p")
+    )
     examples, _ = build_examples([c], [Hint("c1", "f1", "comment", "Wrong.")], ids, chat_template_render(tok))  # type: ignore[arg-type]
     (ex,) = examples
     return TextualExample("sdpo", ex.hint, ex.student, teacher=ex.student)  # the teacher's context = the student's
@@ -119,8 +128,11 @@ def test_an_sdpo_policy_carries_a_frozen_teacher_that_publishing_leaves_out(poli
     assert teacher is not None and teacher.mode == "frozen"
     assert teacher.bytes() == sum(p.numel() * p.element_size() for p in policy.parameters())
     policy.model.save_pretrained(str(tmp_path))
-    assert sorted(f.name for f in tmp_path.iterdir()) == ["README.md", "adapter_config.json",
-                                                          "adapter_model.safetensors"]  # fmt: skip
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        "README.md",
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     tis = load_policy(TrainConfig(model="tiny", threads=1))
     assert attached(tis.model) is None
 

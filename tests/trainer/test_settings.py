@@ -17,8 +17,13 @@ def test_flags_and_environment_become_one_settings_object(monkeypatch: pytest.Mo
     monkeypatch.setenv("ONTHEJOB_ADMIN_KEY", "from-env")
     monkeypatch.setenv("DATABASE_URL", "postgresql://db/x")
     s = _settings("--objective", "ppo", "--parent", "3", "--no-deploy", "--watch")
-    assert (s.admin_key, s.database_url, s.deploy, s.steps, s.parent_version) == ("from-env", "postgresql://db/x",
-                                                                                   False, None, 3)  # fmt: skip
+    assert (s.admin_key, s.database_url, s.deploy, s.steps, s.parent_version) == (
+        "from-env",
+        "postgresql://db/x",
+        False,
+        None,
+        3,
+    )
     cfg = s.train_config()
     assert cfg.objective.name == "ppo" and cfg.objective.epochs == 4 and cfg.resume_optimizer
     assert _settings("--admin-key", "flag", "--db", "sqlite:///x.db").admin_key == "flag"

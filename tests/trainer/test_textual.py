@@ -27,8 +27,9 @@ def turn_render(before: list[dict[str, Any]], assistant: dict[str, Any]) -> list
 
 def call(cid: str, messages: list[dict[str, Any]], reply: str, ids: Sequence[int], **kw: Any) -> SimpleNamespace:
     lps = [-0.25 * (i + 1) for i in range(len(ids))]
-    return SimpleNamespace(**row(cid, PROMPT, [choice(list(ids), content=reply, logprobs=lps)], messages=messages,
-                                 project="p", **kw))  # fmt: skip
+    return SimpleNamespace(
+        **row(cid, PROMPT, [choice(list(ids), content=reply, logprobs=lps)], messages=messages, project="p", **kw)
+    )
 
 
 def _by(examples: list[TextualExample], objective: str) -> list[TextualExample]:

@@ -29,8 +29,10 @@ def tokenizer() -> Any:
 
 def _call(db: Session, p: str, session: str, messages: list[dict[str, Any]], **kw: Any) -> str:
     cid = f"cmpl-{uuid.uuid4().hex[:12]}"
-    insert(db, row(cid, PROMPT, [choice([50, 2], content="ANSWER: 13")], messages=messages, project=p,
-                   session=session, **kw))  # fmt: skip
+    insert(
+        db,
+        row(cid, PROMPT, [choice([50, 2], content="ANSWER: 13")], messages=messages, project=p, session=session, **kw),
+    )
     return cid
 
 

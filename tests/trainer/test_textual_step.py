@@ -38,8 +38,15 @@ def _ids(tokenizer: Any, messages: list[dict[str, Any]]) -> list[int]:
 
 def _examples(tokenizer: Any, kind: str, text: str) -> list[TextualExample]:
     sampled = list(tokenizer.encode("ANSWER: 13", add_special_tokens=False)) + [tokenizer.eos_token_id]
-    c = SimpleNamespace(**row("c1", _ids(tokenizer, [Q]), [choice(sampled, content="ANSWER: 13", logprobs=None)],
-                              messages=[Q], project="p"))  # fmt: skip
+    c = SimpleNamespace(
+        **row(
+            "c1",
+            _ids(tokenizer, [Q]),
+            [choice(sampled, content="ANSWER: 13", logprobs=None)],
+            messages=[Q],
+            project="p",
+        )
+    )
     examples, excluded = build_examples(
         [c], [Hint("c1", "f1", kind, text)], lambda m: _ids(tokenizer, m), chat_template_render(tokenizer)
     )  # type: ignore[arg-type]
@@ -105,8 +112,12 @@ def test_one_step_mixes_scored_text_and_correction_parts(policy: Policy, tokeniz
     from trainer.objective import ObjectiveConfig
 
     rng = random.Random(3)
-    scored = [make_trajectory(f"m{i}", random_tokens(rng, 8), random_tokens(rng, 4), reward=float(i % 2),
-                              logprobs=[None] * 4, group="g") for i in range(4)]  # fmt: skip
+    scored = [
+        make_trajectory(
+            f"m{i}", random_tokens(rng, 8), random_tokens(rng, 4), reward=float(i % 2), logprobs=[None] * 4, group="g"
+        )
+        for i in range(4)
+    ]
     textual = _examples(tokenizer, "correction", "ANSWER: 5")
     cfg = TrainConfig(model="tiny", threads=1, objective=ObjectiveConfig(name="sdpo", correction_weight=0.5))
     result = train_step(policy, scored, cfg, TaskBaseline(), textual=textual)

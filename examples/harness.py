@@ -151,25 +151,8 @@ class Harness:
     def episode(self, problem: Problem, *, eval: bool = False, session_id: str | None = None) -> EpisodeResult:
         """Solve one problem: chat, run the calculator, grade, post feedback."""
         session_id = session_id or f"ep-{uuid.uuid4().hex[:16]}"
-        headers = {"X-Session-Id": session_id, "X-Task-Id": problem.id}
-        if eval:
-            headers["X-Onthejob-Tags"] = "eval"
-        temperature = 0.0 if eval else self.cfg.temperature
+        headers, temperature, result = self._begin(problem.id, problem.question, eval, session_id)
         messages = first_messages(problem)
-        result = EpisodeResult(
-            session_id=session_id,
-            problem_id=problem.id,
-            question=problem.question,
-            eval=eval,
-            outcome="timeout",
-            answer=None,
-            correct=False,
-            reward=0.0,
-            brevity=0.0,
-            turns=0,
-            prompt_tokens=0,
-            completion_tokens=0,
-        )
         try:
             self._loop(problem, messages, headers, temperature, result)
         except Exception as exc:  # noqa: BLE001 - an infrastructure failure: recorded, never graded
@@ -182,6 +165,55 @@ class Harness:
             self._post_feedback(problem, result)
         return result
 
+    def _begin(
+        self, problem_id: str, question: str, eval: bool, session_id: str
+    ) -> tuple[dict[str, str], float, EpisodeResult]:
+        """An episode's headers, sampling temperature and (not yet graded) result."""
+        headers = {"X-Session-Id": session_id, "X-Task-Id": problem_id}
+        if eval:
+            headers["X-Onthejob-Tags"] = "eval"
+        result = EpisodeResult(
+            session_id=session_id,
+            problem_id=problem_id,
+            question=question,
+            eval=eval,
+            outcome="timeout",
+            answer=None,
+            correct=False,
+            reward=0.0,
+            brevity=0.0,
+            turns=0,
+            prompt_tokens=0,
+            completion_tokens=0,
+        )
+        return headers, (0.0 if eval else self.cfg.temperature), result
+
+    def _call(
+        self, messages: list[dict[str, str]], headers: dict[str, str], temperature: float, result: EpisodeResult
+    ) -> str:
+        """One chat turn through the proxy, counted in ``result``; the reply's text, appended to ``messages``."""
+        raw = self.client.chat.completions.with_raw_response.create(
+            model=self.cfg.model,
+            messages=messages,  # type: ignore[arg-type]
+            max_tokens=self.cfg.max_tokens,
+            temperature=temperature,
+            stop=list(self.cfg.stop),
+            extra_headers=headers,
+        )
+        completion = raw.parse()
+        result.turns += 1
+        if request_id := raw.headers.get("x-request-id"):
+            result.completion_ids.append(request_id)
+        result.served_models.append(completion.model)
+        tokens = completion.usage.completion_tokens if completion.usage is not None else 0
+        if completion.usage is not None:
+            result.prompt_tokens += completion.usage.prompt_tokens
+            result.completion_tokens += tokens
+        result.reply_tokens.append(tokens)
+        text = completion.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": text})  # verbatim: the next prompt extends this one
+        return text
+
     def _loop(
         self,
         problem: Problem,
@@ -191,26 +223,7 @@ class Harness:
         result: EpisodeResult,
     ) -> None:
         for _ in range(self.cfg.max_turns):
-            raw = self.client.chat.completions.with_raw_response.create(
-                model=self.cfg.model,
-                messages=messages,  # type: ignore[arg-type]
-                max_tokens=self.cfg.max_tokens,
-                temperature=temperature,
-                stop=list(self.cfg.stop),
-                extra_headers=headers,
-            )
-            completion = raw.parse()
-            result.turns += 1
-            if request_id := raw.headers.get("x-request-id"):
-                result.completion_ids.append(request_id)
-            result.served_models.append(completion.model)
-            if completion.usage is not None:
-                result.prompt_tokens += completion.usage.prompt_tokens
-                result.completion_tokens += completion.usage.completion_tokens
-            result.reply_tokens.append(completion.usage.completion_tokens if completion.usage is not None else 0)
-            text = completion.choices[0].message.content or ""
-            messages.append({"role": "assistant", "content": text})  # verbatim: the next prompt extends this one
-            action = parse_action(text)
+            action = parse_action(self._call(messages, headers, temperature, result))
             if action.kind == "answer":
                 result.outcome, result.answer = "answered", action.argument
                 return

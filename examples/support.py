@@ -374,26 +374,9 @@ class SupportHarness(Harness):
         if isinstance(problem, Problem):
             return super().episode(problem, eval=eval, session_id=session_id)
         session_id = session_id or f"sp-{uuid.uuid4().hex[:16]}"
-        headers = {"X-Session-Id": session_id, "X-Task-Id": problem.id}
-        if eval:
-            headers["X-Onthejob-Tags"] = "eval"
+        headers, temperature, result = self._begin(problem.id, problem.question, eval, session_id)
         messages = first_messages(problem)
-        result = EpisodeResult(
-            session_id=session_id,
-            problem_id=problem.id,
-            question=problem.question,
-            eval=eval,
-            outcome="timeout",
-            answer=None,
-            correct=False,
-            reward=0.0,
-            brevity=0.0,
-            turns=0,
-            prompt_tokens=0,
-            completion_tokens=0,
-        )
         looked_up: list[str] = []
-        temperature = 0.0 if eval else self.cfg.temperature
         try:
             self._support_loop(messages, headers, temperature, result, looked_up)
         except Exception as exc:  # noqa: BLE001 - an infrastructure failure: recorded, never graded
@@ -408,31 +391,6 @@ class SupportHarness(Harness):
                 result.error = f"customer reply: {type(exc).__name__}: {exc}"
         result.transcript = messages
         return result
-
-    def _call(
-        self, messages: list[dict[str, str]], headers: dict[str, str], temperature: float, result: EpisodeResult
-    ) -> str:
-        raw = self.client.chat.completions.with_raw_response.create(
-            model=self.cfg.model,
-            messages=messages,  # type: ignore[arg-type]
-            max_tokens=self.cfg.max_tokens,
-            temperature=temperature,
-            stop=list(self.cfg.stop),
-            extra_headers=headers,
-        )
-        completion = raw.parse()
-        result.turns += 1
-        if request_id := raw.headers.get("x-request-id"):
-            result.completion_ids.append(request_id)
-        result.served_models.append(completion.model)
-        tokens = completion.usage.completion_tokens if completion.usage is not None else 0
-        if completion.usage is not None:
-            result.prompt_tokens += completion.usage.prompt_tokens
-            result.completion_tokens += tokens
-        result.reply_tokens.append(tokens)
-        text = completion.choices[0].message.content or ""
-        messages.append({"role": "assistant", "content": text})  # verbatim: the next prompt extends this one
-        return text
 
     def _support_loop(
         self,

@@ -45,8 +45,8 @@ class Attestor:
         self.sessionmaker = sessionmaker
         self.router = router
         self.metrics = metrics
-        self.pending: set[asyncio.Task[Any]] = set()  # fingerprints being measured (held so they finish)
-        self.measuring: set[tuple[str, str, int]] = set()  # (project, alias, version) of those
+        # Fingerprints being measured, by (project, alias, version): held so they finish, one at a time each.
+        self.pending: dict[tuple[str, str, int], asyncio.Task[Any]] = {}
         router.on_reload = self.reloaded
 
     def soon(self, project: str, alias: str, version: int) -> None:
@@ -54,13 +54,10 @@ class Attestor:
         the probe (under load one engine call can take longer than the caller's timeout). Once at a time
         per version: a version whose probes all failed is tried again by the periodic check (:meth:`check_all`)."""
         key = (project, alias, version)
-        if key in self.measuring:
+        if key in self.pending:
             return
-        self.measuring.add(key)
-        task = asyncio.get_running_loop().create_task(self._record_logged(project, alias, version))
-        self.pending.add(task)
-        task.add_done_callback(self.pending.discard)
-        task.add_done_callback(lambda _: self.measuring.discard(key))
+        task = self.pending[key] = asyncio.get_running_loop().create_task(self._record_logged(*key))
+        task.add_done_callback(lambda _: self.pending.pop(key, None))
 
     async def _record_logged(self, project: str, alias: str, version: int) -> None:
         try:

@@ -209,13 +209,17 @@ def model_view(alias: str) -> dict[str, Any]:
     }
 
 
-async def _visible(request: Request) -> list[str]:
+async def _principal(request: Request) -> Any:
+    """The caller, by its key the way Google's SDK sends it (or Bearer, or ``x-api-key``)."""
     st: Any = request.app.state.onthejob
     headers = {k.lower(): v for k, v in request.headers.items()}
-    dialect = GeminiDialect(key=request.query_params.get("key"))
+    credentials = GeminiDialect(key=request.query_params.get("key")).credentials(headers)
     client = request.client.host if request.client else None
-    principal = await st.auth.admit(dialect.credentials(headers), headers.get("x-api-key"), client)
-    visible: list[str] = st.router.visible(principal.project_id)
+    return await st.auth.admit(credentials, headers.get("x-api-key"), client)
+
+
+async def _visible(request: Request) -> list[str]:
+    visible: list[str] = request.app.state.onthejob.router.visible((await _principal(request)).project_id)
     return visible
 
 
@@ -273,10 +277,7 @@ async def get_model(request: Request, model: str) -> Response:
 
 async def _count(request: Request, model: str) -> int:
     st: Any = request.app.state.onthejob
-    headers = {k.lower(): v for k, v in request.headers.items()}
-    dialect = GeminiDialect(model, key=request.query_params.get("key"))
-    client = request.client.host if request.client else None
-    principal = await st.auth.admit(dialect.credentials(headers), headers.get("x-api-key"), client)
+    principal = await _principal(request)
     payload = count_tokens_body(await read_json(request, st.settings.max_body_bytes), model)
     payload["model"] = st.router.resolve(principal.project_id, model).served_model
     return await engine_token_count(st, payload)

@@ -76,8 +76,6 @@ class AppState:
         spool = Spool(folder, settings.spool_max_bytes)
         recorder = Recorder(spool, maker, metrics, settings.drain_batch)
         linker = Linker(spool, maker)
-        if _sqlite(settings):  # one host: a parent found nowhere was never answered by another
-            linker.other_hosts = lambda: False
         policies = Policies(settings.spool_dir)  # the last known redaction policies, until the database answers
         policies.load()
         router = Router(maker, upstream, metrics, settings.default_project)

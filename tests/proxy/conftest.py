@@ -33,9 +33,18 @@ class Proxy:
         return f"{self.url}/v1"
 
     def stop(self, sig: str = "term") -> int:
+        """Stop the proxy. SIGTERM may take up to its own bounds: in-flight calls 30 s, then the
+        housekeeping thread 10 s and the last drain 10 s (proxy/state.py), inside uvicorn's 30 s grace;
+        a loaded CI machine once passed a 30 s wait here. Past 90 s it is a hang: killed, and the
+        log's tail is the error."""
         if self.proc.poll() is None:
             (self.proc.terminate if sig == "term" else self.proc.kill)()
-            self.proc.wait(30)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise AssertionError(f"proxy did not stop in 90 s: {self.log.read_text()[-3000:]}") from None
         return self.proc.returncode
 
     def wait_drained(self, timeout: float = 30.0) -> None:

@@ -31,7 +31,7 @@ from storage.deletion import Deleted, tombstoned_async
 from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
 from storage.records import CallRecord
-from storage.stored_form import Encoder, delta_enabled
+from storage.stored_form import Encoder, add_prefixes, add_prefixes_pg, delta_enabled
 
 log = logging.getLogger("onthejob.recorder")
 # Errors about a record's content (not about reaching the database): retrying will not help.
@@ -165,6 +165,8 @@ class Recorder:
                 if gone:
                     completions = self._drop_deleted(completions, gone)
                 if completions:
+                    if self.stored is not None:  # the shared prefixes these rows reference (storage/stored_form.py)
+                        await add_prefixes_pg(conn, self.stored.prefixes(completions))
                     await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
                 if gone:  # rows of sessions that have no call left (not those started afresh after the delete)
                     await bulk.drop_empty(conn, self._emptied(gone, completions))
@@ -209,6 +211,8 @@ class Recorder:
                 completions = self._drop_deleted(completions, gone)
                 rows = [c.row() for c in completions]
             if rows:
+                if self.stored is not None:  # the shared prefixes these rows reference (storage/stored_form.py)
+                    await add_prefixes(db, self.stored.prefixes(completions))
                 await conn.execute(insert(Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, completions)

@@ -57,6 +57,7 @@ from storage.models import (
     utcnow,
 )
 from storage.records import CallRecord, end_user_key
+from storage.stored_form import release_prefixes
 
 
 def _insert(db: DbSession | AsyncSession) -> Any:
@@ -110,6 +111,7 @@ def delete_sessions(db: DbSession, project: str, session_ids: Sequence[str], end
         Completion.project_id == project, Completion.session_id.in_(session_ids))))  # fmt: skip
     adapters = learned_from(db, project, calls=calls)
     feedback = delete_records(db, project, calls, session_ids)
+    release_prefixes(db, project, calls)  # the shared prefixes they reference (storage/stored_form.py)
     removed = deleted_count(db.execute(delete(Completion).where(Completion.project_id == project,
                                                          Completion.session_id.in_(session_ids))))  # fmt: skip
     db.execute(delete(Change).where(Change.project_id == project, Change.session_id.in_(session_ids)))

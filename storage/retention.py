@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from storage.deletion import delete_records, deleted_count
 from storage.models import Change, Completion, Feedback, Project, Session, utcnow
-from storage.stored_form import rewrite_children_in_full
+from storage.stored_form import release_prefixes, rewrite_children_in_full
 
 BATCH = 2000  # rows per transaction: a long backlog never holds one huge transaction
 
@@ -53,6 +53,7 @@ def expire(db: DbSession, project: str, cutoff: datetime, *, batch: int = BATCH)
             Completion.project_id == project, Completion.created_at < cutoff).limit(batch))):  # fmt: skip
         done["feedback"] += delete_records(db, project, calls, [])
         rewrite_children_in_full(db, project, calls)  # a kept call stored as a delta of one of these
+        release_prefixes(db, project, calls)  # and the shared prefixes these reference
         done["calls"] += deleted_count(db.execute(delete(Completion).where(Completion.project_id == project,
                                                                     Completion.id.in_(calls))))  # fmt: skip
         db.commit()

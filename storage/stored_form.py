@@ -4,37 +4,46 @@ A coding agent's session resends its whole history every call, so storing each c
 ``request`` and ``prompt_token_ids`` whole grows with turns². In the *delta form* a call
 linked to a parent the recorder has already committed stores only what is new:
 
-- ``request``: the messages beyond the parent's, every other key whose value differs from the
-  parent's, and a reference under :data:`MARK`::
+- ``request``: a reference under :data:`MARK` (its first key), the messages beyond the parent's,
+  and every other key whose value differs from the parent's::
 
-      {"messages": [<new ones>], "temperature": 0.2, "__stored__": {"parent": "<id>",
-       "messages": <how many the parent's give>, "same": ["tools", ...], "order": [<the keys>],
-       "ids": <how many prompt ids the parent's give, or null>}}
+      {"__stored__": {"parent": "<id>", "messages": <how many the parent's give>, "same": ["tools", ...],
+       "order": [<the keys>], "ids": <how many prompt ids the parent's give, or null>},
+       "messages": [<new ones>], "temperature": 0.2}
 
 - ``prompt_token_ids``: the ids beyond the first ``ids`` of the parent's (``ids`` null: stored whole).
 
-The first call of a session, a call whose parent's messages are not a prefix of its own, and
-every :data:`CHECKPOINT`-th call of a chain are stored in full (reading one call touches at
-most :data:`CHECKPOINT` rows). Rows stored before the delta form, and every full row, carry no
-:data:`MARK` and are read as they are.
+A call that begins a chain (a session's first call, a call whose history does not extend its
+parent's, every :data:`CHECKPOINT`-th call of a chain) has no parent to refer to; its leading
+system messages and its large keys (a harness's system prompt and tool list, the same in every
+session of a project) are stored once per project in ``stored_prefixes`` (content-addressed: the
+sha256 of their JSON, with a count of the rows referencing them) and the row references them
+(``{"__stored__": {"prefix": "<sha256>", ...}}``, the same fields). Prompt ids are not shared.
+
+Reading a call touches its chain back to the row that begins it: one recursive query for any
+number of calls (:class:`Rows`), plus one for the prefixes; rows of one ORM query share what
+was expanded, so loading a session in order reads each row once. Rows stored before the delta
+form, and every row in full, carry no :data:`MARK` and are read as they are.
 
 Every reader gets rows in full: ORM ``Completion`` rows through the load event :func:`on_load`
-(installed by storage/models/record.py), column reads through :func:`expand_requests`, anything
-else through :func:`expand_pairs`. The result is the full form: the result is the full form, equal to what the full
-form stores, key order included (the columns are plain JSON: text as written). The delta form is written only with
-``ONTHEJOB_STORED_FORM=delta`` (default ``full``) while the readers are brought over.
+(installed by storage/models/record.py), column reads through :func:`expand_requests`. The result
+is equal to what the full form stores, key order included (the columns are plain JSON: text as
+written). The delta form is written only with ``ONTHEJOB_STORED_FORM=delta`` (default ``full``).
 
 Deleting: a session delete (storage/deletion.py) takes a session's calls together, so a chain never
-loses a link to it. Retention takes calls by age, a live session's oldest among them: before a batch
-goes, each kept call stored as a delta of one of them is rewritten in full
-(:func:`rewrite_children_in_full`).
+loses a link to it; it releases their prefix references (:func:`release_prefixes`). Retention takes
+calls by age, a live session's oldest among them: before a batch goes, each kept call stored as a
+delta of one of them is rewritten in full (:func:`rewrite_children_in_full`), and the batch's
+prefix references are released.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -43,10 +52,18 @@ import orjson
 from storage.records import CallRecord, dump_json
 
 MARK = "__stored__"
-CHECKPOINT = 16  # every 16th call of a chain is stored in full
+# Reading one call touches at most this many rows (one query whatever the count). Sessions are 50-300
+# calls: a checkpoint costs the call's whole history again, so they are rare.
+CHECKPOINT = 256
 _BIG = 256  # a key other than messages is referenced to the parent's when its JSON is at least this long
+PREFIX_MIN = 1024  # a chain's first row references a shared prefix when that prefix is at least this long
+_LEADING = ("system", "developer")  # the roles of the messages a shared prefix holds
+# How a delta's text begins (orjson writes it so): the recursive query follows only these rows' parents.
+DELTA_HEAD = '{"' + MARK + '":{"parent":'
+_PREFIX_REF = re.compile(rb'"prefix":\s*"([0-9a-f]{64})"')
 
 Pair = tuple[Any, Any]  # (request, prompt_token_ids) as stored or as expanded
+Prefixes = dict[tuple[str, str], tuple[bytes, int]]  # (project, hash) → (body's JSON, references added)
 
 
 def delta_enabled() -> bool:
@@ -57,7 +74,7 @@ def delta_enabled() -> bool:
 class _Full:
     request: dict[str, Any]
     ids: bytes  # the prompt ids' JSON text, as recorded
-    depth: int  # rows behind this one to its checkpoint
+    depth: int  # rows behind this one to the row that begins its chain
 
 
 class Encoder:
@@ -67,12 +84,23 @@ class Encoder:
         self.size = size
         self._recent: OrderedDict[str, _Full] = OrderedDict()
         self._pending: dict[str, _Full] = {}
+        self._refs: dict[str, tuple[str, str, bytes]] = {}  # call id → (project, prefix hash, its body)
 
     def encode(self, records: Sequence[CallRecord]) -> list[CallRecord]:
         """The records as they are inserted (in one transaction): copies in the delta form where the
         parent is committed or earlier in ``records``. :meth:`committed` once the batch is in."""
-        self._pending = {}
+        self._pending, self._refs = {}, {}
         return [self._encode(r) for r in records]
+
+    def prefixes(self, inserted: Iterable[CallRecord]) -> Prefixes:
+        """The shared prefixes the ``inserted`` rows (of the last :meth:`encode`) reference, with their counts."""
+        out: Prefixes = {}
+        for r in inserted:
+            ref = self._refs.get(r.id)
+            if ref is not None:
+                body, n = out.get(ref[:2], (ref[2], 0))
+                out[ref[:2]] = (body, n + 1)
+        return out
 
     def committed(self) -> None:
         """The last :meth:`encode`'s records are in the database: remember them as parents."""
@@ -87,17 +115,48 @@ class Encoder:
         if r.request[:1] != b"{" or r.dialect != "chat":
             return r  # other dialects are read by id as columns (proxy/dialects/lookup.py): kept whole
         request = orjson.loads(r.request)
+        if not isinstance(request, dict) or MARK in request:
+            return r
         parent = (self._pending.get(r.parent_id) or self._recent.get(r.parent_id)) if r.parent_id else None
         stored = None
         if parent is not None and parent.depth + 1 < CHECKPOINT:
-            stored = _delta_of(request, r.prompt_token_ids, parent)
-        self._pending[r.id] = _Full(request, r.prompt_token_ids, 0 if stored is None or parent is None
-                                    else parent.depth + 1)  # fmt: skip
+            stored = _delta_of(request, r.prompt_token_ids, parent.request, parent.ids)
+        self._pending[r.id] = _Full(
+            request, r.prompt_token_ids, 0 if stored is None or parent is None else parent.depth + 1
+        )
+        if stored is not None:
+            stored_request, stored_ids = stored
+            stored_request[MARK] = {"parent": r.parent_id, **stored_request[MARK]}
+            return replace(r, request=dump_json(stored_request), prompt_token_ids=stored_ids)
+        prefix = _prefix_of(request)
+        if prefix is None:
+            return r
+        digest, body, text = prefix
+        stored = _delta_of(request, b"null", body, b"null")
         if stored is None:
             return r
-        stored_request, stored_ids = stored
-        stored_request[MARK]["parent"] = r.parent_id
-        return replace(r, request=dump_json(stored_request), prompt_token_ids=stored_ids)
+        self._refs[r.id] = (r.project_id, digest, text)
+        stored[0][MARK] = {"prefix": digest, **stored[0][MARK]}
+        return replace(r, request=dump_json(stored[0]))
+
+
+def _prefix_of(request: dict[str, Any]) -> tuple[str, dict[str, Any], bytes] | None:
+    """(sha256, body, body's JSON) of the part of ``request`` a project's sessions share: its leading
+    system messages and its large keys other than messages; None when that is short."""
+    messages = request.get("messages")
+    if not isinstance(messages, list):
+        return None
+    n = 0
+    while n < len(messages) and isinstance(messages[n], dict) and messages[n].get("role") in _LEADING:
+        n += 1
+    body: dict[str, Any] = {"messages": messages[:n]}
+    for key, value in request.items():
+        if key != "messages" and len(dump_json(value)) >= _BIG:
+            body[key] = value
+    text = dump_json(body)
+    if len(text) < PREFIX_MIN:
+        return None
+    return hashlib.sha256(text).hexdigest(), body, text
 
 
 def _ids_suffix(ids: bytes, before: bytes) -> tuple[int, bytes] | None:
@@ -116,37 +175,43 @@ def _ids_suffix(ids: bytes, before: bytes) -> tuple[int, bytes] | None:
     return None  # "[1,2,3" then a digit: 33 is not 3
 
 
-def _delta_of(request: Any, ids: bytes, parent: _Full) -> tuple[dict[str, Any], bytes] | None:
-    """(stored request, stored ids' JSON) of ``request``/``ids`` against ``parent``, or None: in full."""
-    if not isinstance(request, dict) or MARK in request:
-        return None
-    messages, before = request.get("messages"), parent.request.get("messages")
+def _delta_of(
+    request: dict[str, Any], ids: bytes, base: dict[str, Any], base_ids: bytes
+) -> tuple[dict[str, Any], bytes] | None:
+    """(stored request, stored ids' JSON) of ``request``/``ids`` against ``base`` (a parent's full request,
+    or a shared prefix), or None: in full. The request's :data:`MARK` comes first, without its reference."""
+    messages, before = request.get("messages"), base.get("messages")
     if not isinstance(messages, list) or not isinstance(before, list) or messages[: len(before)] != before:
         return None
-    suffix = _ids_suffix(ids, parent.ids)
-    n_ids = suffix[0] if suffix is not None else None
-    out: dict[str, Any] = {}
+    suffix = _ids_suffix(ids, base_ids)
     same = []
+    rest: dict[str, Any] = {}
     for key, value in request.items():
         if key == "messages":
-            out[key] = messages[len(before) :]
-        elif key in parent.request and parent.request[key] == value and len(dump_json(value)) >= _BIG:
+            rest[key] = messages[len(before) :]
+        elif key in base and base[key] == value and len(dump_json(value)) >= _BIG:
             same.append(key)
         else:
-            out[key] = value
-    out[MARK] = {"parent": None, "messages": len(before), "same": same, "order": list(request), "ids": n_ids}
-    return out, (suffix[1] if suffix is not None else ids)
+            rest[key] = value
+    mark = {
+        "messages": len(before),
+        "same": same,
+        "order": list(request),
+        "ids": suffix[0] if suffix is not None else None,
+    }
+    return {MARK: mark, **rest}, (suffix[1] if suffix is not None else ids)
 
 
 def is_delta(request: Any) -> bool:
+    """Whether a stored request refers to another row or a shared prefix (reads must expand it)."""
     return isinstance(request, dict) and MARK in request
 
 
-def expand_one(stored: Pair, parent_full: Pair) -> Pair:
-    """A delta row's (request, ids) in full, given its parent's in full."""
+def expand_one(stored: Pair, base: Pair) -> Pair:
+    """A stored row's (request, ids) in full, given its base's in full (its parent's, or a prefix's)."""
     request, ids = stored
     mark = request[MARK]
-    before_request, before_ids = parent_full
+    before_request, before_ids = base
     full: dict[str, Any] = {}
     for key in mark["order"]:
         if key == "messages":
@@ -155,26 +220,46 @@ def expand_one(stored: Pair, parent_full: Pair) -> Pair:
             full[key] = before_request[key]
         else:
             full[key] = request[key]
-    if mark["ids"] is not None:
+    if mark["ids"] is not None and before_ids is not None:  # None: a read of requests alone
         ids = list(before_ids[: mark["ids"]]) + list(ids or [])
     return full, ids
 
 
-def _parents(rows: Iterable[Pair]) -> set[str]:
-    return {r[MARK]["parent"] for r, _ in rows if is_delta(r)}
+# --------------------------------------------------------------------------- reading
 
 
-def _resolve(stored: dict[str, Pair], known: dict[str, Pair]) -> dict[str, Pair]:
-    """Every row of ``stored`` in full, its chains' rows all in ``known``."""
-    full: dict[str, Pair] = {}
+Fetch = Callable[[list[str]], dict[str, Pair]]  # ids → those rows and their chains' rows, as stored
+FetchPrefixes = Callable[[list[str]], dict[str, Any]]  # hashes → bodies
+
+
+def expand_with(
+    stored: dict[str, Pair], fetch: Fetch, prefixes: FetchPrefixes, full: dict[str, Pair] | None = None
+) -> dict[str, Pair]:
+    """Every row of ``stored`` (id → stored (request, ids)) in full. ``full``: rows already in full
+    (updated with every row expanded here); ``fetch`` reads rows with their chains, ``prefixes`` bodies."""
+    full = {} if full is None else full
+    known = dict(stored)
+    todo = {_parent(r) for r, _ in known.values() if is_delta(r)} - {None} - known.keys() - full.keys()
+    while todo:  # once: the query follows every chain (a row written by another serialiser: again)
+        got = fetch(sorted(t for t in todo if t is not None))
+        missing = todo - got.keys()
+        if missing:
+            raise LookupError(f"stored form: parent rows {sorted(str(m) for m in missing)[:3]} are gone")
+        known.update(got)
+        todo = {_parent(r) for r, _ in got.values() if is_delta(r)} - {None} - known.keys() - full.keys()
+    wanted = {r[MARK]["prefix"] for r, _ in known.values() if is_delta(r) and r[MARK].get("prefix")}
+    bodies = prefixes(sorted(wanted)) if wanted else {}
+    if wanted - bodies.keys():
+        raise LookupError(f"stored form: shared prefixes {sorted(wanted - bodies.keys())[:3]} are gone")
 
     def resolve(call_id: str) -> Pair:
         chain = []
-        while call_id not in full and is_delta(known[call_id][0]):
+        while call_id not in full and is_delta(known[call_id][0]) and _parent(known[call_id][0]) is not None:
             chain.append(call_id)
-            call_id = known[call_id][0][MARK]["parent"]
+            call_id = _parent(known[call_id][0])  # type: ignore[assignment]
         if call_id not in full:
-            full[call_id] = known[call_id]
+            row = known[call_id]
+            full[call_id] = expand_one(row, (bodies[row[0][MARK]["prefix"]], None)) if is_delta(row[0]) else row
         for child in reversed(chain):
             full[child] = expand_one(known[child], full[call_id])
             call_id = child
@@ -183,64 +268,82 @@ def _resolve(stored: dict[str, Pair], known: dict[str, Pair]) -> dict[str, Pair]
     return {i: resolve(i) for i in stored}
 
 
-def _check(todo: set[str], got: dict[str, Pair]) -> None:
-    missing = todo - got.keys()
-    if missing:
-        raise LookupError(f"stored form: parent rows {sorted(missing)[:3]} are gone")
+def _parent(request: dict[str, Any]) -> str | None:
+    parent: str | None = request[MARK].get("parent")
+    return parent
 
 
-async def expand_pairs(
-    stored: dict[str, Pair], fetch: Callable[[list[str]], Awaitable[dict[str, Pair]]]
-) -> dict[str, Pair]:
-    """Every row of ``stored`` (id → stored (request, ids)) in full; ``fetch`` reads more rows by id."""
-    known = dict(stored)
-    todo = _parents(known.values()) - known.keys()
-    while todo:
-        got = await fetch(sorted(todo))
-        _check(todo, got)
-        known.update(got)
-        todo = _parents(got.values()) - known.keys()
-    return _resolve(stored, known)
+CHAIN_SQL = f"""WITH RECURSIVE chain(id, parent_id, delta) AS (
+  SELECT id, parent_id, substr(CAST(request AS TEXT), 1, {len(DELTA_HEAD)}) = '{DELTA_HEAD}'
+    FROM completions WHERE id IN :ids
+  UNION
+  SELECT c.id, c.parent_id, substr(CAST(c.request AS TEXT), 1, {len(DELTA_HEAD)}) = '{DELTA_HEAD}'
+    FROM completions c JOIN chain ON c.id = chain.parent_id WHERE chain.delta
+)
+SELECT id, request, prompt_token_ids FROM completions WHERE id IN (SELECT id FROM chain)"""
 
 
-def expand_pairs_sync(stored: dict[str, Pair], fetch: Callable[[list[str]], dict[str, Pair]]) -> dict[str, Pair]:
-    """:func:`expand_pairs` with a blocking ``fetch``."""
-    known = dict(stored)
-    todo = _parents(known.values()) - known.keys()
-    while todo:
-        got = fetch(sorted(todo))
-        _check(todo, got)
-        known.update(got)
-        todo = _parents(got.values()) - known.keys()
-    return _resolve(stored, known)
+class Rows:
+    """Reading stored rows through a SQLAlchemy connection (Core: no ORM events, no autoflush), Postgres or
+    SQLite: a row's chain back to the row that begins it in one recursive query. What it expanded, and the
+    prefixes it read, it keeps (one per ORM query, or per call of :func:`expand_requests`)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.full: dict[str, Pair] = {}
+        self.bodies: dict[str, Any] = {}
+
+    def fetch(self, ids: list[str]) -> dict[str, Pair]:
+        from sqlalchemy import bindparam, text
+
+        from storage.models import Completion
+
+        json_type = Completion.__table__.c.request.type
+        stmt = (
+            text(CHAIN_SQL)
+            .bindparams(bindparam("ids", expanding=True))
+            .columns(id=Completion.__table__.c.id.type, request=json_type, prompt_token_ids=json_type)
+        )
+        return {row[0]: (row[1], row[2]) for row in self.conn.execute(stmt, {"ids": ids})}
+
+    def prefixes(self, hashes: list[str]) -> dict[str, Any]:
+        from sqlalchemy import select
+
+        from storage.models import StoredPrefix
+
+        todo = [h for h in hashes if h not in self.bodies]
+        if todo:
+            p = StoredPrefix.__table__.c
+            # One hash is one text in every project: any copy reads the same.
+            for digest, body in self.conn.execute(select(p.hash, p.body).where(p.hash.in_(todo))):
+                self.bodies[digest] = body
+        return {h: self.bodies[h] for h in hashes if h in self.bodies}
+
+    def expand(self, stored: dict[str, Pair]) -> dict[str, Pair]:
+        return expand_with(stored, self.fetch, self.prefixes, self.full)
 
 
-def _fetch_with(conn: Any) -> Callable[[list[str]], dict[str, Pair]]:
-    """Rows by id through a SQLAlchemy connection (Core: no ORM events, no autoflush)."""
-    from sqlalchemy import select
-
-    from storage.models import Completion
-
-    t = Completion.__table__.c
-
-    def fetch(ids: list[str]) -> dict[str, Pair]:
-        rows = conn.execute(select(t.id, t.request, t.prompt_token_ids).where(t.id.in_(ids))).all()
-        return {row[0]: (row[1], row[2]) for row in rows}
-
-    return fetch
+_CACHE = "onthejob.stored_form.full"
 
 
 def on_load(target: Any, context: Any, attrs: Any = None) -> None:
     """The ORM's load (and refresh) event of ``Completion``: a delta row arrives in full, as loaded
-    (never written back). Runs inside the session's connection, async sessions included."""
+    (never written back). Runs inside the session's connection, async sessions included. Rows of one
+    query share what was expanded: the parent of a row loaded after it costs no query."""
     state = target.__dict__
     request = state.get("request")
     if not is_delta(request):
         return
     from sqlalchemy.orm.attributes import set_committed_value
 
+    shared = getattr(context, "attributes", None)
     conn = context.session.connection()
-    pair = expand_pairs_sync({target.id: (request, state.get("prompt_token_ids"))}, _fetch_with(conn))[target.id]
+    rows = shared.get(_CACHE) if isinstance(shared, dict) else None
+    if rows is None or rows.conn is not conn:
+        rows = Rows(conn)
+        if isinstance(shared, dict):
+            shared[_CACHE] = rows
+    pair = rows.expand({target.id: (request, state.get("prompt_token_ids"))})[target.id]
     set_committed_value(target, "request", pair[0])
     set_committed_value(target, "prompt_token_ids", pair[1])
 
@@ -250,24 +353,95 @@ def expand_requests(conn: Any, rows: dict[str, Any]) -> dict[str, Any]:
     deltas = {i: (r, None) for i, r in rows.items() if is_delta(r)}
     if not deltas:
         return rows
-    full = expand_pairs_sync(deltas, _fetch_with(conn))
+    full = Rows(conn).expand(deltas)
     return {i: full[i][0] if i in full else r for i, r in rows.items()}
 
 
 def full_columns_sync(conn: Any, call_id: str) -> dict[str, str]:
     """One call's ``request`` and ``prompt_token_ids`` JSON text in full, through a psycopg connection
     (bench/long_sessions.py sizes today's form of a row with it)."""
-    import asyncio
+    sql = CHAIN_SQL.replace("IN :ids", "= ANY(%(ids)s)").replace("%", "%%").replace("%%(ids)s", "%(ids)s")
 
-    def fetch_now(ids: list[str]) -> dict[str, Pair]:
-        rows = conn.execute("SELECT id, request, prompt_token_ids FROM completions WHERE id = ANY(%s)", (ids,))
-        return {r[0]: (r[1], r[2]) for r in rows.fetchall()}
+    def fetch(ids: list[str]) -> dict[str, Pair]:
+        return {r[0]: (r[1], r[2]) for r in conn.execute(sql, {"ids": ids}).fetchall()}
 
-    async def fetch(ids: list[str]) -> dict[str, Pair]:
-        return fetch_now(ids)
+    def prefixes(hashes: list[str]) -> dict[str, Any]:
+        rows = conn.execute("SELECT hash, body FROM stored_prefixes WHERE hash = ANY(%s)", (hashes,)).fetchall()
+        return {r[0]: r[1] for r in rows}
 
-    request, ids = asyncio.run(expand_pairs(fetch_now([call_id]), fetch))[call_id]
+    first = fetch([call_id])
+    request, ids = expand_with(
+        {call_id: first[call_id]}, lambda i: first if set(i) <= first.keys() else fetch(i), prefixes
+    )[call_id]
     return {"request": dump_json(request).decode(), "prompt_token_ids": dump_json(ids).decode()}
+
+
+# --------------------------------------------------------------------------- writing and deleting
+
+
+ADD_PREFIXES_PG = """INSERT INTO stored_prefixes (project_id, hash, body, refs, created_at)
+SELECT x.project_id, x.hash, x.body, x.refs, now()
+  FROM json_to_recordset(%s::json) AS x(project_id text, hash text, body json, refs int)
+ON CONFLICT (project_id, hash) DO UPDATE SET refs = stored_prefixes.refs + excluded.refs"""
+
+
+async def add_prefixes_pg(conn: Any, prefixes: Prefixes) -> None:
+    """Count the references of a batch's rows in the recorder's transaction (psycopg), inserting new prefixes."""
+    if prefixes:
+        rows = [
+            {"project_id": p, "hash": h, "body": orjson.Fragment(body), "refs": n}
+            for (p, h), (body, n) in sorted(prefixes.items())
+        ]
+        await conn.execute(ADD_PREFIXES_PG, [orjson.dumps(rows).decode()])
+
+
+async def add_prefixes(db: Any, prefixes: Prefixes) -> None:
+    """:func:`add_prefixes_pg` through an async SQLAlchemy session (any database)."""
+    if not prefixes:
+        return
+    from storage.db import insert_for
+    from storage.models import StoredPrefix, utcnow
+
+    conn = await db.connection()
+    table = StoredPrefix.__table__
+    stmt = insert_for(conn.dialect.name)(table)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["project_id", "hash"], set_={"refs": table.c.refs + stmt.excluded.refs}
+    )
+    now = utcnow()
+    await conn.execute(
+        stmt,
+        [
+            {"project_id": p, "hash": h, "body": orjson.loads(body), "refs": n, "created_at": now}
+            for (p, h), (body, n) in sorted(prefixes.items())
+        ],
+    )
+
+
+def release_prefixes(db: Any, project: str, calls: Sequence[str]) -> int:
+    """Before ``calls`` are deleted (storage/deletion.py, storage/retention.py): take their references off the
+    project's shared prefixes, and delete those no row references any more. How many references went."""
+    from sqlalchemy import String, cast, delete, func, select, update
+
+    from storage.models import Completion, StoredPrefix
+
+    if not calls:
+        return 0
+    t = Completion.__table__.c
+    head = select(func.substr(cast(t.request, String), 1, 160))
+    rows = db.execute(head.where(t.project_id == project, t.id.in_(list(calls)))).scalars()
+    counts = Counter(
+        m.group(1).decode()
+        for text in rows
+        if text and text.startswith('{"' + MARK)
+        if (m := _PREFIX_REF.search(text.encode())) is not None
+    )
+    p = StoredPrefix.__table__.c
+    for digest, n in counts.items():
+        db.execute(update(StoredPrefix).where(p.project_id == project, p.hash == digest).values(refs=p.refs - n))
+    if counts:
+        db.execute(delete(StoredPrefix).where(p.project_id == project, p.hash.in_(list(counts)), p.refs <= 0))
+    return sum(counts.values())
 
 
 def rewrite_children_in_full(db: Any, project: str, doomed: list[str]) -> int:
@@ -280,11 +454,14 @@ def rewrite_children_in_full(db: Any, project: str, doomed: list[str]) -> int:
 
     t = Completion.__table__.c
     conn = db.connection()
-    rows = conn.execute(select(t.id, t.request, t.prompt_token_ids).where(
-        t.project_id == project, t.parent_id.in_(doomed), t.id.not_in(doomed))).all()  # fmt: skip
-    deltas = {r[0]: (r[1], r[2]) for r in rows if is_delta(r[1])}
+    rows = conn.execute(
+        select(t.id, t.request, t.prompt_token_ids).where(
+            t.project_id == project, t.parent_id.in_(doomed), t.id.not_in(doomed)
+        )
+    ).all()
+    deltas = {r[0]: (r[1], r[2]) for r in rows if is_delta(r[1]) and _parent(r[1]) is not None}
     if not deltas:
         return 0
-    for call_id, (request, ids) in expand_pairs_sync(deltas, _fetch_with(conn)).items():
+    for call_id, (request, ids) in Rows(conn).expand(deltas).items():
         conn.execute(update(Completion).where(Completion.id == call_id).values(request=request, prompt_token_ids=ids))
     return len(deltas)

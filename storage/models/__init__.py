@@ -13,6 +13,7 @@ from storage.models.ops import Alert, Change, ChangeCursor, CompletionFlag, EndU
 from storage.models.promotion import Attestation, Eval, PromotionEvent, PromotionPolicy
 from storage.models.rate_leases import RateLease
 from storage.models.record import Alias, ApiKey, Completion, Feedback, Project, Session
+from storage.models.stored import StoredPrefix
 from storage.models.training import (
     Adapter,
     Deployment,
@@ -55,4 +56,5 @@ __all__ = [
     "Dataset",
     "DatasetItem",
     "RateLease",
+    "StoredPrefix",
 ]

@@ -2,9 +2,11 @@
 
 One corpus of call records, as ``ProxiedCall.save`` writes them, goes through the recorder twice:
 once with ``ONTHEJOB_STORED_FORM=delta``, once in full (the default), each into its own database
-(Postgres; SQLite through the portable path). The corpus: a 40-call chain (past two checkpoints),
+(Postgres; SQLite through the portable path). The corpus: a 40-call chain (past two checkpoints:
+:data:`CHECKPOINT` is lowered to 16 for it),
 a branch (two children of one parent), a call with n=2 choices, streamed calls, a redacted call
-(no prompt ids, another history: a mismatch), and a Responses-dialect chain (stored in full);
+(no prompt ids, another history: a mismatch), a session of another project with the same system
+prompt and tools (its own shared prefix), and a Responses-dialect chain (stored in full);
 retention mid-session in its own test. Every read path is compared: the ORM rows (load event), a
 refresh, the GET view, the miner's column read and its real pass (flags), trajectories and the SFT
 export. Not here yet: a session deleted mid-way (storage/deletion.py takes whole sessions).
@@ -13,6 +15,7 @@ export. Not here yet: a session deleted mid-way (storage/deletion.py takes whole
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +28,14 @@ from proxy.metrics import Metrics
 from proxy.recorder import Recorder
 from proxy.routes_openai import completion_view
 from proxy.spool import Spool
+from storage import stored_form
 from storage.db import async_engine, sync_engine
 from storage.export import sft_rows
 from storage.migrate import upgrade
 from storage.mine_store import _CALL_COLUMNS, expanded, mine
 from storage.models import Completion, CompletionFlag
 from storage.records import CallRecord
-from storage.stored_form import CHECKPOINT, MARK, is_delta
+from storage.stored_form import MARK, is_delta
 from storage.trajectories import assemble, trajectory_to_dict
 from tests.proxy.records import record
 
@@ -61,6 +65,9 @@ def chain(session: str, turns: int, *, dialect: str = "chat", start: int = 0) ->
     return out
 
 
+CHECKPOINT = 16  # the corpus's checkpoint (the default is longer than any chain here)
+
+
 def corpus() -> list[CallRecord]:
     main = chain("ses_long", 2 * CHECKPOINT + 8)
     branch = chain("ses_branch", 4)
@@ -73,7 +80,8 @@ def corpus() -> list[CallRecord]:
                          client_request=None, client_response=None, prompt_token_ids=None,
                          request={"model": "m", "messages": [{"role": "user", "content": "[redacted]"}]})  # fmt: skip
     responses = chain("ses_responses", 5, dialect="responses", start=100)
-    return [*main, *branch, fork, *redacted, *responses]
+    other = [replace(r, project_id="q") for r in chain("ses_other", 3, start=120)]
+    return [*main, *branch, fork, *redacted, *responses, *other]
 
 
 async def drain(engine: AsyncEngine, folder: Path, records: list[CallRecord], batch: int) -> None:
@@ -90,6 +98,7 @@ async def drain(engine: AsyncEngine, folder: Path, records: list[CallRecord], ba
 
 def record_both(url_full: str, url_delta: str, tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     records = corpus()
+    monkeypatch.setattr(stored_form, "CHECKPOINT", CHECKPOINT)
     for url, form in ((url_full, "full"), (url_delta, "delta")):
         monkeypatch.setenv("ONTHEJOB_STORED_FORM", form)
         engine = async_engine(url)
@@ -172,11 +181,14 @@ def test_checkpoints_and_what_stays_full(pg_factory: Any, tmp_path: Path, monkey
     assert all(not is_delta(r.request) for r in by_session["ses_responses"])  # other dialects: in full
     for r in rows.values():
         depth, at = 0, r
-        while is_delta(at.request):
+        while is_delta(at.request) and "parent" in at.request[MARK]:
             assert at.request[MARK]["parent"] == at.parent_id
             at, depth = rows[at.parent_id], depth + 1
         assert depth < CHECKPOINT  # reading any call touches at most CHECKPOINT rows
-    assert not is_delta(by_session["ses_long"][0].request)  # a session's first call: in full
+    first = by_session["ses_long"][0].request  # a session's first call: in full but its shared prefix
+    assert list(first[MARK]) == ["prefix", "messages", "same", "order", "ids"] and first[MARK]["same"] == ["tools"]
+    checkpoint = by_session["ses_long"][CHECKPOINT].request
+    assert "prefix" in checkpoint[MARK] and len(checkpoint["messages"]) == 2 * CHECKPOINT + 1
 
 
 def test_prompt_ids_are_shared_only_when_the_parents_are_a_prefix() -> None:

@@ -141,12 +141,44 @@ def storage(db_url: str) -> dict[str, float]:
         last_sql = "SELECT DISTINCT ON (session_id) id FROM completions ORDER BY session_id, created_at DESC"
         last_ids = [r[0] for r in conn.execute(last_sql).fetchall()]
         full = [full_record_bytes(conn, i, cols) for i in last_ids]
+        extra = shared_tables_logical(conn, tables)
+        breakdown = where_bytes_go(conn, cols, tables)
     n = len(rows)
-    logical = sum(int(r[2]) for r in rows) / n
+    logical = (sum(int(r[2]) for r in rows) + extra) / n
     packed_b = sum(int(r[3]) for r in rows) / n
     ref = sum(full) / len(full)
     return {"sessions": n, "calls": sum(int(r[1]) for r in rows) / n, "logical": logical, "packed": packed_b,
-            "disk": disk / n, "full_last": ref, "tables": len(tables)}  # fmt: skip
+            "disk": disk / n, "full_last": ref, "tables": len(tables),
+            "breakdown": {k: v / n for k, v in breakdown.items()}}  # fmt: skip
+
+
+def shared_tables_logical(conn: psycopg.Connection[Any], tables: list[str]) -> int:
+    """The logical bytes of the tables the stored form adds (every column's text), over all sessions."""
+    total = 0
+    for table in tables:
+        if table == "completions":
+            continue
+        sql = "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND table_schema = 'public'"
+        cols = [r[0] for r in conn.execute(sql, (table,)).fetchall()]
+        length = " + ".join(f"coalesce(octet_length({c}::text), 0)" for c in cols)
+        total += int(conn.execute(f"SELECT coalesce(sum({length}), 0) FROM {table}").fetchone()[0])  # type: ignore[index]
+    return total
+
+
+def where_bytes_go(conn: psycopg.Connection[Any], cols: list[str], tables: list[str]) -> dict[str, int]:
+    """Over all sessions: each completions column's logical bytes and pg_column_size, then each table's
+    heap, TOAST and indexes on disk (what ``--breakdown`` prints, largest first)."""
+    logical = ", ".join(f"coalesce(sum(octet_length({c}::text)), 0)" for c in cols)
+    packed = ", ".join(f"coalesce(sum(pg_column_size({c})), 0)" for c in cols)
+    row = conn.execute(f"SELECT {logical}, {packed} FROM completions").fetchone() or ()
+    out = {f"completions.{c} logical": int(row[i]) for i, c in enumerate(cols)}
+    out |= {f"completions.{c} pg_column_size": int(row[len(cols) + i]) for i, c in enumerate(cols)}
+    for t in tables:
+        sizes = "SELECT pg_relation_size(c.oid), coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0), "
+        sizes += "pg_indexes_size(c.oid) FROM pg_class c WHERE c.relname = %s"
+        heap, toast, index = conn.execute(sizes, (t,)).fetchone() or (0, 0, 0)
+        out |= {f"{t}: heap on disk": int(heap), f"{t}: TOAST on disk": int(toast), f"{t}: indexes on disk": int(index)}
+    return out
 
 
 def full_record_bytes(conn: psycopg.Connection[Any], call_id: str, cols: list[str]) -> int:
@@ -188,7 +220,6 @@ def main() -> None:
     parser.add_argument("--late-turn", type=int, help="the turn whose call req/s is measured (0-based)")
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rate-seconds", type=float, default=8.0)
-    args = parser.parse_args()
     parser.add_argument(
         "--forms",
         default="full,delta",
@@ -228,6 +259,10 @@ def one(args: argparse.Namespace, form: str) -> dict[str, str]:
                 server.stop()
     first, last, full = run["extra_ms"]["first"], run["extra_ms"]["last"], st["full_last"]
     print(f"  {form}: {wall:.0f} s; sessions a conversation: {run['sessions_per_conversation']}", flush=True)
+    print(f"  {form}: where a session's bytes go (÷ the last call's full record), largest first:")
+    for name, size in sorted(st["breakdown"].items(), key=lambda kv: -kv[1]):
+        if size >= full / 1000:
+            print(f"    {name:<48} {size / 1e3:>10,.1f} kB  {size / full:6.3f}x")
     return {
         "calls a session": f"{st['calls']:.0f}",
         "full record of the last call (logical)": f"{full / 1e3:,.1f} kB",

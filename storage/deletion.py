@@ -57,7 +57,7 @@ from storage.models import (
     utcnow,
 )
 from storage.records import CallRecord, end_user_key
-from storage.stored_form import release_prefixes
+from storage.stored_form import release_prefixes, rewrite_children_in_full
 
 
 def _insert(db: DbSession | AsyncSession) -> Any:
@@ -111,6 +111,9 @@ def delete_sessions(db: DbSession, project: str, session_ids: Sequence[str], end
         Completion.project_id == project, Completion.session_id.in_(session_ids))))  # fmt: skip
     adapters = learned_from(db, project, calls=calls)
     feedback = delete_records(db, project, calls, session_ids)
+    # A call of another session stored as a delta of one of these (a parent is in its child's session
+    # as linking makes them; this keeps a chain whole should one ever cross) is rewritten in full first.
+    rewrite_children_in_full(db, project, calls)
     release_prefixes(db, project, calls)  # the shared prefixes they reference (storage/stored_form.py)
     removed = deleted_count(db.execute(delete(Completion).where(Completion.project_id == project,
                                                          Completion.session_id.in_(session_ids))))  # fmt: skip

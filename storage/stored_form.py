@@ -28,7 +28,8 @@ form, and every row in full, carry no :data:`MARK` and are read as they are.
 Every reader gets rows in full: ORM ``Completion`` rows through the load event :func:`on_load`
 (installed by storage/models/record.py), column reads through :func:`expand_requests`. The result
 is equal to what the full form stores, key order included (the columns are plain JSON: text as
-written). The delta form is written only with ``ONTHEJOB_STORED_FORM=delta`` (default ``full``).
+written). The delta form is the default; ``ONTHEJOB_STORED_FORM=full`` writes every row in full (reads
+are the same either way, and a database may hold rows of both forms).
 
 Deleting: a session delete (storage/deletion.py) takes a session's calls together, so a chain never
 loses a link to it; it releases their prefix references (:func:`release_prefixes`). Retention takes
@@ -67,7 +68,7 @@ Prefixes = dict[tuple[str, str], tuple[bytes, int]]  # (project, hash) → (body
 
 
 def delta_enabled() -> bool:
-    return os.environ.get("ONTHEJOB_STORED_FORM", "full") == "delta"
+    return os.environ.get("ONTHEJOB_STORED_FORM", "delta") != "full"
 
 
 @dataclass(slots=True)

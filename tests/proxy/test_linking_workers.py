@@ -14,12 +14,16 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
-from sqlalchemy import text
+import orjson
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from storage.db import sync_engine
+from storage.models import Completion
 from tests.proxy.conftest import ProxyFactory
 
 CONVERSATIONS, TURNS = 12, 5
@@ -43,10 +47,13 @@ def rows_when_all_landed(db_url: str, expected: int) -> list[Any]:
     try:
         deadline = time.monotonic() + 30
         while True:
-            with eng.connect() as conn:
-                rows = conn.execute(text("SELECT session_id, request::text AS req FROM completions")).all()
+            with Session(eng) as db:  # ORM rows: a call stored as a delta of its parent arrives in full
+                rows = [
+                    SimpleNamespace(session_id=c.session_id, req=orjson.dumps(c.request).decode())
+                    for c in db.scalars(select(Completion))
+                ]
             if len(rows) >= expected or time.monotonic() > deadline:
-                return list(rows)
+                return rows
             time.sleep(0.1)
     finally:
         eng.dispose()

@@ -1,7 +1,7 @@
 """The delta form (storage/stored_form.py) reads back exactly what the full form stores, and stores less.
 
 One corpus of call records, as ``ProxiedCall.save`` writes them, goes through the recorder twice:
-once with ``ONTHEJOB_STORED_FORM=delta``, once in full (the default), each into its own database
+once in the delta form (the default), once with ``ONTHEJOB_STORED_FORM=full``, each into its own database
 (Postgres; SQLite through the portable path). The corpus: a 40-call chain (past two checkpoints:
 :data:`CHECKPOINT` is lowered to 16 for it),
 a branch (two children of one parent), a call with n=2 choices, streamed calls, a redacted call

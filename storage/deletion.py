@@ -82,46 +82,74 @@ def delete_end_user(db: DbSession, project: str, end_user: str) -> dict[str, Any
     """Delete every session with a call ``end_user`` made; tombstone the end user for calls still spooled."""
     key, at = end_user_key(end_user), db_clock(db)
     stmt = _insert(db)(EndUserTombstone).values(project_id=project, end_user=key, created_at=at)
-    db.execute(stmt.on_conflict_do_update(index_elements=["project_id", "end_user"],
-                                          set_={"created_at": stmt.excluded.created_at}))  # fmt: skip
-    sessions = sorted(set(db.scalars(select(Completion.session_id).where(
-        Completion.project_id == project, Completion.end_user == key))))  # fmt: skip
+    db.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["project_id", "end_user"], set_={"created_at": stmt.excluded.created_at}
+        )
+    )
+    sessions = sorted(
+        set(
+            db.scalars(
+                select(Completion.session_id).where(Completion.project_id == project, Completion.end_user == key)
+            )
+        )
+    )
     deleted, adapters = delete_sessions(db, project, sessions, end_user=key)
-    return {"id": end_user, "object": "end_user.deleted", "sessions": sessions, "deleted": deleted,
-            "adapters": adapters}  # fmt: skip
+    return {
+        "id": end_user,
+        "object": "end_user.deleted",
+        "sessions": sessions,
+        "deleted": deleted,
+        "adapters": adapters,
+    }
 
 
-def delete_sessions(db: DbSession, project: str, session_ids: Sequence[str], end_user: str | None = None
-                    ) -> tuple[dict[str, int], list[dict[str, Any]]]:  # fmt: skip
+def delete_sessions(
+    db: DbSession, project: str, session_ids: Sequence[str], end_user: str | None = None
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Tombstone and remove these sessions, log the delete (and ``end_user``'s, their stored key);
     (calls and feedback removed, versions that learned from them)."""
     now, insert = utcnow(), _insert(db)
     for session_id in session_ids:
         # Lock the session row (the recorder's upsert takes the same lock) before the tombstone.
-        db.execute(insert(Session).values(project_id=project, id=session_id, created_at=now, updated_at=now)
-                   .on_conflict_do_update(index_elements=["project_id", "id"], set_={"updated_at": now}))  # fmt: skip
+        db.execute(
+            insert(Session)
+            .values(project_id=project, id=session_id, created_at=now, updated_at=now)
+            .on_conflict_do_update(index_elements=["project_id", "id"], set_={"updated_at": now})
+        )
     if session_ids:
         # The time read after the locks: a call the recorder landed first was made before it.
         at = db_clock(db)
-        stmt = insert(Tombstone).values([{"project_id": project, "session_id": s, "created_at": at}
-                                         for s in session_ids])  # fmt: skip
-        db.execute(stmt.on_conflict_do_update(index_elements=["project_id", "session_id"],
-                                              set_={"created_at": stmt.excluded.created_at}))  # fmt: skip
-    calls = list(db.scalars(select(Completion.id).where(
-        Completion.project_id == project, Completion.session_id.in_(session_ids))))  # fmt: skip
+        stmt = insert(Tombstone).values(
+            [{"project_id": project, "session_id": s, "created_at": at} for s in session_ids]
+        )
+        db.execute(
+            stmt.on_conflict_do_update(
+                index_elements=["project_id", "session_id"], set_={"created_at": stmt.excluded.created_at}
+            )
+        )
+    calls = list(
+        db.scalars(
+            select(Completion.id).where(Completion.project_id == project, Completion.session_id.in_(session_ids))
+        )
+    )
     adapters = learned_from(db, project, calls=calls)
     feedback = delete_records(db, project, calls, session_ids)
     # A call of another session stored as a delta of one of these (a parent is in its child's session
     # as linking makes them; this keeps a chain whole should one ever cross) is rewritten in full first.
     rewrite_children_in_full(db, project, calls)
     release_prefixes(db, project, calls)  # the shared prefixes they reference (storage/stored_form.py)
-    removed = deleted_count(db.execute(delete(Completion).where(Completion.project_id == project,
-                                                         Completion.session_id.in_(session_ids))))  # fmt: skip
+    removed = deleted_count(
+        db.execute(delete(Completion).where(Completion.project_id == project, Completion.session_id.in_(session_ids)))
+    )
     db.execute(delete(Change).where(Change.project_id == project, Change.session_id.in_(session_ids)))
     db.execute(delete(Session).where(Session.project_id == project, Session.id.in_(session_ids)))
     # Datasets pinned copies of the sessions' feedback values: those go too (the dataset shows them as removed).
-    items = deleted_count(db.execute(delete(DatasetItem).where(DatasetItem.project_id == project,
-                                                               DatasetItem.session_id.in_(session_ids))))  # fmt: skip
+    items = deleted_count(
+        db.execute(
+            delete(DatasetItem).where(DatasetItem.project_id == project, DatasetItem.session_id.in_(session_ids))
+        )
+    )
     log_deletion(db, project, session_ids, end_user)  # after the sessions' own entries went
     return {"calls": removed, "feedback": feedback, "dataset_items": items}, adapters
 
@@ -138,13 +166,17 @@ def delete_records(db: DbSession, project: str, calls: Sequence[str], sessions: 
 
     The calls themselves stay for the caller to delete (it knows which rows it selected).
     """
-    about = or_(Feedback.session_id.in_(sessions), Feedback.completion_id.in_(calls),
-                (Feedback.target_kind == "session_id") & Feedback.target_id.in_(sessions),
-                (Feedback.target_kind == "completion_id") & Feedback.target_id.in_(calls))  # fmt: skip
+    about = or_(
+        Feedback.session_id.in_(sessions),
+        Feedback.completion_id.in_(calls),
+        (Feedback.target_kind == "session_id") & Feedback.target_id.in_(sessions),
+        (Feedback.target_kind == "completion_id") & Feedback.target_id.in_(calls),
+    )
     gone = list(db.scalars(select(Feedback.id).where(Feedback.project_id == project, about)))
     db.execute(delete(Feedback).where(Feedback.project_id == project, Feedback.id.in_(gone)))
-    db.execute(delete(CompletionFlag).where(CompletionFlag.project_id == project,
-                                            CompletionFlag.completion_id.in_(calls)))  # fmt: skip
+    db.execute(
+        delete(CompletionFlag).where(CompletionFlag.project_id == project, CompletionFlag.completion_id.in_(calls))
+    )
     db.execute(delete(Change).where(Change.project_id == project, Change.ref_id.in_([*calls, *gone])))
     return len(gone)
 
@@ -180,8 +212,9 @@ def clock_offset(db_now: datetime, sent: datetime, answered: datetime) -> timede
     return _utc(db_now) - (sent + (answered - sent) / 2)
 
 
-def end_users_gone(calls: Iterable[CallRecord], tombstones: Iterable[tuple[str, str, datetime]],
-                   offset: timedelta = timedelta(0)) -> dict[tuple[str, str], datetime]:  # fmt: skip
+def end_users_gone(
+    calls: Iterable[CallRecord], tombstones: Iterable[tuple[str, str, datetime]], offset: timedelta = timedelta(0)
+) -> dict[tuple[str, str], datetime]:
     """(project, session) → the delete's time, of calls a deleted end user made before their delete
     (``tombstones``: project, user, when, by the database's clock; ``offset``: its lead over ours)."""
     when = {(p, u): _utc(t) for p, u, t in tombstones}
@@ -216,15 +249,20 @@ async def tombstoned_async(db: AsyncSession, calls: Sequence[CallRecord]) -> Del
         insert = _insert(db)
         for (project_id, session_id), at in new.items():
             stmt = insert(Tombstone).values(project_id=project_id, session_id=session_id, created_at=at)
-            await db.execute(stmt.on_conflict_do_update(
-                index_elements=["project_id", "session_id"], set_={"created_at": stmt.excluded.created_at},
-                where=Tombstone.created_at < stmt.excluded.created_at))  # fmt: skip
+            await db.execute(
+                stmt.on_conflict_do_update(
+                    index_elements=["project_id", "session_id"],
+                    set_={"created_at": stmt.excluded.created_at},
+                    where=Tombstone.created_at < stmt.excluded.created_at,
+                )
+            )
         out.merge(new)
     return out
 
 
-def live(db: DbSession, project: str, items: Sequence[T], session: Callable[[T], str],
-         calls: Callable[[T], Iterable[str]]) -> tuple[list[T], int]:  # fmt: skip
+def live(
+    db: DbSession, project: str, items: Sequence[T], session: Callable[[T], str], calls: Callable[[T], Iterable[str]]
+) -> tuple[list[T], int]:
     """The items not of a deleted session, and how many were; the trainer's last look before a step.
 
     An item of a session with a deletion entry (:func:`storage.changes.deleted_after`) stays only if its calls
@@ -234,8 +272,9 @@ def live(db: DbSession, project: str, items: Sequence[T], session: Callable[[T],
     if not deleted:
         return list(items), 0
     wanted = {c for item in items if session(item) in deleted for c in calls(item)}
-    found = set(db.scalars(select(Completion.id).where(Completion.project_id == project,
-                                                       among(db, Completion.id, wanted))))  # fmt: skip
+    found = set(
+        db.scalars(select(Completion.id).where(Completion.project_id == project, among(db, Completion.id, wanted)))
+    )
     kept = [item for item in items if session(item) not in deleted or all(c in found for c in calls(item))]
     return kept, len(items) - len(kept)
 

@@ -56,8 +56,14 @@ def chain(session: str, turns: int, *, dialect: str = "chat", start: int = 0) ->
         over: dict[str, Any] = {"stream": t % 3 == 0, "dialect": dialect}
         if dialect == "chat":
             over |= {"client_request": None, "client_response": None}
-        r = record(start + t, session=session, request={"model": "m", "messages": messages, "tools": TOOLS,
-                   "temperature": 0.5}, prompt_token_ids=ids, parent_id=parent, **over)  # fmt: skip
+        r = record(
+            start + t,
+            session=session,
+            request={"model": "m", "messages": messages, "tools": TOOLS, "temperature": 0.5},
+            prompt_token_ids=ids,
+            parent_id=parent,
+            **over,
+        )
         out.append(r)
         parent = r.id
         messages = [*messages, {"role": "assistant", "content": "ok\u0000"}]
@@ -71,14 +77,34 @@ CHECKPOINT = 16  # the corpus's checkpoint (the default is longer than any chain
 def corpus() -> list[CallRecord]:
     main = chain("ses_long", 2 * CHECKPOINT + 8)
     branch = chain("ses_branch", 4)
-    fork = record(90, session="ses_branch", parent_id=branch[1].id, client_request=None, client_response=None,
-                  dialect="chat", request={"model": "m", "messages": [{"role": "system", "content": "sys " * 200},
-                  {"role": "user", "content": "another way"}], "tools": TOOLS, "n": 2}, prompt_token_ids=[1, 2],
-                  choices=[{"index": 0, "token_ids": [7]}, {"index": 1, "token_ids": [8]}])  # fmt: skip
+    fork = record(
+        90,
+        session="ses_branch",
+        parent_id=branch[1].id,
+        client_request=None,
+        client_response=None,
+        dialect="chat",
+        request={
+            "model": "m",
+            "messages": [{"role": "system", "content": "sys " * 200}, {"role": "user", "content": "another way"}],
+            "tools": TOOLS,
+            "n": 2,
+        },
+        prompt_token_ids=[1, 2],
+        choices=[{"index": 0, "token_ids": [7]}, {"index": 1, "token_ids": [8]}],
+    )
     redacted = chain("ses_redacted", 3)
-    redacted[2] = record(91, session="ses_redacted", id=redacted[2].id, parent_id=redacted[1].id, dialect="chat",
-                         client_request=None, client_response=None, prompt_token_ids=None,
-                         request={"model": "m", "messages": [{"role": "user", "content": "[redacted]"}]})  # fmt: skip
+    redacted[2] = record(
+        91,
+        session="ses_redacted",
+        id=redacted[2].id,
+        parent_id=redacted[1].id,
+        dialect="chat",
+        client_request=None,
+        client_response=None,
+        prompt_token_ids=None,
+        request={"model": "m", "messages": [{"role": "user", "content": "[redacted]"}]},
+    )
     responses = chain("ses_responses", 5, dialect="responses", start=100)
     other = [replace(r, project_id="q") for r in chain("ses_other", 3, start=120)]
     return [*main, *branch, fork, *redacted, *responses, *other]
@@ -127,8 +153,11 @@ def reads(url: str) -> dict[str, Any]:
         out["mined"] = [(r.id, r.parent_id, r.request, r.choices) for r in mined]  # as storage/mine_store.py reads
         passed = mine(db, "p", settle_s=0)
         db.commit()
-        flags = db.execute(select(CompletionFlag.completion_id, CompletionFlag.mode).order_by(
-            CompletionFlag.completion_id, CompletionFlag.mode)).all()  # fmt: skip
+        flags = db.execute(
+            select(CompletionFlag.completion_id, CompletionFlag.mode).order_by(
+                CompletionFlag.completion_id, CompletionFlag.mode
+            )
+        ).all()
         out["flags"] = (passed.calls, [tuple(f) for f in flags])
         trajectories = assemble(calls)
         out["trajectories"] = [trajectory_to_dict(t) for t in trajectories]
@@ -172,8 +201,14 @@ def test_checkpoints_and_what_stays_full(pg_factory: Any, tmp_path: Path, monkey
     record_both(url_full, url_delta, tmp_path, monkeypatch)
     eng = sync_engine(url_delta)
     with Session(eng) as db:
-        rows = {r.id: r for r in db.execute(select(Completion.id, Completion.session_id, Completion.dialect,
-                Completion.request, Completion.parent_id).order_by(Completion.created_at, Completion.id))}  # fmt: skip
+        rows = {
+            r.id: r
+            for r in db.execute(
+                select(
+                    Completion.id, Completion.session_id, Completion.dialect, Completion.request, Completion.parent_id
+                ).order_by(Completion.created_at, Completion.id)
+            )
+        }
     eng.dispose()
     by_session: dict[str, list[Any]] = {}
     for r in rows.values():

@@ -117,6 +117,19 @@ async def checks(
     return gone, pending
 
 
+PARENTS_PRESENT = "SELECT id FROM completions WHERE id = ANY(%s) FOR KEY SHARE"
+
+
+async def parents_present(conn: AsyncConnection[Any], ids: list[str]) -> set[str]:
+    """Which of these committed calls still exist, each held against deletion until the transaction ends
+    (``FOR KEY SHARE``: a session delete or a retention pass that takes one waits): the parents the delta
+    rows being inserted refer to (storage/stored_form.py)."""
+    if not ids:
+        return set()
+    cur = await conn.execute(PARENTS_PRESENT, [ids])
+    return {row[0] for row in await cur.fetchall()}
+
+
 async def drop_empty(conn: AsyncConnection[Any], sessions: Iterable[tuple[str, str]]) -> None:
     """Remove these sessions' rows where no call of theirs is stored (:data:`DROP_EMPTY`)."""
     pairs = list(sessions)

@@ -86,11 +86,12 @@ class Encoder:
         self._recent: OrderedDict[str, _Full] = OrderedDict()
         self._pending: dict[str, _Full] = {}
         self._refs: dict[str, tuple[str, str, bytes]] = {}  # call id → (project, prefix hash, its body)
+        self._parent_of: dict[str, str] = {}  # call id → the row its delta refers to (the last encode's)
 
     def encode(self, records: Sequence[CallRecord]) -> list[CallRecord]:
         """The records as they are inserted (in one transaction): copies in the delta form where the
         parent is committed or earlier in ``records``. :meth:`committed` once the batch is in."""
-        self._pending, self._refs = {}, {}
+        self._pending, self._refs, self._parent_of = {}, {}, {}
         return [self._encode(r) for r in records]
 
     def prefixes(self, inserted: Iterable[CallRecord]) -> Prefixes:
@@ -101,6 +102,35 @@ class Encoder:
             if ref is not None:
                 body, n = out.get(ref[:2], (ref[2], 0))
                 out[ref[:2]] = (body, n + 1)
+        return out
+
+    def outside_parents(self, rows: Sequence[CallRecord]) -> list[str]:
+        """The parents the delta rows among ``rows`` refer to that are not themselves among ``rows``: rows
+        this recorder committed earlier, which a delete or retention pass may have taken since."""
+        inside = {r.id for r in rows}
+        return sorted({p for r in rows if (p := self._parent_of.get(r.id)) is not None and p not in inside})
+
+    def settle(
+        self, rows: Sequence[CallRecord], originals: dict[str, CallRecord], present: set[str]
+    ) -> list[CallRecord]:
+        """``rows`` as inserted: a delta row whose parent is neither in ``present`` (outside parents that
+        still exist, read in the inserting transaction) nor among ``rows`` goes in full (``originals``: the
+        records by id as given to :meth:`encode`), and no longer counts a prefix reference.
+
+        The parent's session was deleted, or retention took it, after this recorder committed it (a call
+        the link cache still continued), or it was dropped from this very batch as made before its
+        session's delete: a delta of it could not be read back."""
+        inside = {r.id for r in rows}
+        out = []
+        for r in rows:
+            parent = self._parent_of.get(r.id)
+            if parent is not None and parent not in inside and parent not in present:
+                r = originals[r.id]
+                self._refs.pop(r.id, None)
+                self._parent_of.pop(r.id, None)
+                if (full := self._pending.get(r.id)) is not None:
+                    full.depth = 0  # in full: its children's chains begin here
+            out.append(r)
         return out
 
     def committed(self) -> None:
@@ -128,6 +158,7 @@ class Encoder:
         if stored is not None:
             stored_request, stored_ids = stored
             stored_request[MARK] = {"parent": r.parent_id, **stored_request[MARK]}
+            self._parent_of[r.id] = r.parent_id  # type: ignore[assignment]  # a parent was found by it
             return replace(r, request=dump_json(stored_request), prompt_token_ids=stored_ids)
         prefix = _prefix_of(request)
         if prefix is None:

@@ -6,21 +6,27 @@ The corpus of tests/storage/test_stored_form.py, recorded in the delta form: its
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import event, select
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import Session
 
-from storage.db import sync_engine
+from proxy.metrics import Metrics
+from proxy.recorder import Recorder
+from proxy.spool import Spool
+from storage.db import async_engine, sync_engine
 from storage.deletion import delete_session
 from storage.migrate import upgrade
 from storage.models import Completion, StoredPrefix
 from storage.retention import expire
 from storage.stored_form import MARK, is_delta
-from tests.storage.test_stored_form import CHECKPOINT, reads, record_both
+from tests.storage.test_stored_form import CHECKPOINT, chain, reads, record_both
 
 pytestmark = pytest.mark.anyio
 
@@ -117,4 +123,44 @@ def test_reading_a_chain_is_one_query(pg_factory: Any, tmp_path: Path, monkeypat
         )
         assert len(statements) <= 2 + 3  # one chain and prefix query a checkpoint at most
         assert [c.request for c in backwards] == [c.request for c in reversed(calls)]
+    eng.dispose()
+
+
+@pytest.mark.parametrize("backend", ["postgres", "sqlite"])
+async def test_a_child_of_a_call_deleted_since_it_was_committed_is_stored_in_full(
+    pg_factory: Any, tmp_path: Path, backend: str
+) -> None:
+    """The recorder remembers the calls it committed, to store their children as deltas. A session delete
+    (or retention) may take one of them afterwards while a worker's link cache still continues it; a child
+    stored as a delta of it could never be read back (its chain is broken). Here: ``ses_a``'s first two calls
+    are committed, the session is deleted, and its third call (made after the delete: it lands, starting the
+    session afresh) arrives with the deleted second call as parent. It must go in full and read back whole.
+    It fails without the parent check in the inserting transaction (``Encoder.settle``): the read raises."""
+    url = databases(pg_factory, tmp_path, backend)[1]
+    calls = chain("ses_a", 3)
+    engine = async_engine(url)
+    spool = Spool(tmp_path / "spool", 10**9)
+    recorder = Recorder(spool, async_sessionmaker(engine, expire_on_commit=False), Metrics(), batch=500)
+    for r in calls[:2]:
+        await spool.append(r)
+        while spool.depth:
+            await recorder.drain_once()
+    eng = sync_engine(url)
+    with Session(eng) as db:
+        delete_session(db, "p", "ses_a")
+        db.commit()
+    later = replace(calls[2], created_at=datetime.now(UTC).isoformat())
+    await spool.append(later)
+    while spool.depth:
+        await recorder.drain_once()
+    await recorder.close()
+    spool.close()
+    await engine.dispose()
+    with Session(eng) as db:
+        stored = db.execute(select(Completion.request).where(Completion.id == later.id)).scalar_one()
+        assert not (is_delta(stored) and "parent" in stored[MARK])  # in full (it may reference the prefix)
+        row = db.scalars(select(Completion).where(Completion.id == later.id)).one()
+        assert row.request == orjson.loads(later.request)
+        assert row.prompt_token_ids == orjson.loads(later.prompt_token_ids)
+        assert prefixes(db) == referencing(db)
     eng.dispose()

@@ -237,10 +237,12 @@ class Recorder:
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, completions)
             for project_id, session_id in self._emptied(gone, completions):
-                stored = select(Completion.id).where(Completion.project_id == project_id,
-                                                     Completion.session_id == session_id)  # fmt: skip
-                await db.execute(delete(Session).where(Session.project_id == project_id, Session.id == session_id,
-                                                       ~stored.exists()))  # fmt: skip
+                stored = select(Completion.id).where(
+                    Completion.project_id == project_id, Completion.session_id == session_id
+                )
+                await db.execute(
+                    delete(Session).where(Session.project_id == project_id, Session.id == session_id, ~stored.exists())
+                )
             await db.commit()
 
     def _drop_deleted(self, records: list[CallRecord], gone: Deleted) -> list[CallRecord]:

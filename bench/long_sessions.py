@@ -43,8 +43,9 @@ from bench import peers
 from bench.harness import Server, throwaway_database, wait_spool_empty
 
 _rng = random.Random(1)
-VOCABULARY = ["".join(_rng.choice("abcdefghijklmnopqrstuvwxyz_.()") for _ in range(_rng.randint(2, 10)))
-              for _ in range(4000)]  # fmt: skip
+VOCABULARY = [
+    "".join(_rng.choice("abcdefghijklmnopqrstuvwxyz_.()") for _ in range(_rng.randint(2, 10))) for _ in range(4000)
+]
 COLUMNS_SQL = """SELECT column_name FROM information_schema.columns
                  WHERE table_name = 'completions' AND table_schema = 'public'"""
 
@@ -64,14 +65,18 @@ def shared_prefix(system_chars: int) -> tuple[str, list[dict[str, Any]]]:
     """The harness's system prompt and tool list, the same for every session (~``system_chars`` in all)."""
     rng = random.Random(7)
     parameters = {"type": "object", "properties": {"path": {"type": "string"}}}
-    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": prose(rng, 600),
-              "parameters": parameters}} for i in range(16)]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": f"tool_{i}", "description": prose(rng, 600), "parameters": parameters},
+        }
+        for i in range(16)
+    ]
     return prose(rng, max(0, system_chars - 16 * 700)), tools
 
 
 def body_for(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"model": peers.MODEL, "messages": messages, "tools": tools, "max_tokens": 32,
-            "stub_prompt_ids": "chars/4"}  # fmt: skip
+    return {"model": peers.MODEL, "messages": messages, "tools": tools, "max_tokens": 32, "stub_prompt_ids": "chars/4"}
 
 
 async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -132,11 +137,13 @@ def storage(db_url: str) -> dict[str, float]:
         cols = [r[0] for r in conn.execute(COLUMNS_SQL).fetchall()]
         length = " + ".join(f"coalesce(octet_length({c}::text), 0)" for c in cols)
         packed = " + ".join(f"coalesce(pg_column_size({c}), 0)" for c in cols)
-        rows = conn.execute(f"SELECT session_id, count(*), sum({length}), sum({packed}) FROM completions "
-                            "GROUP BY session_id").fetchall()  # fmt: skip
-        tables = [r[0] for r in conn.execute(
+        sessions_sql = f"SELECT session_id, count(*), sum({length}), sum({packed}) FROM completions GROUP BY session_id"
+        rows = conn.execute(sessions_sql).fetchall()
+        tables_sql = (
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND "
-            "(tablename = 'completions' OR tablename LIKE 'stored_%')").fetchall()]  # fmt: skip
+            "(tablename = 'completions' OR tablename LIKE 'stored_%')"
+        )
+        tables = [r[0] for r in conn.execute(tables_sql).fetchall()]
         disk = sum(conn.execute(f"SELECT pg_total_relation_size('{t}')").fetchone()[0] for t in tables)  # type: ignore[index]
         last_sql = "SELECT DISTINCT ON (session_id) id FROM completions ORDER BY session_id, created_at DESC"
         last_ids = [r[0] for r in conn.execute(last_sql).fetchall()]
@@ -147,9 +154,16 @@ def storage(db_url: str) -> dict[str, float]:
     logical = (sum(int(r[2]) for r in rows) + extra) / n
     packed_b = sum(int(r[3]) for r in rows) / n
     ref = sum(full) / len(full)
-    return {"sessions": n, "calls": sum(int(r[1]) for r in rows) / n, "logical": logical, "packed": packed_b,
-            "disk": disk / n, "full_last": ref, "tables": len(tables),
-            "breakdown": {k: v / n for k, v in breakdown.items()}}  # fmt: skip
+    return {
+        "sessions": n,
+        "calls": sum(int(r[1]) for r in rows) / n,
+        "logical": logical,
+        "packed": packed_b,
+        "disk": disk / n,
+        "full_last": ref,
+        "tables": len(tables),
+        "breakdown": {k: v / n for k, v in breakdown.items()},
+    }
 
 
 def shared_tables_logical(conn: psycopg.Connection[Any], tables: list[str]) -> int:
@@ -184,8 +198,8 @@ def where_bytes_go(conn: psycopg.Connection[Any], cols: list[str], tables: list[
 def full_record_bytes(conn: psycopg.Connection[Any], call_id: str, cols: list[str]) -> int:
     """The logical length of one call's record in today's (full) form."""
     length = ", ".join(f"coalesce(octet_length({c}::text), 0)" for c in cols)
-    sizes = dict(zip(cols, conn.execute(f"SELECT {length} FROM completions WHERE id = %s", (call_id,)).fetchone() or (),
-                     strict=True))  # fmt: skip
+    values = conn.execute(f"SELECT {length} FROM completions WHERE id = %s", (call_id,)).fetchone() or ()
+    sizes = dict(zip(cols, values, strict=True))
     try:
         from storage import stored_form  # type: ignore[attr-defined,unused-ignore]  # the delta form
     except ImportError:
@@ -230,8 +244,10 @@ def main() -> None:
         parser.error("--turns: at least 20 (the first ten turns and the last ten are measured apart)")
     args.late_turn = min(args.turns - 1, args.late_turn if args.late_turn is not None else args.turns * 3 // 4)
     out = {form: one(args, form) for form in args.forms.split(",")}
-    print(f"\n{args.sessions} sessions x {args.turns} turns, tool outputs of {args.tool_chars} characters, "
-          f"a {args.system_chars:,}-character shared prefix:")  # fmt: skip
+    print(
+        f"\n{args.sessions} sessions x {args.turns} turns, tool outputs of {args.tool_chars} characters, "
+        f"a {args.system_chars:,}-character shared prefix:"
+    )
     print("| figure | " + " | ".join(out) + " |")
     print("|---|" + "---:|" * len(out))
     for name in out[next(iter(out))]:
@@ -252,8 +268,10 @@ def one(args: argparse.Namespace, form: str) -> dict[str, str]:
             wall = time.monotonic() - t0
             st = storage(db_url)
             late, k, secs = run["late_body"], args.concurrency, args.rate_seconds
-            rates = {"bare": asyncio.run(rate(bare.url, {**late, "return_token_ids": True}, k, secs)),
-                     "proxy": asyncio.run(rate(proxy.url, late, k, secs))}  # fmt: skip
+            rates = {
+                "bare": asyncio.run(rate(bare.url, {**late, "return_token_ids": True}, k, secs)),
+                "proxy": asyncio.run(rate(proxy.url, late, k, secs)),
+            }
         finally:
             for server in (proxy, bare, stub):
                 server.stop()
@@ -263,6 +281,8 @@ def one(args: argparse.Namespace, form: str) -> dict[str, str]:
     for name, size in sorted(st["breakdown"].items(), key=lambda kv: -kv[1]):
         if size >= full / 1000:
             print(f"    {name:<48} {size / 1e3:>10,.1f} kB  {size / full:6.3f}x")
+    rate_figure = f"req/s at c={args.concurrency}, turn {args.late_turn + 1}: proxy / pass-through"
+    rate_ratio = f"{rates['proxy']:.1f} / {rates['bare']:.1f} = {rates['proxy'] / rates['bare']:.2f}x"
     return {
         "calls a session": f"{st['calls']:.0f}",
         "full record of the last call (logical)": f"{full / 1e3:,.1f} kB",
@@ -272,9 +292,8 @@ def one(args: argparse.Namespace, form: str) -> dict[str, str]:
         "proxy CPU a call beyond the pass-through, turns 1-10": f"{first:.2f} ms",
         "the same, the last ten turns": f"{last:.2f} ms",
         "last ten ÷ first ten": f"{last / first:.2f}x",
-        f"req/s at c={args.concurrency}, turn {args.late_turn + 1}: proxy / pass-through":
-            f"{rates['proxy']:.1f} / {rates['bare']:.1f} = {rates['proxy'] / rates['bare']:.2f}x",
-    }  # fmt: skip
+        rate_figure: rate_ratio,
+    }
 
 
 if __name__ == "__main__":

@@ -87,13 +87,8 @@ def delete_end_user(db: DbSession, project: str, end_user: str) -> dict[str, Any
             index_elements=["project_id", "end_user"], set_={"created_at": stmt.excluded.created_at}
         )
     )
-    sessions = sorted(
-        set(
-            db.scalars(
-                select(Completion.session_id).where(Completion.project_id == project, Completion.end_user == key)
-            )
-        )
-    )
+    their_sessions = select(Completion.session_id).where(Completion.project_id == project, Completion.end_user == key)
+    sessions = sorted(set(db.scalars(their_sessions)))
     deleted, adapters = delete_sessions(db, project, sessions, end_user=key)
     return {
         "id": end_user,
@@ -128,28 +123,21 @@ def delete_sessions(
                 index_elements=["project_id", "session_id"], set_={"created_at": stmt.excluded.created_at}
             )
         )
-    calls = list(
-        db.scalars(
-            select(Completion.id).where(Completion.project_id == project, Completion.session_id.in_(session_ids))
-        )
-    )
+    their_calls = select(Completion.id).where(Completion.project_id == project, Completion.session_id.in_(session_ids))
+    calls = list(db.scalars(their_calls))
     adapters = learned_from(db, project, calls=calls)
     feedback = delete_records(db, project, calls, session_ids)
     # A call of another session stored as a delta of one of these (a parent is in its child's session
     # as linking makes them; this keeps a chain whole should one ever cross) is rewritten in full first.
     rewrite_children_in_full(db, project, calls)
     release_prefixes(db, project, calls)  # the shared prefixes they reference (storage/stored_form.py)
-    removed = deleted_count(
-        db.execute(delete(Completion).where(Completion.project_id == project, Completion.session_id.in_(session_ids)))
-    )
+    drop_calls = delete(Completion).where(Completion.project_id == project, Completion.session_id.in_(session_ids))
+    removed = deleted_count(db.execute(drop_calls))
     db.execute(delete(Change).where(Change.project_id == project, Change.session_id.in_(session_ids)))
     db.execute(delete(Session).where(Session.project_id == project, Session.id.in_(session_ids)))
     # Datasets pinned copies of the sessions' feedback values: those go too (the dataset shows them as removed).
-    items = deleted_count(
-        db.execute(
-            delete(DatasetItem).where(DatasetItem.project_id == project, DatasetItem.session_id.in_(session_ids))
-        )
-    )
+    pinned = delete(DatasetItem).where(DatasetItem.project_id == project, DatasetItem.session_id.in_(session_ids))
+    items = deleted_count(db.execute(pinned))
     log_deletion(db, project, session_ids, end_user)  # after the sessions' own entries went
     return {"calls": removed, "feedback": feedback, "dataset_items": items}, adapters
 
@@ -272,9 +260,8 @@ def live(
     if not deleted:
         return list(items), 0
     wanted = {c for item in items if session(item) in deleted for c in calls(item)}
-    found = set(
-        db.scalars(select(Completion.id).where(Completion.project_id == project, among(db, Completion.id, wanted)))
-    )
+    still_recorded = select(Completion.id).where(Completion.project_id == project, among(db, Completion.id, wanted))
+    found = set(db.scalars(still_recorded))
     kept = [item for item in items if session(item) not in deleted or all(c in found for c in calls(item))]
     return kept, len(items) - len(kept)
 

@@ -49,39 +49,26 @@ def apply_retention(db: DbSession, *, now: datetime | None = None, batch: int = 
 def expire(db: DbSession, project: str, cutoff: datetime, *, batch: int = BATCH) -> dict[str, int]:
     """Delete the project's calls made before ``cutoff`` and what only they held; counts. Commits per batch."""
     done = {"calls": 0, "feedback": 0, "sessions": 0}
-    while calls := list(
-        db.scalars(
-            select(Completion.id).where(Completion.project_id == project, Completion.created_at < cutoff).limit(batch)
-        )
-    ):
+    old_calls = select(Completion.id).where(Completion.project_id == project, Completion.created_at < cutoff)
+    while calls := list(db.scalars(old_calls.limit(batch))):
         done["feedback"] += delete_records(db, project, calls, [])
         rewrite_children_in_full(db, project, calls)  # a kept call stored as a delta of one of these
         release_prefixes(db, project, calls)  # and the shared prefixes these reference
-        done["calls"] += deleted_count(
-            db.execute(delete(Completion).where(Completion.project_id == project, Completion.id.in_(calls)))
-        )
+        drop_calls = delete(Completion).where(Completion.project_id == project, Completion.id.in_(calls))
+        done["calls"] += deleted_count(db.execute(drop_calls))
         db.commit()
     has_calls = exists().where(Completion.project_id == project, Completion.session_id == Session.id)
-    while sessions := list(
-        db.scalars(
-            select(Session.id)
-            .where(Session.project_id == project, Session.updated_at < cutoff, ~has_calls)
-            .limit(batch)
-        )
-    ):
+    idle_sessions = select(Session.id).where(Session.project_id == project, Session.updated_at < cutoff, ~has_calls)
+    while sessions := list(db.scalars(idle_sessions.limit(batch))):
         done["feedback"] += delete_records(db, project, [], sessions)
         db.execute(delete(Change).where(Change.project_id == project, Change.session_id.in_(sessions)))
-        done["sessions"] += deleted_count(
-            db.execute(delete(Session).where(Session.project_id == project, Session.id.in_(sessions)))
-        )
+        drop_sessions = delete(Session).where(Session.project_id == project, Session.id.in_(sessions))
+        done["sessions"] += deleted_count(db.execute(drop_sessions))
         db.commit()
-    while pending := list(
-        db.scalars(
-            select(Feedback.id)
-            .where(Feedback.project_id == project, Feedback.attached_at.is_(None), Feedback.created_at < cutoff)
-            .limit(batch)
-        )
-    ):
+    never_attached = select(Feedback.id).where(
+        Feedback.project_id == project, Feedback.attached_at.is_(None), Feedback.created_at < cutoff
+    )
+    while pending := list(db.scalars(never_attached.limit(batch))):
         db.execute(delete(Change).where(Change.project_id == project, Change.ref_id.in_(pending)))
         done["feedback"] += deleted_count(db.execute(delete(Feedback).where(Feedback.id.in_(pending))))
         db.commit()

@@ -153,11 +153,8 @@ def reads(url: str) -> dict[str, Any]:
         out["mined"] = [(r.id, r.parent_id, r.request, r.choices) for r in mined]  # as storage/mine_store.py reads
         passed = mine(db, "p", settle_s=0)
         db.commit()
-        flags = db.execute(
-            select(CompletionFlag.completion_id, CompletionFlag.mode).order_by(
-                CompletionFlag.completion_id, CompletionFlag.mode
-            )
-        ).all()
+        flag_columns = (CompletionFlag.completion_id, CompletionFlag.mode)
+        flags = db.execute(select(*flag_columns).order_by(*flag_columns)).all()
         out["flags"] = (passed.calls, [tuple(f) for f in flags])
         trajectories = assemble(calls)
         out["trajectories"] = [trajectory_to_dict(t) for t in trajectories]
@@ -201,14 +198,9 @@ def test_checkpoints_and_what_stays_full(pg_factory: Any, tmp_path: Path, monkey
     record_both(url_full, url_delta, tmp_path, monkeypatch)
     eng = sync_engine(url_delta)
     with Session(eng) as db:
-        rows = {
-            r.id: r
-            for r in db.execute(
-                select(
-                    Completion.id, Completion.session_id, Completion.dialect, Completion.request, Completion.parent_id
-                ).order_by(Completion.created_at, Completion.id)
-            )
-        }
+        columns = (Completion.id, Completion.session_id, Completion.dialect, Completion.request, Completion.parent_id)
+        query = select(*columns).order_by(Completion.created_at, Completion.id)
+        rows = {r.id: r for r in db.execute(query)}
     eng.dispose()
     by_session: dict[str, list[Any]] = {}
     for r in rows.values():

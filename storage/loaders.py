@@ -241,15 +241,6 @@ def ungraded_share(
 # --------------------------------------------------------------------------- async (proxy routes)
 
 
-async def ungraded_share_async(
-    db: AsyncSession, project_id: str, *, alias: str | None = None, rule: RewardRule | None = None
-) -> dict[int | None, dict[str, Any]]:
-    """:func:`ungraded_share` for the proxy (metrics, admin routes)."""
-    rows_stmt, fb_stmt = _coverage_stmts(project_id, alias)
-    rule = rule or await project_rule_async(db, project_id)
-    return _coverage(list(await db.execute(rows_stmt)), list(await db.scalars(fb_stmt)), rule)
-
-
 async def load_trajectories_async(
     db: AsyncSession,
     project_id: str,

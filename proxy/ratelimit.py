@@ -162,15 +162,19 @@ class LeaseKeeper:
         try:
             while True:
                 if await self.renew_once():
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose a cancellation that
+                    # arrives as the wait ends, and this loop would then outlive the app's stop (a CI hang).
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), self.every_s)
+                        async with asyncio.timeout(self.every_s):
+                            await self._wake.wait()
                 else:  # the database down: no early retries for new keys, they take the fallback meanwhile
                     await asyncio.sleep(self.every_s)
                 self._wake.clear()
         finally:
             with contextlib.suppress(Exception):
                 async with self.sessionmaker() as db:
-                    await asyncio.wait_for(db.run_sync(lambda s: release(s, self.host_id, self.worker)), 2.0)
+                    async with asyncio.timeout(2.0):
+                        await db.run_sync(lambda s: release(s, self.host_id, self.worker))
 
     def measure(self, now: float) -> dict[str, float]:
         """This worker's smoothed demand per key (requests/s) from the calls since the last measure."""
@@ -197,9 +201,8 @@ class LeaseKeeper:
         demands = self.measure(time.monotonic())
         try:
             async with self.sessionmaker() as db:
-                leases = await asyncio.wait_for(
-                    db.run_sync(lambda s: renew(s, self.host_id, self.worker, demands, self.ttl_s)), self.ttl_s
-                )
+                async with asyncio.timeout(self.ttl_s):
+                    leases = await db.run_sync(lambda s: renew(s, self.host_id, self.worker, demands, self.ttl_s))
         except Exception as exc:  # noqa: BLE001 - the database down or slow: fall back when the lease ends
             if not self._failing:
                 log.warning("rate-limit leases not renewed (%s); each host falls back to limit / hosts", exc)

@@ -70,10 +70,11 @@ class Recorder:
                 self.db_ok = True
                 self.metrics.db_up.set(1)
                 delay = 0.2
-                try:
-                    await asyncio.wait_for(self.wake.wait(), timeout=0.05)
-                except TimeoutError:
-                    pass
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose a cancellation that
+                # arrives as the wait ends, and this loop would then outlive the app's stop.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.05):
+                        await self.wake.wait()
                 self.wake.clear()
             except asyncio.CancelledError:
                 raise

@@ -244,19 +244,33 @@ class AppState:
         self.draining = True
         if self.inflight:
             await asyncio.wait(self.inflight, timeout=grace_s)
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._cancel_tasks()
         await self._stop_housekeeper()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.recorder.drain_once(), timeout=10)
+            async with asyncio.timeout(10):
+                await self.recorder.drain_once()
         await self.recorder.close()
         self.spool.close()
         os.close(self.spool_lock)  # releases our spool folder (after the final drain)
         await self.upstream.close()
         await self.engine.dispose()
+
+    async def _cancel_tasks(self) -> None:
+        """Cancel the background tasks and wait for them, bounded: a task that lost its cancellation (Python
+        3.11's ``wait_for`` can) is cancelled again, and one still running after that is left, logged, so
+        that the stop always ends."""
+        pending = set(self.tasks)
+        for attempt in range(3):
+            for task in pending:
+                task.cancel()
+            done, pending = await asyncio.wait(pending, timeout=5.0)
+            for task in done:  # retrieved, so an ending exception is not reported as never retrieved
+                if not task.cancelled():
+                    task.exception()
+            if not pending:
+                return
+            names = [t.get_name() for t in pending]
+            log.warning("background tasks still running after cancel %d: %s", attempt + 1, names)
 
     async def _stop_housekeeper(self) -> None:
         """Stop the housekeeping thread (a job under way finishes first, up to 10 s), then the sync engine."""

@@ -3,6 +3,13 @@ the field) or recorded; none is answered 200 and lost.
 
 Lengths around the limits, unicode, NUL, wrong types; the real proxy and Postgres, the stub engine
 (this is our edge, not the model). The 200s are checked once, after one drain, against the database.
+
+Every call route is tried, each authenticated as its own clients do: chat completions, Anthropic's
+messages, OpenAI's responses and Gemini's ``generateContent``. Google's request has no ``metadata``
+or ``user`` field, but the edge reads them from every dialect's body as sent (proxy/admission.py
+``check_call``, proxy/sessions.py ``naming``), so a Gemini call carries the same stored fields as
+the others (the id headers, ``/s/{id}/`` and those body fields) and is tried on each; its refusals
+come in Google's error shape, the field named in a ``google.rpc.BadRequest`` violation.
 """
 
 from __future__ import annotations
@@ -21,16 +28,20 @@ from sqlalchemy.orm import Session
 from proxy import admission
 from storage.db import sync_engine
 from storage.models import Completion
-from tests.proxy.conftest import Proxy, ProxyFactory
+from tests.proxy.conftest import Proxy, ProxyFactory, make_key
 
 EXAMPLES = int(os.environ.get("ONTHEJOB_FUZZ_EXAMPLES", "12"))
 CHAT = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+GEMINI = "/v1beta/models/stub-model:generateContent"
 # Each dialect's route, one body: every one is admitted by the same edge check (proxy/handle.py).
 ROUTES = {
-    "chat/completions": CHAT,
-    "messages": CHAT,
-    "responses": {"model": "stub-model", "input": "hi", "max_output_tokens": 2},
+    "/v1/chat/completions": CHAT,
+    "/v1/messages": CHAT,
+    "/v1/responses": {"model": "stub-model", "input": "hi", "max_output_tokens": 2},
+    GEMINI: {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": 2}},
 }
+# The header each route's clients send their key in (the Gemini dialect reads x-goog-api-key as Bearer).
+KEY_HEADERS = {"/v1/messages": "x-api-key", GEMINI: "x-goog-api-key"}
 LIMIT = admission.SESSION_ID_CHARS  # every id column here holds 200
 
 # Header values: what HTTP carries (latin-1, no control characters), around the limit.
@@ -66,18 +77,24 @@ FIELDS: list[tuple[str, str, Any]] = [
 
 
 @pytest.fixture
-def proxy(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any) -> Proxy:
-    return start_proxy(stub_upstream, pg_factory(), env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})
+def served(start_proxy: ProxyFactory, stub_upstream: str, pg_factory: Any) -> tuple[Proxy, str]:
+    """The proxy, with keys required, and a key to call it with."""
+    db_url = pg_factory()
+    proxy = start_proxy(stub_upstream, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})
+    return proxy, make_key(db_url)
 
 
-def _send(client: httpx.Client, proxy: Proxy, route: str, field: str, where: str, value: Any) -> httpx.Response:
+def _send(
+    client: httpx.Client, proxy: Proxy, key: str, route: str, field: str, where: str, value: Any
+) -> httpx.Response:
     body: dict[str, Any] = dict(ROUTES[route])
-    headers: dict[str, bytes] = {}
-    url = f"{proxy.v1}/{route}"
+    key_header = KEY_HEADERS.get(route, "authorization")
+    headers = {key_header: (key if key_header != "authorization" else f"Bearer {key}").encode()}
+    url = f"{proxy.url}{route}"
     if where == "header":
         headers[field.lower()] = value.encode("latin-1")  # what HTTP carries: bytes, read back as latin-1
     elif where == "path":
-        url = f"{proxy.url}/s/{quote(value, safe='')}/v1/{route}"
+        url = f"{proxy.url}/s/{quote(value, safe='')}{route}"
     elif where == "metadata":
         body["metadata"] = {field.split(".", 1)[1]: value}
     else:
@@ -85,8 +102,17 @@ def _send(client: httpx.Client, proxy: Proxy, route: str, field: str, where: str
     return client.post(url, json=body, headers=headers)
 
 
+def _field_named(route: str, error: dict[str, Any]) -> str | None:
+    """The field a 400 names: OpenAI's and Anthropic's ``param``, or Google's field violation (its status checked)."""
+    if route != GEMINI:
+        return error.get("param")
+    assert (error["code"], error["status"]) == (400, "INVALID_ARGUMENT"), error
+    return error["details"][0]["fieldViolations"][0]["field"]
+
+
 @pytest.mark.parametrize("route", list(ROUTES))
-def test_a_value_is_refused_or_recorded(proxy: Proxy, route: str) -> None:
+def test_a_value_is_refused_or_recorded(served: tuple[Proxy, str], route: str) -> None:
+    proxy, key = served
     answered: dict[str, tuple[str, Any]] = {}  # call id -> (field, the value it was answered 200 for)
     refused: dict[str, int] = {}
     with httpx.Client(timeout=30) as client:
@@ -101,12 +127,13 @@ def test_a_value_is_refused_or_recorded(proxy: Proxy, route: str) -> None:
                 derandomize=True,
             )
             def check(value: Any) -> None:
-                resp = _send(client, proxy, route, field, where, value)  # noqa: B023 - called in this iteration
+                resp = _send(client, proxy, key, route, field, where, value)  # noqa: B023 - called in this iteration
                 what = f"{field}={value!r}"  # noqa: B023
                 assert resp.status_code in (200, 400), f"{what}: {resp.status_code} {resp.text[:300]}"
                 if resp.status_code == 400:
                     error = resp.json()["error"]
-                    assert error.get("param") == field or field in error["message"], (what, error)  # noqa: B023
+                    named = _field_named(route, error) == field or field in error["message"]  # noqa: B023
+                    assert named, (what, error)
                     refused[field] = refused.get(field, 0) + 1  # noqa: B023
                 else:
                     answered[resp.headers["x-request-id"]] = (field, value)  # noqa: B023

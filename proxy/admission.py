@@ -6,8 +6,10 @@ the call quarantined: so each is refused here with a 400 (:class:`proxy.errors.I
 naming the field, in the dialect's own error shape (the edge converts it once).
 
 The limits are read off the storage columns (storage/models/record.py), so the two cannot
-drift; typed protocol models import them from here instead of restating them. What they are
-today (``python -m proxy.admission`` prints them):
+drift, and this is the one module that holds them: the edge calls :func:`check_call`
+(proxy/handle.py), the Responses dialect :func:`call_id` (proxy/dialects/responses.py), and
+the dataset routes import :data:`TAG_CHARS` and :data:`MAX_TAGS` for a filter's tags
+(proxy/routes_datasets.py). What they are today (``python -m proxy.admission`` prints them):
 
 ============================  =====  ==========================================================
 value                         limit  from
@@ -18,9 +20,9 @@ path)
 task id (header, metadata)    200    ``completions.task_id`` and ``sessions.task_id`` String(200)
 a named call id               64     ``completions.id`` String(64) (``previous_response_id``)
 a tag                         200    no column (a JSON list); a dataset filter names a tag in at
-                                     most 200 characters (proxy/routes_datasets.py), so a longer
-                                     one could be recorded but never selected
-tags per call                 100    as many as one dataset filter may require
+                                     most as many characters (proxy/routes_datasets.py imports
+                                     this), so every recorded tag can be selected
+tags per call                 100    as many as one dataset filter may require (the same import)
 end user                      none   stored as given up to ``completions.end_user`` String(200),
                                      past that (or with a NUL) as its sha256 (storage/records.py)
 ============================  =====  ==========================================================
@@ -57,8 +59,8 @@ SESSION_ID_CHARS = _chars(CALLS.session_id, SESSIONS.id)
 TASK_ID_CHARS = _chars(CALLS.task_id, SESSIONS.task_id)
 CALL_ID_CHARS = _chars(CALLS.id)  # a stored call's id, as a dialect's ``previous_response_id`` names one
 END_USER_CHARS = _chars(CALLS.end_user)  # stored as given up to this, hashed past it
-TAG_CHARS = 200  # a dataset filter's tag name (proxy/routes_datasets.py Name)
-MAX_TAGS = 100  # a dataset filter's tags (proxy/routes_datasets.py DatasetFilterIn.tags)
+TAG_CHARS = 200  # a tag; also a dataset filter's tag (proxy/routes_datasets.py Tag)
+MAX_TAGS = 100  # tags per call; also per dataset filter (proxy/routes_datasets.py FilterIn.tags)
 
 
 def text_id(field: str, value: str, limit: int) -> str:

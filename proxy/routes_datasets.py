@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session as DbSession
 
+from proxy.admission import MAX_TAGS, TAG_CHARS
 from proxy.deps import AdminDep, PathId, app_state
 from proxy.errors import ApiError, Conflict, InvalidRequest, NotFound
 from storage import datasets
@@ -28,6 +29,7 @@ router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 Mode = Literal[MODES]  # type: ignore[valid-type]  # storage.mining.MODES, the failure modes of onthejob mine
 Name = Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]
+Tag = Annotated[str, Field(min_length=1, max_length=TAG_CHARS, pattern=NO_NUL)]  # as a call may record one
 
 
 class FilterIn(BaseModel):
@@ -35,7 +37,7 @@ class FilterIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     alias: Name | None = None
-    tags: list[Name] = Field(default_factory=list, max_length=100, description="every one of these tags")
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS, description="every one of these tags")
     since: datetime | None = Field(None, description="the trajectory's last call at or after (no zone: UTC)")
     until: datetime | None = Field(None, description="... and before")
     min_reward: float | None = Field(None, allow_inf_nan=False, description="a reward range leaves ungraded out")

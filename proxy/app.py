@@ -41,7 +41,15 @@ log = logging.getLogger("onthejob.proxy")
 
 
 class ProxyApp(FastAPI):
-    """FastAPI, except that the OpenAI call routes are served before its layers.
+    """FastAPI, except that every call route is served before its layers.
+
+    Dispatched here: a POST to ``/v1/chat/completions``, ``/v1/completions``, or a dialect's
+    path (``/v1/messages``, ``/v1/responses``: proxy/routes_openai.py ``call_route``), each also
+    under ``/s/{session-id}/`` when the id has at most 200 characters and no NUL (else FastAPI
+    answers its 400); and Gemini's ``{model}:generateContent`` and ``:streamGenerateContent``
+    under ``/v1beta/models/`` and ``/v1/models/``, with or without ``/s/{session-id}/``
+    (proxy/dialects/gemini.py ``call_route``; the edge's admission check refuses a bad id).
+    Gemini's ``:countTokens`` and every other route go through FastAPI.
 
     Those routes take only the request and check the body themselves, yet FastAPI's
     middleware stack, route matching and dependency solving were ~30 % of a call's

@@ -124,7 +124,7 @@ def delete_sessions(
             )
         )
     their_calls = select(Completion.id).where(Completion.project_id == project, Completion.session_id.in_(session_ids))
-    calls = list(db.scalars(their_calls))
+    calls = list(db.scalars(their_calls.with_for_update()))  # against a recorder's delta of one (retention's note)
     adapters = learned_from(db, project, calls=calls)
     feedback = delete_records(db, project, calls, session_ids)
     # A call of another session stored as a delta of one of these (a parent is in its child's session

@@ -50,7 +50,9 @@ def expire(db: DbSession, project: str, cutoff: datetime, *, batch: int = BATCH)
     """Delete the project's calls made before ``cutoff`` and what only they held; counts. Commits per batch."""
     done = {"calls": 0, "feedback": 0, "sessions": 0}
     old_calls = select(Completion.id).where(Completion.project_id == project, Completion.created_at < cutoff)
-    while calls := list(db.scalars(old_calls.limit(batch))):
+    # FOR UPDATE (Postgres): a recorder inserting a delta of one of these holds it FOR KEY SHARE, so either
+    # it commits first and the rewrite below sees its row, or it waits and finds its parent gone.
+    while calls := list(db.scalars(old_calls.limit(batch).with_for_update())):
         done["feedback"] += delete_records(db, project, calls, [])
         rewrite_children_in_full(db, project, calls)  # a kept call stored as a delta of one of these
         release_prefixes(db, project, calls)  # and the shared prefixes these reference

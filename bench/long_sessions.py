@@ -11,7 +11,7 @@ Printed:
   logical (the sum of the columns' lengths, ``octet_length(col::text)``, over the session's rows)
   and on disk (``pg_total_relation_size`` of ``completions`` and every table the stored form adds,
   ÷ the sessions). The denominator is the logical length of the last call's full record, read back
-  through :mod:`storage.stored_form` where that exists (the delta form) or as stored (the full form);
+  through :mod:`storage.stored_read` where that exists (the delta form) or as stored (the full form);
   ``pg_column_size`` of the same rows (after compression) is printed beside it.
 - the proxy's CPU a call beyond the bare pass-through's (``bench/passthrough.py``, the same bodies)
   for turns 1-10 and the last ten turns, and their ratio;
@@ -201,10 +201,10 @@ def full_record_bytes(conn: psycopg.Connection[Any], call_id: str, cols: list[st
     values = conn.execute(f"SELECT {length} FROM completions WHERE id = %s", (call_id,)).fetchone() or ()
     sizes = dict(zip(cols, values, strict=True))
     try:
-        from storage import stored_form  # type: ignore[attr-defined,unused-ignore]  # the delta form
-    except ImportError:
+        from storage import stored_read  # type: ignore[attr-defined,unused-ignore]  # the delta form's reader
+    except ImportError:  # a checkout from before the delta form (a "before" run): every row is in full
         return sum(sizes.values())
-    full = stored_form.full_columns_sync(conn, call_id)  # {column: its text in today's form}
+    full = stored_read.full_columns_sync(conn, call_id)  # {column: its text in today's form}
     sizes.update({c: len(v.encode()) for c, v in full.items()})
     return sum(sizes.values())
 

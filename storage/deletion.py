@@ -57,7 +57,7 @@ from storage.models import (
     utcnow,
 )
 from storage.records import CallRecord, end_user_key
-from storage.stored_form import release_prefixes, rewrite_children_in_full
+from storage.stored_read import release_prefixes, rewrite_children_in_full
 
 
 def _insert(db: DbSession | AsyncSession) -> Any:

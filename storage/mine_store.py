@@ -33,7 +33,8 @@ from storage.grading import MASKED
 from storage.loaders import rule_for, settings_stmt
 from storage.mining import MODES, Found, MineConfig, call_modes, grade_modes, tool_errors
 from storage.models import Completion, CompletionFlag, Feedback
-from storage.stored_form import expand_requests, is_delta
+from storage.stored_form import is_delta
+from storage.stored_read import expand_requests
 
 CONSUMER = "mine"
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from storage.deletion import delete_records, deleted_count
 from storage.models import Change, Completion, Feedback, Project, Session, utcnow
-from storage.stored_form import release_prefixes, rewrite_children_in_full
+from storage.stored_read import release_prefixes, rewrite_children_in_full
 
 BATCH = 2000  # rows per transaction: a long backlog never holds one huge transaction
 

@@ -154,7 +154,7 @@ def _install_stored_form() -> None:
     """Rows stored as their parent plus what is new load in full (storage/stored_form.py)."""
     from sqlalchemy import event
 
-    from storage.stored_form import on_load
+    from storage.stored_read import on_load
 
     event.listen(Completion, "load", on_load)
     event.listen(Completion, "refresh", on_load)

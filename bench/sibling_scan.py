@@ -1,9 +1,10 @@
 """What a worker pays to look for a call's parent in its sibling workers' spools (``serve --workers N``).
 
-An unnamed call whose parent this worker did not serve looks through the other workers'
-spools (``Spool.sibling_records``) before the database: up to 2 MiB of each, newest
-first, for every candidate key (each prefix of the conversation ending with an
-assistant turn). This fills a sibling's spool with records of ``--record-kb`` each
+An unnamed call whose parent this worker did not serve looks in the other workers'
+link indexes (``Spool.sibling_links``: 64 KiB of each, one short line a call) before the
+database; before the index it scanned their spools (``Spool.sibling_records``: up to
+2 MiB of records each, newest first), for every candidate key (each prefix of the
+conversation ending with an assistant turn). This fills a sibling's spool with records of ``--record-kb`` each
 (a long conversation's calls), then times the lookup with 1, 5 and 20 candidate keys,
 for a parent that is not there (already drained to the database: the usual case once a
 turn is older than ~50 ms) and for one that is (the newest record).
@@ -46,13 +47,15 @@ def measure(record_kb: int, repeats: int) -> dict[str, float]:
                 await theirs.append(record(i, link_key=key, request={"messages": [{"role": "user", "content": text}]}))
 
         asyncio.run(fill())
+        # The link index (sibling_links) where this checkout has one; before it, the scan of the records.
+        lookup = getattr(mine, "sibling_links", None) or mine.sibling_records
         out: dict[str, float] = {}
         for candidates in (1, 5, 20):
             absent = [os.urandom(32).hex() for _ in range(candidates)]
             for case, wanted in (("absent", absent), ("newest", [*absent[1:], keys[-1]])):
                 start = time.perf_counter()
                 for _ in range(repeats):
-                    next(iter(mine.sibling_records(wanted[::-1])), None)
+                    next(iter(lookup(wanted[::-1])), None)
                 out[f"{case} {candidates}"] = (time.perf_counter() - start) / repeats * 1000
         for spool in (mine, theirs):
             spool.close()

@@ -8,7 +8,7 @@ tokens: the chat template re-renders the assistant turn differently from the
 sampled ids.
 
 Everything about finding a call's session is here: :class:`Linker` looks in this
-worker's memory, then in sibling workers' spools (records not yet drained), then
+worker's memory, then in sibling workers' link indexes (calls not yet drained), then
 in the database, which it asks again for a moment when another host may have answered the parent
 (:data:`LINK_WAIT_S`). A prefix the database had no parent for is not asked about again
 for a few seconds (:data:`MISS_TTL_S`): a prompt whose assistant turns no recorded
@@ -21,7 +21,7 @@ and the end user the client names (``user``, ``metadata.user_id``,
 share a key, even when greedy decoding gives them the same first reply. Within a
 scope, a key two sessions produced is *ambiguous*: a call continuing it is not
 linked but starts a new session with source ``ambiguous_link``. Memory and the
-database judge ambiguity; a sibling spool's first match is taken as found.
+database judge ambiguity; a sibling's link index's first match is taken as found.
 
 A deleted session (or end user) is never a parent again: the worker that took the delete
 forgets it at once, every other one when it reads the delete's entry in the change log
@@ -377,11 +377,11 @@ class Linker:
                 self.cache.put(project, key, link)
 
     def _spool_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
-        for record in self.spool.sibling_records(keys[::-1]):  # the longest prefix first
-            if record.project_id == project and session in (None, record.session_id):
-                if self.deletes.gone(project, record.session_id, record.end_user, record.created_at):
+        for entry in self.spool.sibling_links(keys[::-1]):  # the longest prefix first
+            if entry.project_id == project and session in (None, entry.session_id):
+                if self.deletes.gone(project, entry.session_id, entry.end_user, entry.created_at):
                     continue
-                return Link(record.session_id, record.id, record.task_id, record.end_user, record.created_at)
+                return Link(entry.session_id, entry.id, entry.task_id, entry.end_user, entry.created_at)
         return None
 
     def _missed(self, miss: tuple[str, str | None, str]) -> bool:

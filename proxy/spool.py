@@ -11,6 +11,11 @@ The records this process wrote are also kept in memory (up to ``MEMORY_BYTES`` o
 them), so the recorder does not parse back what it has just serialised; segments
 from before a restart, adopted ones and any past that budget are read from disk.
 A record and its line are defined in storage/records.py.
+
+Beside the records, each spool folder keeps its *link index* (``links.idx``, proxy/spool_siblings.py):
+one short line per recorded call that a follow-up may continue (its link key, session and id), written
+after the record's fsync and before its caller is woken. Sibling workers look a parent up there, reading
+a few hundred bytes a call whatever the calls' size, instead of scanning the records themselves.
 """
 
 from __future__ import annotations
@@ -22,17 +27,21 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import orjson
 
-from proxy.spool_siblings import SIBLING_SCAN_BYTES, Siblings
+from proxy.spool_siblings import LINK_SCAN_BYTES, LINKS, SIBLING_SCAN_BYTES, LinkEntry, Siblings, link_line
 from storage.records import CallRecord
 
 log = logging.getLogger("onthejob.spool")
 ACTIVE = "active.jsonl"
 MEMORY_BYTES = 64 * 1024 * 1024
+# The link index is cut back to its newest LINKS_KEEP bytes once it passes LINKS_MAX: readers read its
+# newest LINK_SCAN_BYTES (64 KiB), and an entry older than that is a parent long drained to the database.
+LINKS_MAX = 4 * 1024 * 1024
+LINKS_KEEP = 256 * 1024
 
 
 # A queued append: the line to write, the record it encodes, and the caller's future.
@@ -54,6 +63,9 @@ class Spool:
         self._seq = self._last_seq()
         _cut_torn_tail(folder / ACTIVE)
         self._fd = os.open(folder / ACTIVE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._links_fd = os.open(folder / LINKS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._links_bytes = os.fstat(self._links_fd).st_size
+        self._links_failing = False
         self._active_first: float | None = None
         # Records in sealed segments and the active file, and when the oldest was written.
         self._active_records = len(read_segment(folder / ACTIVE))
@@ -135,9 +147,49 @@ class Spool:
                         if self._active_first is None:
                             self._active_first = time.time()
                         self._remember(batch, len(data))
+                        self._index(item[1] for item in batch)
                 except BaseException as exc:  # noqa: BLE001 - never leave a caller waiting
                     error = exc
             _wake(batch, error)
+
+    def index(self, records: list[CallRecord]) -> None:
+        """Add link index lines for records this worker took over (:meth:`adopt`)."""
+        with self._lock:
+            self._index(records)
+
+    def _index(self, records: Iterable[CallRecord]) -> None:
+        """Append the batch's link index lines (under the lock, after the records' fsync, before the callers
+        are woken: a follow-up sent after the reply finds its parent there). Not fsync'd: the index is a
+        hint, a crash loses at most its last lines, and those calls' records drain to the database. A write
+        that fails is logged once and skipped; the records stand."""
+        data = b"".join(link_line(record) for record in records)
+        if not data:
+            return
+        try:
+            os.write(self._links_fd, data)
+            self._links_bytes += len(data)
+            if self._links_bytes > LINKS_MAX:
+                self._cut_links()
+            self._links_failing = False
+        except OSError as exc:
+            if not self._links_failing:
+                log.warning("link index not written (%s): siblings find these calls in the database", exc)
+            self._links_failing = True
+
+    def _cut_links(self) -> None:
+        """Keep the index's newest :data:`LINKS_KEEP` bytes (whole lines): a new file renamed over it, so a
+        sibling reading the old one meanwhile reads it whole."""
+        path = self.folder / LINKS
+        with path.open("rb") as handle:
+            handle.seek(max(0, self._links_bytes - LINKS_KEEP))
+            tail = handle.read()
+        tail = tail[tail.find(b"\n") + 1 :]
+        tmp = self.folder / (LINKS + ".tmp")
+        tmp.write_bytes(tail)
+        os.replace(tmp, path)
+        os.close(self._links_fd)
+        self._links_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._links_bytes = len(tail)
 
     def _remember(self, batch: list[_Item], size: int) -> None:
         """Keep the batch's records for the recorder (under the lock), within the memory budget."""
@@ -209,9 +261,9 @@ class Spool:
         return max(0.0, time.time() - min(times)) if times else 0.0
 
     # ---- other workers' records (linking a follow-up served here to a turn served there) ----
-    def sibling_records(self, link_keys: list[str], budget: int = SIBLING_SCAN_BYTES) -> Iterator[CallRecord]:
-        """:meth:`proxy.spool_siblings.Siblings.records`: sibling workers' records with these link keys."""
-        return self.siblings.records(link_keys, budget)
+    def sibling_links(self, link_keys: list[str], budget: int = LINK_SCAN_BYTES) -> Iterator[LinkEntry]:
+        """:meth:`proxy.spool_siblings.Siblings.links`: sibling workers' link index entries with these keys."""
+        return self.siblings.links(link_keys, budget)
 
     def sibling_matching(
         self, needles: list[bytes], budget: int = SIBLING_SCAN_BYTES, *, own: bool = False
@@ -227,6 +279,7 @@ class Spool:
         self._thread.join(timeout=5)
         with self._lock:
             os.close(self._fd)
+            os.close(self._links_fd)
 
     def _last_seq(self) -> int:
         segs = self.segments()

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 
 from proxy.spool import ACTIVE, Spool, read_segment
+from proxy.spool_siblings import LINKS
 
 
 def claim(root: Path) -> tuple[Path, int]:
@@ -48,10 +49,12 @@ def absorb_orphans(spool: Spool) -> int:
                 records = read_segment(file)
                 if records:
                     spool.adopt(file, len(records))
+                    spool.index(records)  # siblings look their parents up in our link index now
                     moved += len(records)
                 else:
                     file.unlink(missing_ok=True)
-            (folder / ".lock").unlink(missing_ok=True)
+            for leftover in (LINKS, LINKS + ".tmp", ".lock"):  # its link index: those calls are ours now
+                (folder / leftover).unlink(missing_ok=True)
             folder.rmdir()
         except OSError:
             pass  # something else is in there; leave it

@@ -93,7 +93,7 @@ class CallRecord:
         # checks that it writes every column).
         tags = Fragment(self.tags)
         completion = {
-            "link_key": self.link_key,  # first: a sibling worker reads it without a search (LINE_START)
+            "link_key": self.link_key,
             "id": self.id,
             "project_id": self.project_id,
             "session_id": self.session_id,
@@ -266,15 +266,3 @@ def end_user_key(user: str) -> str:
     if len(user) <= 200 and "\x00" not in user:
         return user
     return "sha256:" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-# How a spool line written since the link key went first begins; the key follows (or ``null``).
-LINE_START = b'{"completion":{"link_key":'
-
-
-def link_needle(key: str) -> bytes:
-    """The bytes a spool line holds when its record's ``link_key`` is ``key`` (what :meth:`encode` writes).
-
-    Lets a worker find a sibling's record by its link key without parsing every line.
-    """
-    return b'"link_key":"' + key.encode() + b'"'

@@ -1,4 +1,4 @@
-"""The sibling-spool read budget is each sibling's (proxy/spool_siblings.py), as its docstring says."""
+"""The sibling read budgets are each sibling's (proxy/spool_siblings.py), as its docstring says."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 
 from proxy.spool import Spool
 from proxy.spool_folders import claim
-from storage.records import link_needle
 from tests.proxy.records import record
 
-BUDGET = 64 * 1024
+BUDGET = 64 * 1024  # of records
+LINK_BUDGET = 4 * 1024  # of link index lines: ~130 B each, ~30 calls
 
 
 def test_one_siblings_backlog_does_not_hide_another_siblings_parent(tmp_path: Path) -> None:
@@ -26,7 +26,7 @@ def test_one_siblings_backlog_does_not_hide_another_siblings_parent(tmp_path: Pa
 
     async def write() -> None:
         for n, spool in enumerate(siblings):
-            for i in range(200):  # ~1 KiB a record: ~200 KiB of backlog, three times the budget
+            for i in range(200):  # ~1 KiB a record: ~200 KiB of backlog, three times the budget; ~26 KiB indexed
                 await spool.append(record(i, id=f"backlog-{n}-{i}", link_key=f"busy-{n}-{i}"))
             await spool.append(record(1000 + n, id=f"parent-{n}", link_key=f"parent-key-{n}"))
 
@@ -34,12 +34,13 @@ def test_one_siblings_backlog_does_not_hide_another_siblings_parent(tmp_path: Pa
     assert all(spool.bytes > 2 * BUDGET for spool in siblings)
 
     for n in range(2):
-        found = [r.id for r in mine.sibling_records([f"parent-key-{n}"], budget=BUDGET)]
+        found = [e.id for e in mine.sibling_links([f"parent-key-{n}"], budget=LINK_BUDGET)]
         assert found == [f"parent-{n}"], n
-        held = [r.id for r in mine.sibling_matching([link_needle(f"parent-key-{n}")], budget=BUDGET)]
+        held = [r.id for r in mine.sibling_matching([f'"id":"parent-{n}"'.encode()], budget=BUDGET)]
         assert held == [f"parent-{n}"], n
     # Still a budget: the oldest backlog of each sibling lies beyond it.
-    assert list(mine.sibling_records(["busy-0-0", "busy-1-0"], budget=BUDGET)) == []
+    assert list(mine.sibling_links(["busy-0-0", "busy-1-0"], budget=LINK_BUDGET)) == []
+    assert list(mine.sibling_matching([b'"id":"backlog-0-0"', b'"id":"backlog-1-0"'], budget=BUDGET)) == []
     for spool in (mine, *siblings):
         spool.close()
     for fd in (mine_lock, *(lock for _, lock in others)):

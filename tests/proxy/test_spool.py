@@ -6,7 +6,6 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from proxy.spool import ACTIVE, Spool, SpoolFull, read_segment
@@ -87,17 +86,21 @@ def test_each_worker_claims_its_own_folder_and_orphans_are_absorbed(tmp_path: Pa
     second, fd2 = claim(tmp_path)
     assert first != second, "a folder held by a live worker is never shared"
     spool1 = Spool(first, 10**9)
-    asyncio.run(spool1.append(rec(1)))
+    asyncio.run(spool1.append(rec(1, link_key="k1")))
     spool1.seal()
-    asyncio.run(spool1.append(rec(2)))
+    asyncio.run(spool1.append(rec(2, link_key="k2")))
     spool1.close()
     os.close(fd1)  # worker 1 is gone; its two records are still on disk
     spool2 = Spool(second, 10**9)
     assert absorb_orphans(spool2) == 2 and not first.exists()
     assert spool2.depth == 2
     assert sorted(i for s in spool2.segments() for i in ids(read_segment(s))) == [1, 2]
-    spool2.close()
-    os.close(fd2)
+    third, fd3 = claim(tmp_path)  # a sibling finds the adopted calls in the adopter's link index
+    spool3 = Spool(third, 10**9)
+    assert [e.id for e in spool3.sibling_links(["k2", "k1"])] == ["c2", "c1"]
+    for spool, fd in ((spool2, fd2), (spool3, fd3)):
+        spool.close()
+        os.close(fd)
 
 
 def test_records_come_from_memory_within_the_budget_and_from_disk_otherwise(
@@ -164,8 +167,11 @@ def test_workers_split_the_spool_quota_and_see_the_same_settings(
     )
 
 
-def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Path) -> None:
+def test_a_worker_finds_its_siblings_calls_in_their_link_indexes_newest_first(tmp_path: Path) -> None:
+    """A sibling's link index (proxy/spool_siblings.py) lists each recorded call a follow-up may continue;
+    a lookup takes keys in priority order, each key's newest entry first, and never this worker's own."""
     from proxy.spool_folders import claim
+    from proxy.spool_siblings import LINKS
 
     mine_folder, mine_lock = claim(tmp_path)
     theirs_folder, theirs_lock = claim(tmp_path)
@@ -174,31 +180,55 @@ def test_a_worker_finds_records_in_its_siblings_spools_newest_first(tmp_path: Pa
     async def write() -> None:
         for i, key in enumerate(["k1", "k2", "k1"]):
             await theirs.append(rec(i, link_key=key))
+        await theirs.append(rec(7, link_key=None, request={"link_key": "k2"}))  # no key: not indexed
         await mine.append(record(9, id="own", link_key="k3"))
 
     asyncio.run(write())
-    theirs.seal()  # one sealed segment, then more in the active file
+    theirs.seal()  # sealing and draining leave the index alone: a drained parent is in the database
     asyncio.run(theirs.append(rec(3, link_key="k4")))
-    # A line from before the link key went first (its key further in), and one whose client sent a
-    # "link_key" of its own in the request: the first is found, the second is not a parent.
-    older = orjson.loads(rec(4, link_key="k1").encode())
-    older["completion"]["link_key"] = older["completion"].pop("link_key")
-    spoof = rec(5, link_key=None, request={"link_key": "k2"})
-    assert b'"link_key":"k2"' in spoof.encode()
-    older_spoof = orjson.loads(rec(6, link_key=None, request={"link_key": "k2"}).encode())  # and in the older order
-    older_spoof["completion"]["link_key"] = older_spoof["completion"].pop("link_key")
-    with (theirs_folder / ACTIVE).open("ab") as handle:
-        handle.write(orjson.dumps(older) + b"\n" + spoof.encode() + b"\n" + orjson.dumps(older_spoof) + b"\n")
-        handle.write(b'{"completion": {"id": "torn", "link_key": "k5"')  # mid-write: not a line yet
+    with (theirs_folder / LINKS).open("ab") as handle:
+        handle.write(b'not json\n["k5", "p"]\n')  # a foreign line and one of the wrong shape: skipped
+        handle.write(b'["k6","p","ses","torn"')  # mid-write: not a line yet
 
     def found(*keys: str) -> list[str]:
-        return [r.id for r in mine.sibling_records(list(keys))]
+        return [e.id for e in mine.sibling_links(list(keys))]
 
-    assert found("k1") == ["c4", "c2", "c0"]  # newest first, the active file before the segment
-    assert found("k2", "k1")[0] == "c1"  # needles in priority order
-    assert found("k2") == ["c1"]  # not c5 nor c6
-    assert found("k4") == ["c3"] and found("k5") == [] and found("k3") == []  # never our own spool
-    assert list(mine.sibling_records(["k1"], budget=60)) == []  # the read is capped, newest first
+    assert found("k1") == ["c2", "c0"]  # newest first
+    assert found("k2", "k1") == ["c1", "c2", "c0"]  # keys in priority order
+    assert found("k4") == ["c3"] and found("k5") == [] and found("k6") == [] and found("k3") == []
+    entry = next(mine.sibling_links(["k4"]))
+    assert (entry.project_id, entry.session_id, entry.created_at) == ("p", "ses_3", rec(3, link_key="k4").created_at)
+    assert list(mine.sibling_links(["k1"], budget=60)) == []  # the read is capped, newest first
+    for spool in (mine, theirs):
+        spool.close()
+    import os
+
+    os.close(mine_lock)
+    os.close(theirs_lock)
+
+
+def test_the_link_index_is_cut_back_to_its_newest_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past LINKS_MAX the index keeps its newest LINKS_KEEP bytes, whole lines, and goes on appending."""
+    import proxy.spool as spool_module
+    from proxy.spool_folders import claim
+    from proxy.spool_siblings import LINKS
+
+    monkeypatch.setattr(spool_module, "LINKS_MAX", 4000)
+    monkeypatch.setattr(spool_module, "LINKS_KEEP", 1000)
+    mine_folder, mine_lock = claim(tmp_path)
+    theirs_folder, theirs_lock = claim(tmp_path)
+    mine, theirs = Spool(mine_folder, 10**9), Spool(theirs_folder, 10**9)
+
+    async def write() -> None:
+        for i in range(100):
+            await theirs.append(rec(i, link_key=f"key-{i}"))
+
+    asyncio.run(write())
+    index = (theirs_folder / LINKS).read_bytes()
+    assert len(index) <= 4000 and index.endswith(b"\n")
+    assert all(line.startswith(b'["key-') for line in index.splitlines())  # whole lines only
+    assert [e.id for e in mine.sibling_links(["key-99"])] == ["c99"]
+    assert list(mine.sibling_links(["key-0"])) == []  # cut away
     for spool in (mine, theirs):
         spool.close()
     import os

@@ -10,8 +10,10 @@ The rules and the statistics are in storage/promotion.py; this module applies th
 - :meth:`Promotion.arm` sends a sticky share of sessions to a canary (a hash of the session id).
 - :meth:`Promotion.decide` takes the decision the evidence allows (after an eval is posted, and
   every few seconds from the housekeeping loop): promote through ``Router.deploy``, hold, or roll
-  back. Several proxy workers may decide at once: the one that clears the candidate row records
-  the event and acts; the others find nothing left to do.
+  back. The evals are compared per task family (eval name; ``storage.promotion.eval_families``), and
+  one family clearly worse holds (or rolls back) the candidate whatever the others say. Several
+  proxy workers may decide at once: the one that clears the candidate row records the event and
+  acts; the others find nothing left to do.
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.attest import Attestor
 from proxy.auth import Principal
 from proxy.errors import NotFound
+from proxy.link_keys import Naming
 from proxy.metrics import Metrics
 from proxy.routing import Router
 from proxy.served import Route, committed_adapter, lora_name
-from proxy.sessions import Naming
 from storage import promotion as store
 from storage import verdicts
 from storage.alerts import open_alerts
@@ -242,10 +244,10 @@ class Promotion:
                 # its drift is the candidate's starting point, so a monitor alert there holds the next promotion
                 # until an admin resolves it. (Attestation alerts are about a replica, not the policy.)
                 alerts += [a for a in await open_alerts(db, project, alias, serving) if a.kind == "monitor"]
-            evidence: dict[str, Any] = {}
-            eval_cmp = await db.run_sync(lambda s: _eval_comparison(s, project, alias, version, serving))
-            if eval_cmp is not None:
-                evidence["eval"] = eval_cmp[1].to_dict() | {"name": eval_cmp[0]}
+            families = await db.run_sync(
+                lambda s: store.eval_families(s, project, alias, version, serving, policy.families)
+            )
+            evidence = verdicts.family_evidence(families, policy.margin, policy.z) if families else {}
             verdict: str | None
             if alerts:
                 evidence["alerts"] = [
@@ -256,10 +258,9 @@ class Promotion:
                 named = ", ".join(f"{a.kind}/{a.name} on v{a.version}" for a in alerts[:3])
                 reason = f"{len(alerts)} open alert(s): {named}{', ...' if len(alerts) > 3 else ''}"
             elif policy.mode == "gate":
-                if eval_cmp is None:
+                if not families:
                     return None
-                verdict = verdicts.gate_verdict(eval_cmp[1], policy.margin, policy.z)
-                reason = _gate_reason(verdict, eval_cmp[1], policy)
+                verdict, reason = verdicts.gate_families(families, policy.margin, policy.z)
             else:
                 since = policy.candidate_since
                 assert since is not None
@@ -267,9 +268,7 @@ class Promotion:
                 cand, serve = verdicts.Stats.of(arms.get(version, {})), verdicts.Stats.of(arms.get(serving, {}))
                 live = verdicts.compare(cand, serve)
                 evidence["live_reward"] = live.to_dict()
-                verdict, reason = verdicts.canary_verdict(
-                    live, eval_cmp[1] if eval_cmp else None, policy.margin, policy.z, policy.min_sample
-                )
+                verdict, reason = verdicts.canary_verdict(live, families, policy.margin, policy.z, policy.min_sample)
             if verdict is None:
                 return None
             # Claim the decision: only one worker clears this candidate.
@@ -327,30 +326,3 @@ class Promotion:
 
 async def _record(db: AsyncSession, project: str, alias: str, **event: Any) -> None:
     await db.run_sync(lambda s: store.record_event(s, project, alias, **event))
-
-
-def _eval_comparison(
-    db: Any, project: str, alias: str, version: int, serving: int | None
-) -> tuple[str, verdicts.Comparison] | None:
-    """The candidate's newest eval against the serving version's newest eval of the same name, if both exist."""
-    cand = store.latest_eval(db, project, alias, version)
-    if cand is None:
-        return None
-    serve = store.latest_eval(db, project, alias, serving, cand.name)
-    if serve is None:
-        return None
-    return cand.name, verdicts.compare(verdicts.Stats.from_eval(cand), verdicts.Stats.from_eval(serve))
-
-
-def _gate_reason(verdict: str, cmp: verdicts.Comparison, policy: store.Policy) -> str:
-    how = "paired" if cmp.paired else "independent"
-    if cmp.coverage < verdicts.MIN_COVERAGE:
-        return (
-            f"eval scored {cmp.coverage:.0%} of the serving version's items (under {verdicts.MIN_COVERAGE:.0%}): "
-            f"what it did not answer may be where it is worse"
-        )
-    where = "clearly worse" if verdict == "held" else "not clearly worse"
-    return (
-        f"eval {cmp.candidate.mean:.3f} vs serving {cmp.serving.mean:.3f}: diff {cmp.diff:+.3f} ± {cmp.se:.3f} "
-        f"({how}), {where} than margin {policy.margin} at z {policy.z}"
-    )

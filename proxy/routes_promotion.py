@@ -27,6 +27,13 @@ class PolicyIn(BaseModel):
     share: float | None = Field(None, gt=0, lt=1, description="canary: the share of sessions routed to the candidate")
     min_sample: int | None = Field(None, ge=1, le=10**6, description="canary: graded sessions per arm before deciding")
     eval: dict[str, Any] | None = Field(None, description="what the trainer evaluates each new version with")
+    families: list[Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=50,
+        description="gate: the eval names (task families) every candidate waits for and is compared on; "
+        "null: every name both versions have",
+    )
 
 
 ItemId = Annotated[str, Field(max_length=200, pattern=NO_NUL)]

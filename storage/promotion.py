@@ -3,13 +3,15 @@
 A policy per alias (``PromotionPolicy``; none stored means ``auto``):
 
 - ``auto``: every published version is routed at once (the behaviour before policies).
-- ``gate``: a published version is loaded into the engines but not routed. It is promoted once
-  its eval (``Eval`` rows, same eval name) is not worse than the serving version's by more than
-  ``margin`` as judged with the standard errors, and held otherwise (storage/verdicts.py's ``gate_verdict``).
+- ``gate``: a published version is loaded into the engines but not routed. Its evals (``Eval`` rows)
+  are compared with the serving version's per task family (eval name, :func:`eval_families`): every
+  name both have, or exactly the policy's ``families`` once both have each. It is held when any family
+  is worse than the serving version's by more than ``margin`` as judged with the standard errors,
+  and promoted when none is (storage/verdicts.py's ``gate_families``).
 - ``canary``: a sticky share of sessions is routed to the candidate; its live reward (and eval,
   when both versions have one) is compared with the serving version's once each arm has
   ``min_sample`` graded sessions, and it is promoted or rolled back when the evidence is clear
-  (storage/verdicts.py's ``canary_verdict``).
+  (storage/verdicts.py's ``canary_verdict``; an eval of any family that is clearly worse rolls it back).
 
 Under ``gate`` and ``canary`` an open alert on the candidate (storage/alerts.py) holds it, and
 under ``canary`` rolls it back at once; under ``gate`` (the candidate serves no traffic to monitor)
@@ -31,18 +33,21 @@ from typing import Any, Literal
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from storage import verdicts
 from storage.models import Alias, Eval, PromotionEvent, PromotionPolicy, utcnow
 
 Mode = Literal["auto", "gate", "canary"]
 MODES: tuple[str, ...] = ("auto", "gate", "canary")
 # Defaults fixed in code, per mode (a policy's config overrides each): margin in the eval's own
-# units, z the number of standard errors that makes evidence "clear", share of canary sessions.
+# units, z the number of standard errors that makes evidence "clear", share of canary sessions,
+# families the eval names a gate waits for (None: whatever names both versions have).
 DEFAULTS: dict[str, dict[str, Any]] = {
     "auto": {},
-    "gate": {"margin": 0.0, "z": 2.0, "eval": None},
+    "gate": {"margin": 0.0, "z": 2.0, "eval": None, "families": None},
     "canary": {"margin": 0.05, "z": 2.0, "share": 0.1, "min_sample": 30, "eval": None},
 }
-CONFIG_KEYS = ("margin", "z", "share", "min_sample", "eval")
+CONFIG_KEYS = ("margin", "z", "share", "min_sample", "eval", "families")
+MAX_FAMILIES = 50
 
 
 class PolicyError(ValueError):
@@ -66,6 +71,7 @@ class Policy:
     eval: dict[str, Any] | None = None  # what the trainer runs after each publish (trainer/evaluate.py)
     candidate_version: int | None = None
     candidate_since: datetime | None = None
+    families: tuple[str, ...] | None = None  # gate: the eval names every candidate is compared on
 
     @property
     def holds(self) -> bool:
@@ -75,6 +81,8 @@ class Policy:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"alias": self.alias, "mode": self.mode}
         out.update({k: getattr(self, k) for k in DEFAULTS.get(self.mode, {})})
+        if out.get("families") is not None:
+            out["families"] = list(out["families"])
         out["candidate_version"] = self.candidate_version
         out["candidate_since"] = self.candidate_since.isoformat() if self.candidate_since else None
         return out
@@ -99,8 +107,21 @@ def check_config(mode: str, config: Mapping[str, Any]) -> dict[str, Any]:
             raise PolicyError("min_sample must be a whole number of sessions, at least 1", key)
         if key == "eval" and value is not None and not isinstance(value, dict):
             raise PolicyError("eval must be an object (see docs/promotion.md) or null", key)
+        if key == "families" and value is not None and not _names(value):
+            raise PolicyError(
+                f"families must be a list of 1 to {MAX_FAMILIES} distinct eval names (1-200 characters) or null", key
+            )
         out[key] = value
     return out
+
+
+def _names(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and 0 < len(value) <= MAX_FAMILIES
+        and len(set(value)) == len(value)
+        and all(isinstance(v, str) and 0 < len(v) <= 200 and "\x00" not in v for v in value)
+    )
 
 
 def get_policy(db: Session, project_id: str, alias: str) -> Policy:
@@ -123,6 +144,7 @@ def _policy(alias: str, row: PromotionPolicy | None) -> Policy:
         values.get("eval"),
         row.candidate_version,
         row.candidate_since,
+        tuple(values["families"]) if values.get("families") is not None else None,
     )
 
 
@@ -277,10 +299,30 @@ def list_evals(db: Session, project_id: str, alias: str, version: int | None | L
     return list(db.scalars(query.order_by(Eval.id)).all())
 
 
-def latest_eval(db: Session, project_id: str, alias: str, version: int | None, name: str | None = None) -> Eval | None:
-    """The newest eval of a version (of that eval name, if given)."""
-    rows = [e for e in list_evals(db, project_id, alias, version) if name is None or e.name == name]
-    return rows[-1] if rows else None
+def eval_families(
+    db: Session,
+    project_id: str,
+    alias: str,
+    version: int,
+    serving: int | None,
+    families: Sequence[str] | None = None,
+) -> dict[str, verdicts.Comparison]:
+    """Per task family (eval name): the candidate's newest eval of it against the serving version's newest.
+
+    ``families`` None: every name both versions have an eval of now (one shared name: the comparison
+    the gate has always made). Given (a gate policy's ``families``): exactly those names, and nothing
+    (the gate waits) until both versions have an eval of each, so a harness posting its families one
+    at a time is not decided on the first.
+    """
+    candidate = {e.name: e for e in list_evals(db, project_id, alias, version)}  # oldest first: newest wins
+    current = {e.name: e for e in list_evals(db, project_id, alias, serving)}
+    names = sorted(set(candidate) & set(current)) if families is None else list(families)
+    if any(name not in candidate or name not in current for name in names):
+        return {}
+    return {
+        name: verdicts.compare(verdicts.Stats.from_eval(candidate[name]), verdicts.Stats.from_eval(current[name]))
+        for name in names
+    }
 
 
 def eval_to_dict(row: Eval) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Promotion rules: paired and independent comparisons, the gate and canary verdicts, policies and parents."""
+"""Promotion rules: paired and independent comparisons, the gate and canary verdicts (per task family),
+policies and parents."""
 
 from __future__ import annotations
 
@@ -55,15 +56,17 @@ def test_gate_holds_only_what_is_two_standard_errors_worse() -> None:
 
 def test_canary_waits_for_its_sample_then_decides_either_way() -> None:
     worse = verdicts.compare(verdicts.Stats(10, 0.2, 0.05), verdicts.Stats(10, 0.8, 0.05))
-    assert verdicts.canary_verdict(worse, None, 0.05, 2.0, min_sample=30)[0] is None
+    assert verdicts.canary_verdict(worse, {}, 0.05, 2.0, min_sample=30)[0] is None
     big_worse = verdicts.compare(verdicts.Stats(40, 0.2, 0.05), verdicts.Stats(40, 0.8, 0.05))
-    assert verdicts.canary_verdict(big_worse, None, 0.05, 2.0, min_sample=30)[0] == "rolled_back"
+    assert verdicts.canary_verdict(big_worse, {}, 0.05, 2.0, min_sample=30)[0] == "rolled_back"
     same = verdicts.compare(verdicts.Stats(400, 0.8, 0.01), verdicts.Stats(400, 0.8, 0.01))
-    assert verdicts.canary_verdict(same, None, 0.05, 2.0, min_sample=30)[0] == "promoted"
+    assert verdicts.canary_verdict(same, {}, 0.05, 2.0, min_sample=30)[0] == "promoted"
     noisy = verdicts.compare(verdicts.Stats(40, 0.75, 0.1), verdicts.Stats(40, 0.8, 0.1))
-    assert verdicts.canary_verdict(noisy, None, 0.05, 2.0, min_sample=30)[0] is None  # not clear yet
+    assert verdicts.canary_verdict(noisy, {}, 0.05, 2.0, min_sample=30)[0] is None  # not clear yet
     bad_eval = verdicts.compare(verdicts.Stats(48, 0.3, 0.04), verdicts.Stats(48, 0.7, 0.04))
-    assert verdicts.canary_verdict(same, bad_eval, 0.05, 2.0, min_sample=30)[0] == "rolled_back"
+    fine_eval = verdicts.compare(verdicts.Stats(48, 0.7, 0.04), verdicts.Stats(48, 0.7, 0.04))
+    decision, why = verdicts.canary_verdict(same, {"arith": fine_eval, "support": bad_eval}, 0.05, 2.0, 30)
+    assert (decision, why) == ("rolled_back", "eval support -0.400 ± 0.057 below the serving version")
 
 
 def test_policy_settings_are_checked_by_field(db: Session) -> None:
@@ -91,4 +94,89 @@ def test_a_held_candidate_is_never_the_training_parent(db: Session) -> None:
     store.set_policy(db, project, "a", "gate", {})
     store.set_candidate(db, project, "a", 3)  # v3 published, waiting (or held)
     assert store.training_parent(db, project, "a") == (True, 2)  # the next step starts from what serves
+    db.rollback()
+
+
+ITEMS = [f"p{i}" for i in range(20)]
+
+
+def _evals(db: Session, project: str, version: int | None, **families: list[float]) -> None:
+    """Hand-made eval rows: per family, one score per item of ITEMS (as a harness posts them)."""
+    for name, scores in families.items():
+        stats = verdicts.Stats.of(dict(zip(ITEMS, scores, strict=True)))
+        store.add_eval(
+            db, project, "a", version, name=name, n=stats.n, mean=stats.mean, stderr=stats.stderr, scores=stats.scores
+        )
+
+
+def _project(db: Session) -> str:
+    project = f"p-{uuid.uuid4().hex[:8]}"
+    ensure_project(db, project)
+    return project
+
+
+HALF = [float(i % 2) for i in range(20)]  # the serving version: half the items right, in each family
+
+
+def test_a_candidate_that_breaks_one_family_is_held_whatever_the_other_gains(db: Session) -> None:
+    project = _project(db)
+    _evals(db, project, None, arith=HALF, support=HALF)
+    _evals(db, project, 1, arith=[1.0] * 20, support=[0.0] * 20)  # every arith item right, every support one wrong
+    families = store.eval_families(db, project, "a", 1, None)
+    assert sorted(families) == ["arith", "support"]
+    assert families["arith"].diff == pytest.approx(0.5) and families["support"].diff == pytest.approx(-0.5)
+    verdict, reason = verdicts.gate_families(families, 0.0, 2.0)
+    assert verdict == "held"
+    assert reason.startswith("worse on support (1 of 2 families). support: eval 0.000 vs serving 0.500: diff -0.500")
+    assert "arith: eval 1.000 vs serving 0.500: diff +0.500" in reason
+    evidence = verdicts.family_evidence(families, 0.0, 2.0)
+    assert (evidence["eval"]["name"], evidence["eval"]["diff"]) == ("support", pytest.approx(-0.5))
+    assert {k: v["gate"] for k, v in evidence["families"].items()} == {"arith": "promoted", "support": "held"}
+    # Within a margin of 0.6 (eval units, per family) the broken family passes too.
+    assert verdicts.gate_families(families, 0.6, 2.0)[0] == "promoted"
+    db.rollback()
+
+
+def test_a_candidate_no_family_finds_worse_is_promoted(db: Session) -> None:
+    project = _project(db)
+    _evals(db, project, None, arith=HALF, support=HALF)
+    _evals(db, project, 1, arith=[1.0] * 20, support=HALF)  # better on arith, the same on support
+    verdict, reason = verdicts.gate_families(store.eval_families(db, project, "a", 1, None), 0.0, 2.0)
+    assert verdict == "promoted" and reason.startswith("no family worse (2 families). arith: eval 1.000")
+    db.rollback()
+
+
+def test_one_family_is_decided_as_before(db: Session) -> None:
+    project = _project(db)
+    _evals(db, project, None, arith=HALF, smoke=HALF)  # smoke: the serving version's only, not compared
+    _evals(db, project, 1, arith=[x - 0.25 for x in HALF])
+    families = store.eval_families(db, project, "a", 1, None)
+    assert list(families) == ["arith"]
+    cmp = families["arith"]
+    assert verdicts.gate_families(families, 0.0, 2.0) == ("held", verdicts.gate_reason(cmp, 0.0, 2.0))
+    assert verdicts.gate_verdict(cmp, 0.0, 2.0) == "held"
+    assert verdicts.gate_reason(cmp, 0.0, 2.0) == (
+        "eval 0.250 vs serving 0.500: diff -0.250 ± 0.000 (paired), clearly worse than margin 0.0 at z 2.0"
+    )
+    assert verdicts.family_evidence(families, 0.0, 2.0)["eval"] == cmp.to_dict() | {"name": "arith"}
+    db.rollback()
+
+
+def test_a_gate_with_families_waits_for_each_of_them(db: Session) -> None:
+    project = _project(db)
+    policy = store.set_policy(db, project, "a", "gate", {"families": ["arith", "support"]})
+    assert policy.families == ("arith", "support") and policy.to_dict()["families"] == ["arith", "support"]
+    _evals(db, project, None, arith=HALF, support=HALF, smoke=HALF)
+    _evals(db, project, 1, arith=[1.0] * 20, smoke=HALF)
+    assert store.eval_families(db, project, "a", 1, None, policy.families) == {}  # support not in yet
+    assert list(store.eval_families(db, project, "a", 1, None)) == ["arith", "smoke"]  # no families: what both have
+    _evals(db, project, 1, support=[0.0] * 20)
+    assert list(store.eval_families(db, project, "a", 1, None, policy.families)) == ["arith", "support"]
+    for bad in ([], ["x", "x"], ["x", 3], "x", [""]):
+        with pytest.raises(store.PolicyError) as err:
+            store.set_policy(db, project, "a", "gate", {"families": bad})
+        assert err.value.param == "families"
+    with pytest.raises(store.PolicyError):
+        store.set_policy(db, project, "a", "canary", {"families": ["arith"]})  # canary compares whatever both have
+    assert store.set_policy(db, project, "a", "gate", {"families": None}).families is None
     db.rollback()

@@ -1,4 +1,5 @@
-"""Promotion through the real proxy and a real engine (tiny model): gate, canary, alerts, direct version calls.
+"""Promotion through the real proxy and a real engine (tiny model): gate (one task family and two), canary,
+alerts, direct version calls.
 
 Adapters are random (tests/adapters.py) and recorded as the trainer records them; the proxy is asked to
 deploy them as the trainer asks (``candidate: true``). Evals and feedback are posted over REST.
@@ -22,7 +23,7 @@ from onthejob.cli import build_parser
 from storage import verdicts
 from storage.alerts import raise_alert
 from storage.db import async_engine, sync_engine
-from tests.adapters import random_adapter
+from tests.adapters import light_adapter, random_adapter
 from tests.proxy.conftest import Proxy, ProxyFactory, make_key
 from trainer.publish import record_adapter
 
@@ -32,8 +33,8 @@ ALIAS = "helper"
 
 
 class Admin:
-    def __init__(self, proxy: Proxy, admin: str, harness: str) -> None:
-        self.proxy, self.admin, self.harness = proxy, admin, harness
+    def __init__(self, proxy: Proxy, admin: str, harness: str, alias: str = ALIAS) -> None:
+        self.proxy, self.admin, self.harness, self.alias = proxy, admin, harness, alias
 
     def req(self, method: str, path: str, body: Any = None, status: int | None = None) -> Any:
         resp = httpx.request(
@@ -66,10 +67,12 @@ class Admin:
         ).json()["onthejob"]
 
     def decisions(self) -> list[tuple[int | None, str]]:
-        return [(e["version"], e["decision"]) for e in self.req("GET", f"/admin/aliases/{ALIAS}/promotions")["data"]]
+        return [
+            (e["version"], e["decision"]) for e in self.req("GET", f"/admin/aliases/{self.alias}/promotions")["data"]
+        ]
 
     def deployed(self) -> int | None:
-        return next(a["deployed_version"] for a in self.req("GET", "/admin/aliases")["data"] if a["name"] == ALIAS)
+        return next(a["deployed_version"] for a in self.req("GET", "/admin/aliases")["data"] if a["name"] == self.alias)
 
     def wait_for(self, decision: tuple[int, str], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -78,8 +81,14 @@ class Admin:
             time.sleep(0.2)
 
 
-def _publish(db_url: str, engine: Engine, tmp_path: Path, version: int, seed: int, alias: str = ALIAS) -> str:
-    path = random_adapter(engine.model, tmp_path / f"v{version}", seed=seed)
+def _publish(
+    db_url: str, engine: Engine, tmp_path: Path, version: int, seed: int, alias: str = ALIAS, light: float | None = None
+) -> str:
+    """Record a random adapter as version ``version`` (``light``: the light kind, B drawn at that scale)."""
+    out = tmp_path / f"v{version}"
+    path = (
+        random_adapter(engine.model, out, seed=seed) if light is None else light_adapter(engine.model, out, seed, light)
+    )
     eng = sync_engine(db_url)
     with Session(eng) as db:
         row = record_adapter(
@@ -245,3 +254,88 @@ async def _alert(db_url: str, version: int) -> None:
         await raise_alert(db, "default", ALIAS, version, "monitor", "completion_tokens", message="shorter answers")
         await db.commit()
     await eng.dispose()
+
+
+FAMILIES = ("agree", "differ")
+# Not "helper": the engine is the session's, and it keeps the adapters other tests loaded under the same
+# names (project, alias, version), which a new database's versions would be served by.
+TWO = "two-families"
+
+
+def test_gate_holds_a_candidate_that_improves_one_family_and_breaks_the_other(
+    start_proxy: ProxyFactory, tiny_engine: Engine, pg_factory: Any, tmp_path: Path
+) -> None:
+    """A gate with two task families holds the candidate that gains on one and breaks the other, naming it.
+
+    Real: the engine and the adapters loaded into it, every reply scored (greedy, each version called
+    directly as ``alias@base`` / ``alias@vN`` through the proxy), the evals posted over REST and the
+    gate's decisions on them. Constructed: the two families' grading rule, since no pair of adapters
+    trained to gain on one real task and lose on another fits this test on the tiny random-weight
+    model: ``agree`` scores an item 1 when a version's reply equals the base model's reply to it,
+    ``differ`` when it does not. So the base scores 1 and 0 by definition, v1 (a random adapter that
+    changes the replies) gains on ``differ`` exactly as far as it loses on ``agree``, and v2 (an
+    adapter whose B is zero: the base model's replies) equals the base on both. The tiny model's
+    replies are not language (in our runs the base answered every prompt with newlines, v1 with nothing), so
+    the families differ by their items' ids, not by what the items ask.
+    """
+    db_url = pg_factory()
+    admin = make_key(db_url, "default", "admin")
+    proxy = start_proxy(tiny_engine.url, db_url, auth=True, env={"ONTHEJOB_RATE_LIMIT_RPS": "0"})
+    a = Admin(proxy, admin, admin, TWO)
+    a.req("POST", "/admin/aliases", {"name": TWO, "base_model": tiny_engine.model.name}, status=201)
+    a.req("PUT", f"/admin/aliases/{TWO}/policy", {"mode": "gate", "families": list(FAMILIES)})
+    prompts = {f"{family}{i}": f"{family} item {i}: name one colour" for family in FAMILIES for i in range(6)}
+    base = _replies(a, "base", prompts)
+
+    def post(version: str, family: str, replies: dict[str, str]) -> Any:
+        scores = {k: float((r == base[k]) == (family == "agree")) for k, r in replies.items() if k.startswith(family)}
+        stats = verdicts.Stats.of(scores)
+        body = {"name": family, "n": stats.n, "mean": stats.mean, "stderr": stats.stderr, "scores": scores}
+        return a.req("POST", f"/admin/aliases/{TWO}/versions/{version}/evals", body, status=201)
+
+    for family in FAMILIES:
+        post("base", family, base)
+    _publish(db_url, tiny_engine, tmp_path, 1, seed=1, alias=TWO, light=0.5)
+    _publish(db_url, tiny_engine, tmp_path, 2, seed=2, alias=TWO, light=0.0)
+
+    # v1: its evals come one family at a time; the gate waits for both, then holds it on "agree".
+    assert a.req("POST", "/admin/deployments", {"alias": TWO, "version": 1, "candidate": True})["status"] == "pending"
+    v1 = _replies(a, "1", prompts)
+    assert post("1", "agree", v1)["decision"] is None
+    assert post("1", "differ", v1)["decision"] == "held"
+    held = a.req("GET", f"/admin/aliases/{TWO}/promotions")["data"][-1]
+    families = held["evidence"]["families"]
+    assert families["differ"]["diff"] > 0 and families["agree"]["diff"] < 0  # better on one, worse on the other
+    assert {f: families[f]["gate"] for f in FAMILIES} == {"agree": "held", "differ": "promoted"}
+    assert held["reason"].startswith("worse on agree (1 of 2 families). agree: eval "), held["reason"]
+    assert held["evidence"]["eval"]["name"] == "agree" and a.deployed() is None
+
+    # v2 answers as the base does: no family is worse, so it is promoted and routed.
+    assert a.req("POST", "/admin/deployments", {"alias": TWO, "version": 2, "candidate": True})["status"] == "pending"
+    v2 = _replies(a, "2", prompts)
+    assert post("2", "agree", v2)["decision"] is None
+    assert post("2", "differ", v2)["decision"] == "promoted"
+    promoted = a.req("GET", f"/admin/aliases/{TWO}/promotions")["data"][-1]
+    assert promoted["reason"].startswith("no family worse (2 families)"), promoted["reason"]
+    assert a.deployed() == 2
+    assert a.decisions() == [(1, "candidate"), (1, "held"), (2, "candidate"), (2, "promoted")]
+
+
+def _replies(a: Admin, version: str, prompts: dict[str, str]) -> dict[str, str]:
+    """Each prompt's greedy reply from ``two-families@base`` or ``@v{version}``, called directly (admin key)."""
+    out = {}
+    for item, prompt in prompts.items():
+        resp = httpx.post(
+            f"{a.proxy.v1}/chat/completions",
+            timeout=120,
+            headers={"authorization": f"Bearer {a.admin}", "x-session-id": f"{version}-{item}"},
+            json={
+                "model": f"{TWO}@{version if version == 'base' else f'v{version}'}",
+                "max_tokens": 4,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": prompt}],
+            },
+        )
+        assert resp.status_code == 200, resp.text
+        out[item] = resp.json()["choices"][0]["message"]["content"] or ""
+    return out

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import orjson
 from starlette.responses import Response
 
-from proxy import capture, sessions
+from proxy import capture, link_keys, sessions
 from proxy.dialects.base import Dialect, DialectStream, Exchange, engine_error
 from proxy.errors import UpstreamError, UpstreamTimeout
 from proxy.recording import Recording
@@ -59,7 +59,7 @@ class ProxiedCall:
         endpoint: str,
         body: dict[str, Any],
         route: Route,
-        naming: sessions.Naming,
+        naming: link_keys.Naming,
         session: sessions.SessionRef,
         prompt_key: str | None = None,
         dialect: Dialect | None = None,
@@ -278,7 +278,7 @@ class ProxiedCall:
         if not recording.enabled:
             return
         choices = choices or []
-        keys = [sessions.link_key(self.prompt_key, c.get("message")) for c in choices]  # before redaction
+        keys = [link_keys.link_key(self.prompt_key, c.get("message")) for c in choices]  # before redaction
         policy = recording.policy(self.project)
         # The client's body as a dict only for a policy to walk: else its bytes are the column.
         client_response = orjson.loads(client_json) if client_json is not None and policy.active else None

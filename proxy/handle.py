@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from proxy import admission, sessions
+from proxy import admission, link_keys, sessions
 from proxy.calls import ProxiedCall
 from proxy.dialects.base import Dialect, Stored
 from proxy.errors import InvalidRequest, NotFound, Unavailable, UpstreamError
@@ -58,10 +58,10 @@ async def handle(
     validate(body, endpoint)
     st.recording.check_room()
     st.recording.check_policy(principal.project_id)
-    naming = sessions.naming(headers, client_body, path_session)
+    naming = link_keys.naming(headers, client_body, path_session)
     route, naming = await st.promotion.resolve(principal, body.get("model"), naming)
     messages = body.get("messages") if endpoint == "chat" else None
-    keys = sessions.prefix_keys(messages, sessions.link_scope(principal.key_id, naming.end_user)) if messages else []
+    keys = link_keys.prefix_keys(messages, link_keys.link_scope(principal.key_id, naming.end_user)) if messages else []
     if previous is not None and naming.session_id in (None, previous.session_id):
         # Continued by id: the stored call's session, with it as parent (whatever the prefix says).
         task = naming.task_id or previous.task_id

@@ -1,11 +1,8 @@
 """Sessions and tasks: named by the harness, or linked by message prefixes.
 
-A call's *link key* hashes its request messages plus the assistant message it
-returned. The next turn of the same conversation starts with exactly those
-messages, so it finds its parent by hashing its own message prefixes. Messages
-are compared after normalisation (role, text, tool calls, tool call id), not as
-tokens: the chat template re-renders the assistant turn differently from the
-sampled ids.
+A call continues the recorded call whose *link key* (:mod:`proxy.link_keys`: its
+request messages plus the assistant message it returned) is the longest of the
+call's own message prefixes.
 
 Everything about finding a call's session is here: :class:`Linker` looks in this
 worker's memory, then in sibling workers' link indexes (calls not yet drained), then
@@ -15,13 +12,14 @@ for a few seconds (:data:`MISS_TTL_S`): a prompt whose assistant turns no record
 call returned (few-shot examples, a history brought from elsewhere) would otherwise
 cost every call a query.
 
-Linking never crosses callers: the key chain starts from a *scope*, the API key
-and the end user the client names (``user``, ``metadata.user_id``,
-``metadata.end_user``), so two users of one harness with a fixed opening never
-share a key, even when greedy decoding gives them the same first reply. Within a
-scope, a key two sessions produced is *ambiguous*: a call continuing it is not
-linked but starts a new session with source ``ambiguous_link``. Memory and the
-database judge ambiguity; a sibling's link index's first match is taken as found.
+Linking never crosses callers: the key chain starts from a *scope*
+(:func:`proxy.link_keys.link_scope`), the API key and the end user the client names
+(``user``, ``metadata.user_id``, ``metadata.end_user``), so two users of one harness
+with a fixed opening never share a key, even when greedy decoding gives them the same
+first reply. Within a scope, a key two sessions produced is *ambiguous*: a call
+continuing it is not linked but starts a new session with source ``ambiguous_link``.
+Memory and the database judge ambiguity; a sibling's link index's first match is taken
+as found.
 
 A deleted session (or end user) is never a parent again: the worker that took the delete
 forgets it at once, every other one when it reads the delete's entry in the change log
@@ -34,8 +32,6 @@ afresh and links as usual.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import time
 from collections import OrderedDict
@@ -44,124 +40,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import orjson
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.dialects.base import Stored
 from proxy.dialects.lookup import RecentCalls, find, id_needle
-from proxy.errors import InvalidRequest
 from proxy.link_deletes import Deletes
+from proxy.link_keys import Naming
 from proxy.spool import Spool
 from storage.models import Completion
-
-
-@dataclass(frozen=True)
-class Naming:
-    """What the harness told us about a call: session, task, tags, its own request id."""
-
-    session_id: str | None
-    task_id: str | None
-    tags: tuple[str, ...]
-    client_request_id: str | None
-    source: str  # header | metadata | path | (resolved later) linked | new | ambiguous_link
-    end_user: str | None = None  # ``user``, ``metadata.user_id`` or ``metadata.end_user``: linking stays within it
-
-
-def naming(headers: Any, body: dict[str, Any], path_session: str | None) -> Naming:
-    """Read the session, task and tags from headers, ``metadata`` or the base-URL path."""
-    raw_meta = body.get("metadata")
-    meta: dict[str, Any] = raw_meta if isinstance(raw_meta, dict) else {}
-    session, source = headers.get("x-session-id"), "header"
-    if not session and meta.get("session_id"):
-        session, source = str(meta["session_id"]), "metadata"
-    if not session and path_session:
-        session, source = path_session, "path"
-    task = headers.get("x-task-id") or (str(meta["task_id"]) if meta.get("task_id") else None)
-    raw_tags = headers.get("x-onthejob-tags") or meta.get("tags") or ""
-    if isinstance(raw_tags, str):
-        tags = tuple(t.strip() for t in raw_tags.split(",") if t.strip())
-    else:
-        tags = tuple(str(t) for t in raw_tags)
-    for field, value in (("metadata.session_id", session), ("metadata.task_id", task)):
-        if value and ("\x00" in value or len(value) > 200):
-            raise InvalidRequest(f"{field} must be at most 200 characters with no NUL character", param=field)
-    user = body.get("user") or meta.get("user_id") or meta.get("end_user")
-    end_user = str(user) if isinstance(user, str | int) and not isinstance(user, bool) else None
-    return Naming(session or None, task, tags, headers.get("x-client-request-id"), source, end_user)
-
-
-def link_scope(key_id: str | None, end_user: str | None) -> str | None:
-    """Where a conversation's key chain starts: one API key and one end user (None: neither is known)."""
-    if key_id is None and end_user is None:
-        return None
-    return hashlib.sha256(orjson.dumps(["scope", key_id, end_user])).hexdigest()
-
-
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: keep the text ones in order
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return str(content)
-
-
-def _arguments(raw: Any) -> Any:
-    """Tool-call arguments as one JSON text whatever their whitespace.
-
-    vLLM streams a call's arguments as sampled (``{\n    "x": 1\n}`` under guided decoding)
-    but returns them re-serialised (``{"x": 1}``) when not streaming, and a client that
-    resends a parsed call (the Anthropic and Responses dialects, any SDK that keeps
-    ``input`` as an object) re-serialises them again: all of these are one turn. The
-    form is ``json.dumps``' default, which vLLM's own non-streamed arguments already have,
-    so their keys are unchanged.
-    """
-    if not isinstance(raw, str) or not raw:
-        return raw
-    try:
-        return json.dumps(json.loads(raw), ensure_ascii=False)
-    except ValueError:  # not JSON (a model's malformed call): compared as written
-        return raw
-
-
-def normalise(message: dict[str, Any]) -> bytes:
-    """A canonical byte form of one chat message."""
-    calls = [
-        [(c.get("function") or {}).get("name", ""), _arguments((c.get("function") or {}).get("arguments", ""))]
-        for c in (message.get("tool_calls") or [])
-        if isinstance(c, dict)
-    ]
-    return orjson.dumps(
-        [
-            message.get("role", ""),
-            _content_text(message.get("content")),
-            calls,
-            message.get("tool_call_id") or "",
-            message.get("name") or "",
-        ]
-    )
-
-
-def prefix_keys(messages: list[dict[str, Any]], scope: str | None = None) -> list[str]:
-    """Chained hashes: keys[j] identifies messages[: j + 1] within ``scope`` (:func:`link_scope`)."""
-    keys: list[str] = []
-    for message in messages:
-        keys.append(extend_key(keys[-1] if keys else scope, message))
-    return keys
-
-
-def extend_key(key: str | None, message: dict[str, Any]) -> str:
-    """The key of a prefix (``key``; None for the empty one) followed by ``message``."""
-    return hashlib.sha256((bytes.fromhex(key) if key else b"") + normalise(message)).hexdigest()
-
-
-def link_key(prompt_key: str | None, reply: dict[str, Any] | None) -> str | None:
-    """The key a follow-up call will find: the request's messages (``prompt_key``) plus the returned message."""
-    if reply is None or prompt_key is None:
-        return None
-    return extend_key(prompt_key, reply)
 
 
 def new_session_id() -> str:

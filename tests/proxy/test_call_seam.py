@@ -22,12 +22,13 @@ from proxy.calls import ProxiedCall
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored, StreamEnd, sse
 from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import ApiError
+from proxy.link_keys import Naming, prefix_keys
 from proxy.metrics import Metrics
 from proxy.policies import Policies
 from proxy.recording import Recording
 from proxy.routing import Router
 from proxy.served import Route
-from proxy.sessions import Linker, Naming, SessionRef, prefix_keys
+from proxy.sessions import Linker, SessionRef
 from proxy.spool import Spool, read_segment
 from proxy.upstream import Upstream
 from storage.db import async_engine

@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import Session
 
-from proxy.sessions import Link, Linker, Naming, link_key, prefix_keys
+from proxy.link_keys import Naming, link_key, prefix_keys
+from proxy.sessions import Link, Linker
 from proxy.spool import Spool
 from proxy.spool_folders import claim
 from storage import deletion

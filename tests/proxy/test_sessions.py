@@ -12,7 +12,8 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import Session
 
-from proxy.sessions import Link, LinkCache, Linker, Naming, link_key, naming, prefix_keys
+from proxy.link_keys import Naming, link_key, naming, prefix_keys
+from proxy.sessions import Link, LinkCache, Linker
 from proxy.spool import Spool
 from storage.db import async_engine, sync_engine
 from storage.models import Completion, Project

@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 from proxy.dialects.base import Exchange, Stored, StreamEnd
 from proxy.dialects.responses import ResponsesDialect
 from proxy.errors import InvalidRequest
-from proxy.sessions import link_key, prefix_keys
+from proxy.link_keys import link_key, prefix_keys
 
 D = ResponsesDialect()
 WEATHER = {

@@ -4,7 +4,7 @@
 and the spool whether it can write, and shows each engine replica as this worker
 routes to it (``replicas``: in rotation or not, calls in flight, adapter versions
 listed and still missing). It never reloads adapters or changes what the proxy
-believes (the probes do that, proxy/routing.py); a probe that acts would run repairs
+believes (the probes do that, proxy/engine_adapters.py); a probe that acts would run repairs
 at the rate a load balancer polls.
 
 Anyone may ask (a load balancer has no key), so without the operator's admin key (or with

@@ -7,7 +7,7 @@ Lengths around the limits, unicode, NUL, wrong types; the real proxy and Postgre
 Every call route is tried, each authenticated as its own clients do: chat completions, Anthropic's
 messages, OpenAI's responses and Gemini's ``generateContent``. Google's request has no ``metadata``
 or ``user`` field, but the edge reads them from every dialect's body as sent (proxy/admission.py
-``check_call``, proxy/sessions.py ``naming``), so a Gemini call carries the same stored fields as
+``check_call``, proxy/link_keys.py ``naming``), so a Gemini call carries the same stored fields as
 the others (the id headers, ``/s/{id}/`` and those body fields) and is tried on each; its refusals
 come in Google's error shape, the field named in a ``google.rpc.BadRequest`` violation.
 """

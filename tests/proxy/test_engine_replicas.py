@@ -1,4 +1,4 @@
-"""Two real engines behind one proxy (proxy/replicas.py, proxy/routing.py).
+"""Two real engines behind one proxy (proxy/replicas.py, proxy/routing.py, proxy/engine_adapters.py).
 
 A session's turns stay on one engine and new sessions spread, as the engines' own
 request counters show; a hung engine leaves rotation, a deployment made meanwhile

@@ -1,4 +1,4 @@
-"""Choosing a replica (proxy/replicas.py) and which adapter versions stay loaded (proxy/routing.py), no I/O."""
+"""Choosing a replica (proxy/replicas.py) and which adapter versions stay loaded (proxy/engine_adapters.py), no I/O."""
 
 from __future__ import annotations
 

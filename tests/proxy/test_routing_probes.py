@@ -1,4 +1,4 @@
-"""Per-replica probes (proxy/routing.py): one engine hung in ``load_lora_adapter`` holds up its own probe
+"""Per-replica probes (proxy/engine_adapters.py): one engine hung in ``load_lora_adapter`` holds up its own probe
 only; the other engine's probe loads what it needs and puts it in rotation meanwhile. Two stub engines
 (bench/stub_upstream.py: faults the real engine cannot produce on demand), in this process; no database
 (the adapter's path is known to the router already)."""

@@ -37,6 +37,11 @@ from storage.models import Project
 # What an unreachable database raises (SQLAlchemy wraps the driver's connection errors).
 UNREACHABLE = (OperationalError, InterfaceError, OSError, TimeoutError)
 log = logging.getLogger("onthejob.proxy")
+# What a stop waits for, at most (AppState.stop; deploy/k8s's grace period covers their sum, a test reads them):
+STOP_CANCEL_WAIT_S = 5.0  # for the background tasks after each cancel...
+STOP_CANCEL_TRIES = 3  # ...of this many
+STOP_HOUSEKEEPER_S = 10.0  # for a housekeeping job under way
+STOP_DRAIN_S = 10.0  # for the last drain of the spool into the database
 
 
 @dataclass
@@ -247,7 +252,7 @@ class AppState:
         await self._cancel_tasks()
         await self._stop_housekeeper()
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(STOP_DRAIN_S):
                 await self.recorder.drain_once()
         await self.recorder.close()
         self.spool.close()
@@ -260,10 +265,10 @@ class AppState:
         3.11's ``wait_for`` can) is cancelled again, and one still running after that is left, logged, so
         that the stop always ends."""
         pending = set(self.tasks)
-        for attempt in range(3):
+        for attempt in range(STOP_CANCEL_TRIES):
             for task in pending:
                 task.cancel()
-            done, pending = await asyncio.wait(pending, timeout=5.0)
+            done, pending = await asyncio.wait(pending, timeout=STOP_CANCEL_WAIT_S)
             for task in done:  # retrieved, so an ending exception is not reported as never retrieved
                 if not task.cancelled():
                     task.exception()
@@ -277,7 +282,7 @@ class AppState:
         if self._housekeeping is not None:
             thread, stop = self._housekeeping
             stop.set()
-            await asyncio.to_thread(thread.join, 10.0)
+            await asyncio.to_thread(thread.join, STOP_HOUSEKEEPER_S)
             if thread.is_alive():
                 log.warning("housekeeping still running after 10 s; leaving it to end with the process")
                 return

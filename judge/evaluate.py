@@ -316,8 +316,11 @@ def evaluate(spec: EvalSpec) -> tuple[EvalResult, dict[str, Any] | None]:
 def after_publish(proxy: str, key: str | None, alias: str, project: str, db_url: str | None) -> Any:
     """The trainer's hook: run the alias's configured eval (if any) on a newly published version.
 
-    The serving version is evaluated first when it has no eval of that name yet (a gate compares the two).
-    Returns a function ``version -> what it did`` (an empty string when no eval is configured).
+    The policy's ``eval`` is one config or a list, one per task family (each its own name): each is run
+    in turn, the serving version first when it has no eval of that name yet (a gate compares the two on
+    every family: docs/promotion.md). Returns a function ``version -> what it did``, a line per family
+    (an empty string when no eval is configured); the last line's decision is the gate's, once every
+    family is in.
     """
     headers = {"authorization": f"Bearer {key}"} if key else {}
 
@@ -329,12 +332,16 @@ def after_publish(proxy: str, key: str | None, alias: str, project: str, db_url:
         fixed = {"alias": alias, "proxy": proxy, "key": key, "project": project, "db_url": db_url}
         aliases = httpx.get(f"{proxy.rstrip('/')}/v1/admin/aliases", headers=headers, timeout=30).json()["data"]
         serving = next((a["deployed_version"] for a in aliases if a["name"] == alias), None)
-        spec = spec_from_policy(config, version=serving, **fixed)
         label = "base" if serving is None else str(serving)
-        if not any(r["name"] == spec.name for r in list_evals(proxy, key, alias, [label])):
-            evaluate(spec)
-        result, answer = evaluate(spec_from_policy(config, version=version, **fixed))
-        decision = (answer or {}).get("decision") or "no decision yet"
-        return f"eval {spec.name} {result.mean:.3f} ± {result.stderr:.3f} (n {result.n}): {decision}"
+        done = {r["name"] for r in list_evals(proxy, key, alias, [label])}
+        lines = []
+        for family in config if isinstance(config, list) else [config]:
+            spec = spec_from_policy(family, version=serving, **fixed)
+            if spec.name not in done:
+                evaluate(spec)
+            result, answer = evaluate(spec_from_policy(family, version=version, **fixed))
+            decision = (answer or {}).get("decision") or "no decision yet"
+            lines.append(f"eval {spec.name} {result.mean:.3f} ± {result.stderr:.3f} (n {result.n}): {decision}")
+        return "\n".join(lines)
 
     return hook

@@ -26,7 +26,11 @@ class PolicyIn(BaseModel):
     z: float | None = Field(None, gt=0, description="standard errors that make evidence clear")
     share: float | None = Field(None, gt=0, lt=1, description="canary: the share of sessions routed to the candidate")
     min_sample: int | None = Field(None, ge=1, le=10**6, description="canary: graded sessions per arm before deciding")
-    eval: dict[str, Any] | None = Field(None, description="what the trainer evaluates each new version with")
+    eval: dict[str, Any] | list[dict[str, Any]] | None = Field(
+        None,
+        description="what the trainer evaluates each new version with: one eval, or a list of them (one per task "
+        "family, each its own name)",
+    )
     families: list[Annotated[str, Field(min_length=1, max_length=200, pattern=NO_NUL)]] | None = Field(
         None,
         min_length=1,

@@ -68,7 +68,8 @@ class Policy:
     z: float = 2.0
     share: float = 0.1
     min_sample: int = 30
-    eval: dict[str, Any] | None = None  # what the trainer runs after each publish (trainer/evaluate.py)
+    # What the trainer runs after each publish (judge/evaluate.py): one eval, or one per task family.
+    eval: dict[str, Any] | list[dict[str, Any]] | None = None
     candidate_version: int | None = None
     candidate_since: datetime | None = None
     families: tuple[str, ...] | None = None  # gate: the eval names every candidate is compared on
@@ -105,8 +106,12 @@ def check_config(mode: str, config: Mapping[str, Any]) -> dict[str, Any]:
             raise PolicyError("share must be between 0 and 1 (exclusive)", key)
         if key == "min_sample" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise PolicyError("min_sample must be a whole number of sessions, at least 1", key)
-        if key == "eval" and value is not None and not isinstance(value, dict):
-            raise PolicyError("eval must be an object (see docs/promotion.md) or null", key)
+        if key == "eval" and value is not None and not _eval_configs(value):
+            raise PolicyError(
+                f"eval must be an object, a list of 1 to {MAX_FAMILIES} objects with distinct names (one per task "
+                "family; see docs/promotion.md), or null",
+                key,
+            )
         if key == "families" and value is not None and not _names(value):
             raise PolicyError(
                 f"families must be a list of 1 to {MAX_FAMILIES} distinct eval names (1-200 characters) or null", key
@@ -122,6 +127,19 @@ def _names(value: Any) -> bool:
         and len(set(value)) == len(value)
         and all(isinstance(v, str) and 0 < len(v) <= 200 and "\x00" not in v for v in value)
     )
+
+
+def _eval_configs(value: Any) -> bool:
+    """Whether ``value`` is a policy's ``eval``: one config (an object), or a list of them, one per family
+    (distinct ``name``s, the default name counting once)."""
+    if isinstance(value, dict):
+        return True
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_FAMILIES:
+        return False
+    if not all(isinstance(config, dict) for config in value):
+        return False
+    names = [str(config.get("name", "default")) for config in value]
+    return len(set(names)) == len(names)
 
 
 def get_policy(db: Session, project_id: str, alias: str) -> Policy:

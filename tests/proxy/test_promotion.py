@@ -202,26 +202,48 @@ def test_gate_holds_a_worse_candidate_and_promotes_a_better_one(
 
 
 def _configured_eval(a: Admin, db_url: str, engine: Engine, tmp_path: Path) -> None:
-    """The trainer's after-publish hook runs the policy's eval (serving first, once); `onthejob eval` too."""
+    """The trainer's after-publish hook runs the policy's evals, one per task family (serving first, once
+    each), and the gate decides once both are in; `onthejob eval` too."""
     items = tmp_path / "smoke.jsonl"
     items.write_text(
         "".join(json.dumps({"id": f"q{i}", "prompt": f"say {i}", "reference": "(?s)."}) + "\n" for i in range(3))
     )
-    config = {"set": str(items), "grader": "regex", "name": "smoke", "max_tokens": 4}
-    a.req("PUT", f"/admin/aliases/{ALIAS}/policy", {"mode": "gate", "eval": config})
+    other = tmp_path / "other.jsonl"
+    other.write_text(
+        "".join(json.dumps({"id": f"o{i}", "prompt": f"count {i}", "reference": "(?s)."}) + "\n" for i in range(2))
+    )
+    config = [
+        {"set": str(items), "grader": "regex", "name": "smoke", "max_tokens": 4},
+        {"set": str(other), "grader": "regex", "name": "other", "max_tokens": 4},
+    ]
+    policy = {"mode": "gate", "eval": config, "families": ["smoke", "other"]}
+    a.req("PUT", f"/admin/aliases/{ALIAS}/policy", policy)
+    duplicate = [config[0], {**config[1], "name": "smoke"}]
+    a.req("PUT", f"/admin/aliases/{ALIAS}/policy", {"mode": "gate", "eval": duplicate}, status=400)
     _publish(db_url, engine, tmp_path, 5, seed=5)
     a.req("POST", "/admin/deployments", {"alias": ALIAS, "version": 5, "candidate": True})
-    said = after_publish(a.proxy.url, a.admin, ALIAS, "default", db_url)(5)
+    said = after_publish(a.proxy.url, a.admin, ALIAS, "default", db_url)(5).split("\n")
     # Random adapters can make the tiny model sample only special tokens (an empty reply), so the
     # scores are whatever the engine answered; the decision must be the gate's verdict on them.
     evals = {
-        v: [e for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/{v}/evals")["data"] if e["name"] == "smoke"]
+        (v, name): [e for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/{v}/evals")["data"] if e["name"] == name]
         for v in (2, 5)
+        for name in ("smoke", "other")
     }
-    assert [(e["version"], e["n"]) for e in evals[2]] == [(2, 3)] and [e["n"] for e in evals[5]] == [3]
-    stats = {v: verdicts.Stats.of({k: float(x) for k, x in evals[v][0]["scores"].items()}) for v in (2, 5)}
-    verdict = verdicts.gate_verdict(verdicts.compare(stats[5], stats[2]), 0.0, 2.0)
-    assert said.startswith(f"eval smoke {stats[5].mean:.3f} ± {stats[5].stderr:.3f} (n 3): {verdict}"), said
+    for name, n in (("smoke", 3), ("other", 2)):  # the serving version's once, the candidate's
+        assert [(e["version"], e["n"]) for e in evals[2, name]] == [(2, n)], name
+        assert [e["n"] for e in evals[5, name]] == [n], name
+    stats = {
+        key: verdicts.Stats.of({k: float(x) for k, x in found[0]["scores"].items()}) for key, found in evals.items()
+    }
+    gates = {
+        name: verdicts.gate_verdict(verdicts.compare(stats[5, name], stats[2, name]), 0.0, 2.0)
+        for name in ("smoke", "other")
+    }
+    verdict = "held" if "held" in gates.values() else "promoted"
+    first = f"eval smoke {stats[5, 'smoke'].mean:.3f} ± {stats[5, 'smoke'].stderr:.3f} (n 3): no decision yet"
+    last = f"eval other {stats[5, 'other'].mean:.3f} ± {stats[5, 'other'].stderr:.3f} (n 2): {verdict}"
+    assert said == [first, last], said  # the gate waited for the second family
     assert a.deployed() == (5 if verdict == "promoted" else 2)
     args = build_parser().parse_args(
         [
@@ -242,7 +264,7 @@ def _configured_eval(a: Admin, db_url: str, engine: Engine, tmp_path: Path) -> N
     )
     assert args.handler(args) == 0  # the serving version (v5), graded exactly: no reply is the text "(?s)."
     smoke = [e for e in a.req("GET", f"/admin/aliases/{ALIAS}/versions/5/evals")["data"] if e["name"] == "smoke"]
-    assert [(e["grader"], e["mean"]) for e in smoke] == [("regex", stats[5].mean), ("exact", 0.0)]
+    assert [(e["grader"], e["mean"]) for e in smoke] == [("regex", stats[5, "smoke"].mean), ("exact", 0.0)]
     assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -143,11 +144,11 @@ def make_key(db_url: str, project: str = "default", role: str = "harness") -> st
     return key.secret
 
 
-@pytest.fixture
-def stub_upstream(tmp_path: Path) -> Iterator[str]:
-    """The fault-injecting fake engine (bench.stub_upstream) on a free port."""
+@contextlib.contextmanager
+def stub_engine(log: Path) -> Iterator[str]:
+    """The fault-injecting fake engine (bench.stub_upstream) on a free port, logging to ``log``, once it
+    answers; killed on exit."""
     port = free_port()
-    log = tmp_path / "stub.log"
     # bench/ is test and bench equipment, not an installed package: run it from the checkout.
     with log.open("ab") as out:  # the child holds its own copy of the descriptor
         proc = subprocess.Popen(
@@ -157,13 +158,22 @@ def stub_upstream(tmp_path: Path) -> Iterator[str]:
             stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield url
-    proc.kill()
-    proc.wait(10)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture
+def stub_upstream(tmp_path: Path) -> Iterator[str]:
+    """The fault-injecting fake engine (bench.stub_upstream) on a free port."""
+    with stub_engine(tmp_path / "stub.log") as url:
+        yield url

@@ -11,8 +11,6 @@ deploys to real engines behind one proxy).
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,8 +27,7 @@ from proxy.link_deletes import FOLLOW_S
 from storage.db import sync_engine
 from storage.models import Adapter, Completion
 from storage.models import Session as SessionRow
-from tests.conftest import free_port
-from tests.proxy.conftest import Proxy, ProxyFactory, metric_sample
+from tests.proxy.conftest import Proxy, ProxyFactory, metric_sample, stub_engine
 
 BOUND_S = 15.0  # the longest host b is given to follow what host a did (the contract: about a second)
 
@@ -38,28 +35,8 @@ BOUND_S = 15.0  # the longest host b is given to follow what host a did (the con
 @pytest.fixture
 def stub_b(tmp_path: Path) -> Iterator[str]:
     """Host b's own engine: a second stub process (``stub_upstream`` is host a's)."""
-    port = free_port()
-    with (tmp_path / "stub-b.log").open("ab") as out:  # the child holds its own copy of the descriptor
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.stub_upstream", "--port", str(port)],
-            cwd=Path(__file__).resolve().parents[2],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _until("host b's stub engine answers", lambda: _answers(url))
+    with stub_engine(tmp_path / "stub-b.log") as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/v1/models", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:

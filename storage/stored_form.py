@@ -145,6 +145,10 @@ class Encoder:
     def _encode(self, r: CallRecord) -> CallRecord:
         if r.request[:1] != b"{" or r.dialect != "chat":
             return r  # other dialects are read by id as columns (proxy/dialects/lookup.py): kept whole
+        if r.parent_id is None and len(r.request) < PREFIX_MIN:
+            # Nothing to refer to and too short to hold a shared prefix: not parsed (most single calls). Not
+            # remembered either: a child of it begins its own chain, one short row more a session.
+            return r
         request = orjson.loads(r.request)
         if not isinstance(request, dict) or MARK in request:
             return r

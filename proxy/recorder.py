@@ -143,20 +143,14 @@ class Recorder:
         projects = {r.project_id for r in records}
         pg_url = self._pg_url
         rows = self.stored.encode(records) if self.stored is not None else records
-        originals = {r.id: r for r in records}
-        if not (pg_url and await self._write_pg(pg_url, rows, sessions, projects, originals)):
-            await self._write_portable(rows, sessions, projects, originals)
+        if not (pg_url and await self._write_pg(pg_url, rows, sessions, projects)):
+            await self._write_portable(rows, sessions, projects)
         self._projects |= projects
         if self.stored is not None:
             self.stored.committed()
 
     async def _write_pg(
-        self,
-        url: str,
-        completions: list[CallRecord],
-        sessions: list[CallRecord],
-        projects: set[str],
-        originals: dict[str, CallRecord],
+        self, url: str, completions: list[CallRecord], sessions: list[CallRecord], projects: set[str]
     ) -> bool:
         """Postgres: one transaction on the recorder's own connection. False: take the portable path."""
         conn = self._pg_conn
@@ -173,7 +167,7 @@ class Recorder:
                     completions = self._drop_deleted(completions, gone)
                 if completions and self.stored is not None:  # the delta form (storage/stored_form.py)
                     present = await bulk.parents_present(conn, self.stored.outside_parents(completions))
-                    completions = self.stored.settle(completions, originals, present)
+                    completions = self.stored.settle(completions, present)
                     await add_prefixes_pg(conn, self.stored.prefixes(completions))  # the shared prefixes referenced
                 if completions:
                     await bulk.copy_completions(conn, completions)  # COPY parses the ISO times itself
@@ -193,14 +187,9 @@ class Recorder:
         return True
 
     async def _write_portable(
-        self,
-        completions: list[CallRecord],
-        sessions: list[CallRecord],
-        projects: set[str],
-        originals: dict[str, CallRecord],
+        self, completions: list[CallRecord], sessions: list[CallRecord], projects: set[str]
     ) -> None:
         """Any database, through SQLAlchemy: skips completions already stored; raises POISON on bad content."""
-        rows = [c.row() for c in completions]
         async with self.sessionmaker() as db:
             conn = await db.connection()
             insert = insert_for(conn.dialect.name)
@@ -222,18 +211,16 @@ class Recorder:
             gone = await tombstoned_async(db, completions)
             if gone:
                 completions = self._drop_deleted(completions, gone)
-                rows = [c.row() for c in completions]
             if completions and self.stored is not None:  # the delta form (storage/stored_form.py)
                 parents = self.stored.outside_parents(completions)
                 present = set()
                 if parents:
                     query = select(Completion.id).where(Completion.id.in_(parents)).with_for_update(key_share=True)
                     present = set((await db.scalars(query)).all())
-                settled = self.stored.settle(completions, originals, present)
-                if settled != completions:
-                    completions, rows = settled, [c.row() for c in settled]
+                completions = self.stored.settle(completions, present)
                 await add_prefixes(db, self.stored.prefixes(completions))  # the shared prefixes referenced
-            if rows:
+            if completions:
+                rows = [c.row() for c in completions]
                 await conn.execute(insert(Completion.__table__).on_conflict_do_nothing(), rows)
                 # attach_pending reads five fields; no need to load the rows back as ORM objects.
                 await attach_pending(db, completions)

@@ -57,7 +57,7 @@ from storage.models import (
     utcnow,
 )
 from storage.records import CallRecord, end_user_key
-from storage.stored_read import release_prefixes, rewrite_children_in_full
+from storage.stored_read import release_prefixes
 
 
 def _insert(db: DbSession | AsyncSession) -> Any:
@@ -124,12 +124,12 @@ def delete_sessions(
             )
         )
     their_calls = select(Completion.id).where(Completion.project_id == project, Completion.session_id.in_(session_ids))
-    calls = list(db.scalars(their_calls.with_for_update()))  # against a recorder's delta of one (retention's note)
+    # FOR UPDATE: a recorder inserting a delta of one of these holds it FOR KEY SHARE and, once this commits,
+    # finds it gone and stores its row in full (storage/stored_form.py, Encoder.settle). Linking keeps a parent
+    # in its child's session, so the sessions' own calls are every parent these deletes take.
+    calls = list(db.scalars(their_calls.with_for_update()))
     adapters = learned_from(db, project, calls=calls)
     feedback = delete_records(db, project, calls, session_ids)
-    # A call of another session stored as a delta of one of these (a parent is in its child's session
-    # as linking makes them; this keeps a chain whole should one ever cross) is rewritten in full first.
-    rewrite_children_in_full(db, project, calls)
     release_prefixes(db, project, calls)  # the shared prefixes they reference (storage/stored_form.py)
     drop_calls = delete(Completion).where(Completion.project_id == project, Completion.session_id.in_(session_ids))
     removed = deleted_count(db.execute(drop_calls))

@@ -87,11 +87,13 @@ class Encoder:
         self._pending: dict[str, _Full] = {}
         self._refs: dict[str, tuple[str, str, bytes]] = {}  # call id → (project, prefix hash, its body)
         self._parent_of: dict[str, str] = {}  # call id → the row its delta refers to (the last encode's)
+        self._given: dict[str, CallRecord] = {}  # call id → the record as the last encode was given it
 
     def encode(self, records: Sequence[CallRecord]) -> list[CallRecord]:
         """The records as they are inserted (in one transaction): copies in the delta form where the
         parent is committed or earlier in ``records``. :meth:`committed` once the batch is in."""
         self._pending, self._refs, self._parent_of = {}, {}, {}
+        self._given = {r.id: r for r in records}
         return [self._encode(r) for r in records]
 
     def prefixes(self, inserted: Iterable[CallRecord]) -> Prefixes:
@@ -110,12 +112,10 @@ class Encoder:
         inside = {r.id for r in rows}
         return sorted({p for r in rows if (p := self._parent_of.get(r.id)) is not None and p not in inside})
 
-    def settle(
-        self, rows: Sequence[CallRecord], originals: dict[str, CallRecord], present: set[str]
-    ) -> list[CallRecord]:
+    def settle(self, rows: Sequence[CallRecord], present: set[str]) -> list[CallRecord]:
         """``rows`` as inserted: a delta row whose parent is neither in ``present`` (outside parents that
-        still exist, read in the inserting transaction) nor among ``rows`` goes in full (``originals``: the
-        records by id as given to :meth:`encode`), and no longer counts a prefix reference.
+        still exist, read in the inserting transaction) nor among ``rows`` goes in full (the record as
+        :meth:`encode` was given it), and no longer counts a prefix reference.
 
         The parent's session was deleted, or retention took it, after this recorder committed it (a call
         the link cache still continued), or it was dropped from this very batch as made before its
@@ -125,7 +125,7 @@ class Encoder:
         for r in rows:
             parent = self._parent_of.get(r.id)
             if parent is not None and parent not in inside and parent not in present:
-                r = originals[r.id]
+                r = self._given[r.id]
                 self._refs.pop(r.id, None)
                 self._parent_of.pop(r.id, None)
                 if (full := self._pending.get(r.id)) is not None:

@@ -142,7 +142,9 @@ class Recorder:
         sessions = list({(r.project_id, r.session_id): r for r in records}.values())
         projects = {r.project_id for r in records}
         pg_url = self._pg_url
-        rows = self.stored.encode(records) if self.stored is not None else records
+        # Encoding parses each long request (its cost grows with the conversation): in a thread, so the
+        # serving loop gets its turns meanwhile instead of waiting out a batch of long calls.
+        rows = await asyncio.to_thread(self.stored.encode, records) if self.stored is not None else records
         if not (pg_url and await self._write_pg(pg_url, rows, sessions, projects)):
             await self._write_portable(rows, sessions, projects)
         self._projects |= projects

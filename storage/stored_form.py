@@ -41,6 +41,7 @@ prefix references are released.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from collections import OrderedDict
@@ -52,6 +53,7 @@ import orjson
 
 from storage.records import CallRecord, dump_json
 
+log = logging.getLogger("onthejob.stored_form")
 MARK = "__stored__"
 # Reading one call touches at most this many rows (one query whatever the count). Sessions are 50-300
 # calls: a checkpoint costs the call's whole history again, so they are rare.
@@ -94,7 +96,19 @@ class Encoder:
         parent is committed or earlier in ``records``. :meth:`committed` once the batch is in."""
         self._pending, self._refs, self._parent_of = {}, {}, {}
         self._given = {r.id: r for r in records}
-        return [self._encode(r) for r in records]
+        return [self._encode_or_whole(r) for r in records]
+
+    def _encode_or_whole(self, r: CallRecord) -> CallRecord:
+        """:meth:`_encode`, or the record as it is should encoding fail: the delta form saves space, and a
+        failure of it must never cost a record (the recorder would quarantine it as poison)."""
+        try:
+            return self._encode(r)
+        except Exception:  # noqa: BLE001 - logged with its traceback; the row goes in full
+            log.exception("stored form: call %s not encoded; stored in full", r.id)
+            self._pending.pop(r.id, None)
+            self._refs.pop(r.id, None)
+            self._parent_of.pop(r.id, None)
+            return r
 
     def prefixes(self, inserted: Iterable[CallRecord]) -> Prefixes:
         """The shared prefixes the ``inserted`` rows (of the last :meth:`encode`) reference, with their counts."""

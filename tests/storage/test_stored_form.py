@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
@@ -248,3 +249,25 @@ def test_retention_mid_session_rewrites_the_oldest_kept_call_in_full(
     assert delta["deltas"] > 0
     for path in ("rows", "views", "mined", "trajectories", "sft"):
         assert repr(delta[path]) == repr(full[path]), path
+
+
+def test_a_record_the_encoder_fails_on_goes_in_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoding saves space; a failure of it stores the record whole (never quarantined as poison) and
+    forgets it as a parent, while the rest of the batch is encoded as usual."""
+    from storage.stored_form import Encoder
+
+    calls = chain("ses_fail", 3)
+    encoder = Encoder()
+    real = stored_form._delta_of
+
+    def flaky(request: Any, *args: Any) -> Any:
+        if any("ses_fail 1" in str(m.get("content")) for m in request["messages"][-1:]):
+            raise ValueError("a bug in the delta form")
+        return real(request, *args)
+
+    monkeypatch.setattr(stored_form, "_delta_of", flaky)
+    rows = encoder.encode(calls)
+    assert rows[1] is calls[1]  # whole, as given
+    third = orjson.loads(rows[2].request)  # its parent is not remembered: a chain begins again (on the prefix)
+    assert is_delta(third) and "parent" not in third[MARK] and "prefix" in third[MARK]
+    assert "prefix" in orjson.loads(rows[0].request)[MARK]  # the first call as usual

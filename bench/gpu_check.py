@@ -17,13 +17,20 @@ processed logprobs, the sampling parameters, the model's sha256.
    (random weights from the carried config: its weights are not on that machine), bf16,
    for each of the four sampling settings;
 5. the trainer's unit tests (no database, no engine) with CUDA visible;
-6. with two or more GPUs, the sharded trainer (``trainer.shard``, FSDP2 over NCCL) under
-   torchrun: a TIS and an SDPO step on two ranks against one process (loss, LoRA gradients,
-   saved adapter; ``tests/trainer/shard_step.py``). With one GPU it says so and is skipped
-   (two NCCL ranks cannot share a GPU).
+6. the sharded trainer (``trainer.shard``, FSDP2 over NCCL) under torchrun: a TIS and an SDPO
+   step against one plain process (loss, LoRA gradients, saved adapter;
+   ``tests/trainer/shard_step.py``), on two ranks with two GPUs, else a world of one (two
+   NCCL ranks cannot share a GPU; one rank still runs every layer as an FSDP unit); then,
+   as one rank under torchrun, its throughput against the bare PEFT loop and the plain
+   trainer for each sampling setting.
 
+Here (the tiny model built into ``.device/cache``, SmolLM2's config and tokenizer copied to
+``.device/shapes``), then on the device with ``.device`` carried along::
+
+    export ONTHEJOB_CACHE=$PWD/.device/cache
     .venv/bin/python -m bench.gpu_check record --out .device/engine_samples.json
-    python -m bench.gpu_check check --samples .device/engine_samples.json --out "$OUT"
+    ONTHEJOB_CACHE=$PWD/.device/cache python -m bench.gpu_check check \
+        --samples .device/engine_samples.json --shapes .device/shapes --out "$OUT"
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from typing import Any
 from bench.samplings import SAMPLINGS
 
 SEEDS = (1, 2, 3)
+SHAPES = ((8, 192, 64), (32, 448, 64))  # throughput batches: n × (prompt + sampled)
 
 
 def record(out: Path) -> None:
@@ -129,7 +137,6 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
     import torch
     import transformers
 
-    from bench.train_throughput import bare_step, make_batch, trainer_step
     from trainer.advantages import TaskBaseline
     from trainer.loop import train_step
     from trainer.policy import TrainConfig, load_policy
@@ -176,42 +183,10 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
     del on_cpu
 
     # 4. Throughput on the real architecture (random weights), bf16.
-    rows = []
+    model_dir = None
     if shapes is not None and policy.device.type == "cuda":
         model_dir = _smollm2_shaped(shapes / "config.json", shapes, Path(tempfile.mkdtemp()) / "smollm2-shaped")
-        for n, prompt, sampled in ((8, 192, 64), (32, 448, 64)):
-            tokens = n * (prompt + sampled)
-            tcfg = TrainConfig(model=str(model_dir), threads=4, micro_tokens=tokens, lr=0.0)
-            p = load_policy(tcfg)
-            opt = torch.optim.AdamW([q for q in p.model.parameters() if q.requires_grad], lr=0.0)
-            # Every sampling setting against the same bare loop, interleaved (the filters differ in cost).
-            batches = [make_batch(p, n, prompt, sampled, sampling) for sampling in SAMPLINGS]
-            t_trainer: list[list[float]] = [[] for _ in SAMPLINGS]
-            t_bare = []
-            for _ in range(4):
-                for i, batch in enumerate(batches):
-                    torch.cuda.synchronize()
-                    t_trainer[i].append(trainer_step(p, batch, tcfg)[0])
-                torch.cuda.synchronize()
-                t_bare.append(bare_step(p, batches[0], opt)[0])
-                torch.cuda.synchronize()
-            ba = min(t_bare[1:])
-            for sampling, times in zip(SAMPLINGS, t_trainer, strict=True):
-                tr = min(times[1:])
-                rows.append(
-                    {
-                        "batch": f"{n} x ({prompt}+{sampled})",
-                        "sampling": sampling,
-                        "tokens": tokens,
-                        "trainer_tok_s": tokens / tr,
-                        "bare_tok_s": tokens / ba,
-                        "ratio": ba / tr,
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
-            del p, opt
-            torch.cuda.empty_cache()
-    report["throughput_smollm2_shaped_bf16"] = rows
+    report["throughput_smollm2_shaped_bf16"] = throughput(model_dir, sharded=False) if model_dir else []
 
     # 5. The trainer's unit tests with CUDA visible.
     tests = [
@@ -234,30 +209,116 @@ def check(samples_file: Path, out: Path, shapes: Path | None) -> int:
         "tail": (done.stdout + done.stderr)[-3000:],
     }
 
-    # 6. The sharded trainer under torchrun, one rank per GPU.
-    report["sharded"] = _sharded(Path(tempfile.mkdtemp()))
+    # 6. The sharded trainer under torchrun, one rank per GPU (a world of one on one GPU).
+    del policy
+    torch.cuda.empty_cache()
+    report["sharded"] = _sharded(Path(tempfile.mkdtemp()), model_dir)
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     return 0
 
 
-def _sharded(tmp: Path) -> dict[str, Any]:
-    """Two NCCL ranks with the base model sharded against one process: the largest differences."""
+def throughput(model_dir: Path, sharded: bool) -> list[dict[str, Any]]:
+    """``train_step`` against a bare PEFT loop on ``model_dir``, per batch shape and sampling setting.
+
+    ``sharded`` (under torchrun): the trainer's policy is the sharded one (``trainer.shard``),
+    the bare loop runs on a second, plain copy of the same weights, and the plain trainer is
+    timed too, so each row holds both ratios from one process. Every setting against the same
+    bare loop, interleaved (the filters differ in cost), best of three after a warm-up.
+    """
     import torch
 
-    from tests.trainer.test_shard import differences, run
+    from bench.train_throughput import bare_step, make_batch, trainer_step
+    from trainer.policy import TrainConfig, load_policy
 
-    if torch.cuda.device_count() < 2:
-        return {"skipped": f"{torch.cuda.device_count()} GPU(s): two NCCL ranks need two"}
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    rows = []
+    for n, prompt, sampled in SHAPES:
+        tokens = n * (prompt + sampled)
+        plain_cfg = TrainConfig(model=str(model_dir), threads=4, micro_tokens=tokens, lr=0.0, shard=False)
+        plain = load_policy(plain_cfg)
+        trainers = {"trainer": (plain, plain_cfg)}
+        if sharded:
+            shard_cfg = TrainConfig(**{**plain_cfg.__dict__, "shard": True})
+            trainers = {"sharded": (load_policy(shard_cfg), shard_cfg), **trainers}
+        opt = torch.optim.AdamW([q for q in plain.model.parameters() if q.requires_grad], lr=0.0)
+        batches = [make_batch(plain, n, prompt, sampled, sampling) for sampling in SAMPLINGS]
+        times: dict[str, list[list[float]]] = {name: [[] for _ in SAMPLINGS] for name in trainers}
+        t_bare = []
+        for _ in range(4):
+            for i, batch in enumerate(batches):
+                for name, (p, cfg) in trainers.items():
+                    sync()
+                    times[name][i].append(trainer_step(p, batch, cfg)[0])
+            sync()
+            t_bare.append(bare_step(plain, batches[0], opt)[0])
+            sync()
+        ba = min(t_bare[1:])
+        for i, sampling in enumerate(SAMPLINGS):
+            row: dict[str, Any] = {"batch": f"{n} x ({prompt}+{sampled})", "sampling": sampling, "tokens": tokens}
+            row["bare_tok_s"] = tokens / ba
+            for name in trainers:
+                best = min(times[name][i][1:])
+                row[f"{name}_tok_s"] = tokens / best
+                row["ratio" if name == "trainer" else f"{name}_ratio"] = ba / best
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del plain, opt, trainers
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _sharded(tmp: Path, model_dir: Path | None) -> dict[str, Any]:
+    """The sharded trainer under torchrun against one plain process, and its throughput.
+
+    Two NCCL ranks where there are two GPUs; on one GPU a world of one (two NCCL ranks
+    cannot share a GPU), which still runs every layer as an FSDP unit (``trainer.shard``).
+    """
+    import torch
+
+    from tests.trainer.test_shard import differences, free_port, run
+
+    world = 2 if torch.cuda.device_count() >= 2 else 1
     started = time.monotonic()
     try:
         run(tmp / "one", 1)
-        run(tmp / "two", 2)
+        run(tmp / "sharded", world, torchrun=True)
     except AssertionError as e:
-        return {"error": str(e)[-3000:]}
-    two = json.loads((tmp / "two.json").read_text())
-    diffs = differences(tmp / "one", tmp / "two")
-    return {"max_abs_diff": diffs, "sharded_params": two["sharded"], "seconds": round(time.monotonic() - started, 1)}
+        return {"world": world, "error": str(e)[-3000:]}
+    sharded = json.loads((tmp / "sharded.json").read_text())
+    report: dict[str, Any] = {
+        "world": sharded["world"],
+        "sharded_params": sharded["sharded"],
+        "max_abs_diff_vs_one_process": differences(tmp / "one", tmp / "sharded"),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    if model_dir is not None:
+        # A world of one under torchrun: the sharded step against the bare loop, per sampling setting.
+        out = tmp / "throughput.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "1"]
+        cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+        cmd += ["-m", "bench.gpu_check", "sharded", "--model", str(model_dir), "--out", str(out)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=400)
+        if done.returncode != 0 or not out.is_file():
+            report["throughput_error"] = (done.stdout + done.stderr)[-3000:]
+        else:
+            report["throughput_world1_smollm2_shaped_bf16"] = json.loads(out.read_text())
+    return report
+
+
+def _sharded_throughput(model_dir: Path, out: Path) -> None:
+    """Under torchrun: join the group (a world of one shards too) and time :func:`throughput`."""
+    from trainer import dist
+
+    dist.init()
+    try:
+        out.write_text(json.dumps(throughput(model_dir, sharded=True)))
+    finally:
+        dist.close()
 
 
 def main() -> None:
@@ -269,9 +330,14 @@ def main() -> None:
     c.add_argument("--samples", type=Path, required=True)
     c.add_argument("--out", type=Path, required=True)
     c.add_argument("--shapes", type=Path, default=None, help="folder with SmolLM2's config.json and tokenizer")
+    d = sub.add_parser("sharded", help="under torchrun: the sharded trainer's throughput (step 6)")
+    d.add_argument("--model", type=Path, required=True)
+    d.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.mode == "record":
         record(args.out)
+    elif args.mode == "sharded":
+        _sharded_throughput(args.model, args.out)
     else:
         sys.exit(check(args.samples, args.out, args.shapes))
 

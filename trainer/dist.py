@@ -1,6 +1,6 @@
 """Data parallelism without a framework: shard the batch, all-reduce summed gradients.
 
-Under ``torchrun`` (``WORLD_SIZE`` > 1) every rank holds the whole step's list of
+Under ``torchrun`` (any ``WORLD_SIZE``, one rank included) every rank holds the whole step's list of
 trajectories (rank 0 loads it and broadcasts), computes advantages the same way,
 trains on its shard ``examples[rank::world]`` and adds its *unnormalised*
 gradient into an all-reduce. The sum, divided by the global token count, is
@@ -28,8 +28,14 @@ T = TypeVar("T")
 
 
 def init() -> None:
-    """Join the process group when launched by torchrun; a no-op in one process."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not td.is_initialized():
+    """Join the process group when launched by torchrun (a world of one too); a no-op in a plain process.
+
+    A world of one is a group so that one rank runs the sharded code path (:mod:`trainer.shard`:
+    FSDP2 over a mesh of one) exactly as each of several does; what needs a peer
+    (:func:`active`: broadcasts, all-reduces, barriers) stays a no-op there.
+    """
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1 or "TORCHELASTIC_RUN_ID" in os.environ
+    if launched and not td.is_initialized():
         td.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
@@ -40,7 +46,13 @@ def close() -> None:
 
 
 def active() -> bool:
-    return td.is_available() and td.is_initialized() and td.get_world_size() > 1
+    """Ranks to talk to: a group of two or more."""
+    return joined() and td.get_world_size() > 1
+
+
+def joined() -> bool:
+    """In a process group (under torchrun), of any size."""
+    return td.is_available() and td.is_initialized()
 
 
 def rank() -> int:

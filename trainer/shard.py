@@ -24,7 +24,8 @@ each pass loop in :mod:`trainer.loop` says up front how many forwards it will ru
 (:func:`trainer.textual_step.textual_backward`) interleave teacher and student passes
 in a data-dependent order, so they run with every layer gathered for their duration
 (:func:`gathered`): no collectives inside, at the cost of the whole decoder's weights in
-memory meanwhile. In one process, or with ``TrainConfig.shard`` off, all of this is a no-op.
+memory meanwhile. In a plain process (not under torchrun), or with ``TrainConfig.shard`` off,
+all of this is a no-op.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ def decoder_of(model: Any) -> Any:
 
 
 def shard(model: Any, pad_id: int) -> Sharding | None:
-    """Shard ``model``'s decoder layers over the world (no-op in one process); LoRA parameters stay whole."""
-    if not dist.active():
+    """Shard ``model``'s decoder layers over the world (no-op outside torchrun); LoRA parameters stay whole.
+
+    Under torchrun with one rank the layers are FSDP units over a mesh of one: every shard is
+    the whole tensor, and the code path is the one several ranks run (what a lone GPU can check).
+    """
+    if not dist.joined():
         return None
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from storage.grading import Exclusion, Grade, current
 from storage.hindsight import Hindsight
-from storage.judge_config import JUDGE_SOURCE, JUDGE_TAG
+from storage.grading import JUDGE_SOURCE, JUDGE_TAG
 from storage.trajectories import Render, Trajectory, Turn, trajectory_id
 from trainer.sdpo import correction_exclusion, teacher_messages, teacher_sequence
 

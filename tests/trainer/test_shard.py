@@ -27,12 +27,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(out: Path, world: int, *extra: str) -> None:
-    """shard_step.py in one process (world 1) or under torchrun; its files are ``out.*``."""
+def run(out: Path, world: int, *extra: str, torchrun: bool | None = None) -> None:
+    """shard_step.py in a plain process (world 1) or under torchrun (``torchrun``, the default for world > 1)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env["OMP_NUM_THREADS"] = "1"
     launch = [sys.executable]
-    if world > 1:
+    if world > 1 or torchrun:
         launch += ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(world)]
         launch += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     cmd = [*launch, str(SCRIPT), str(out), *extra]
@@ -79,14 +79,11 @@ def differences(one: Path, two: Path) -> dict[str, float]:
     return out
 
 
-@pytest.mark.slow
-def test_two_sharded_gloo_ranks_match_one_process(runs: tuple[Path, Path]) -> None:
-    one, two = runs
-    m1, m2 = json.loads(Path(f"{one}.json").read_text()), json.loads(Path(f"{two}.json").read_text())
-    assert (m1["world"], m2["world"]) == (1, 2)
-    assert m1["sharded"] == 0 and m2["sharded"] == 4 * 12  # every decoder layer's base weights, as DTensor shards
-    diffs = differences(one, two)
-    print("max abs differences, one process vs two sharded ranks:", diffs)
+def assert_same_steps(one: Path, other: Path) -> None:
+    """``other`` (sharded, under torchrun) computed what the plain process ``one`` computed, and saved it alike."""
+    m1, m2 = json.loads(Path(f"{one}.json").read_text()), json.loads(Path(f"{other}.json").read_text())
+    diffs = differences(one, other)
+    print(f"max abs differences, one process vs {m2['world']} sharded rank(s):", diffs)
     g1 = load_file(f"{one}.grads.safetensors")
     for step in STEPS:
         s1, s2 = m1["steps"][step], m2["steps"][step]
@@ -103,15 +100,35 @@ def test_two_sharded_gloo_ranks_match_one_process(runs: tuple[Path, Path]) -> No
                 assert s2[key] == pytest.approx(s1[key], rel=1e-4, abs=1e-7), (step, key)
     assert m1["steps"][1]["sdpo_tokens"] > 0  # the sdpo step trained on text feedback
     for step in STEPS:
-        a1, a2 = Path(f"{one}.adapter{step}"), Path(f"{two}.adapter{step}")
+        a1, a2 = Path(f"{one}.adapter{step}"), Path(f"{other}.adapter{step}")
         assert sorted(p.name for p in a1.iterdir()) == sorted(p.name for p in a2.iterdir())
         assert _config(a1) == _config(a2)
         # Saved once, whole: the same file layout (names, dtypes, shapes, offsets) vLLM loads from one process.
         assert _header(a1 / "adapter_model.safetensors") == _header(a2 / "adapter_model.safetensors")
         with safe_open(str(a2 / "adapter_model.safetensors"), "pt") as f:
             assert all("lora_" in k for k in f.keys())
+
+
+@pytest.mark.slow
+def test_two_sharded_gloo_ranks_match_one_process(runs: tuple[Path, Path]) -> None:
+    one, two = runs
+    m1, m2 = json.loads(Path(f"{one}.json").read_text()), json.loads(Path(f"{two}.json").read_text())
+    assert (m1["world"], m2["world"]) == (1, 2)
+    assert m1["sharded"] == 0 and m2["sharded"] == 4 * 12  # every decoder layer's base weights, as DTensor shards
+    assert_same_steps(one, two)
     r0, r1 = load_file(f"{two}.rank0.safetensors"), load_file(f"{two}.rank1.safetensors")
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # both ranks took the same step, bit for bit
+
+
+@pytest.mark.slow
+def test_one_rank_under_torchrun_runs_the_sharded_path(runs: tuple[Path, Path], tmp_path: Path) -> None:
+    """A world of one (what one GPU allows) shards every layer over a mesh of one and computes the same."""
+    one, _ = runs
+    alone = tmp_path / "alone"
+    run(alone, 1, torchrun=True)
+    m = json.loads(Path(f"{alone}.json").read_text())
+    assert (m["world"], m["sharded"]) == (1, 4 * 12)
+    assert_same_steps(one, alone)
 
 
 @pytest.mark.slow

@@ -6,7 +6,10 @@ of its own stub engine (bench/stub_upstream.py), one throwaway Postgres database
 enough here: what is measured is our own linking and our own limits, not the engine; a
 real engine only makes the replies slower, which gives the database more time, not less.
 
-(a) **Session splits.** ``--conversations`` (500) conversations of ``--turns`` (10) turns, an
+(a) **Session splits.** Twice: with the link feed off (``ONTHEJOB_LINK_FEED=0``: a turn finds a
+    parent the other host answered once that host's recorder has moved it into the database) and on
+    (proxy/link_feed.py: each host writes its calls' link keys as their replies end).
+    ``--conversations`` (500) conversations of ``--turns`` (10) turns, an
     OpenAI chat history resent each turn, no session named (the proxy links each turn to its
     parent by messages). Turn t of conversation i goes to host (i + t) % 2: round-robin, so
     every turn lands on the other host from the one that answered its parent, and the next
@@ -173,8 +176,11 @@ def link_lookups(host: Server) -> dict[str, int]:
     return out
 
 
-def run_splits(args: argparse.Namespace, db_url: str, stubs: list[Server], logdir: Path) -> dict[str, Any]:
-    with two_hosts(db_url, stubs, logdir, "splits", auth=False, env={}) as hosts:
+def run_splits(
+    args: argparse.Namespace, db_url: str, stubs: list[Server], logdir: Path, feed: bool = True
+) -> dict[str, Any]:
+    env = {} if feed else {"ONTHEJOB_LINK_FEED": "0"}
+    with two_hosts(db_url, stubs, logdir, "splits" if feed else "splits-nofeed", auth=False, env=env) as hosts:
         t0 = time.monotonic()
         convs = asyncio.run(conversations(hosts, args.conversations, args.turns, args.concurrency))
         wall = time.monotonic() - t0
@@ -304,23 +310,24 @@ def main() -> None:
         try:
             stubs = [peers.stub(logdir, None) for _ in HOSTS]
             if args.only in (None, "splits"):
-                f = run_splits(args, db_url, stubs, logdir)
-                print(f"\n(a) {f['conversations']} conversations x {args.turns} turns, round-robin over 2 hosts")
-                print(
-                    "| conversations | calls | calls/s | turn p50 / p99 ms | split | mislinked turns | rows missing |"
-                )
+                print(f"\n(a) {args.conversations} conversations x {args.turns} turns, round-robin over 2 hosts")
+                print("| link entries | calls | calls/s | turn p50 / p99 ms | split | mislinked turns | rows missing |")
                 print("|---|---|---|---|---|---|---|")
-                share = f["splits"] / max(1, f["conversations"])
-                print(
-                    f"| {f['conversations']} | {f['calls']} | {f['calls_per_s']} | {f['p50_ms']} / {f['p99_ms']} "
-                    f"| {f['splits']} ({share:.1%}) | {f['mislinked_turns']} | {f['missing_rows']} |"
-                )
-                print(f"  where parents were found, per host: {f['lookups']}")
-                good = f["splits"] == 0 and f["missing_rows"] == 0
-                print(
-                    f"  [{'met' if good else 'MISSED'}] 0 splits ({f['splits']}; by reply headers {f['header_splits']})"
-                )
-                ok = ok and good
+                # Without the link feed (a parent is found once its row lands) and with it, in turns.
+                for feed in (False, True):
+                    f = run_splits(args, db_url, stubs, logdir, feed=feed)
+                    share = f["splits"] / max(1, f["conversations"])
+                    print(
+                        f"| {'on' if feed else 'off'} | {f['calls']} | {f['calls_per_s']} | {f['p50_ms']} / "
+                        f"{f['p99_ms']} | {f['splits']} ({share:.1%}) | {f['mislinked_turns']} | {f['missing_rows']} |"
+                    )
+                    print(f"  where parents were found, per host: {f['lookups']}")
+                    good = f["splits"] == 0 and f["missing_rows"] == 0
+                    print(
+                        f"  [{'met' if good else 'MISSED'}] 0 splits ({f['splits']}; "
+                        f"by reply headers {f['header_splits']})"
+                    )
+                    ok = ok and good
             if args.only in (None, "limits"):
                 ok = print_limits(args, run_limits(args, db_url, stubs, logdir)) and ok
         finally:

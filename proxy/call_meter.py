@@ -101,8 +101,8 @@ class CallMeter(Collector):
         lookups = CounterMetricFamily(
             "onthejob_link_lookups",
             "Calls with an earlier assistant turn, by where "
-            "their parent was found (memory, spool, database, none, believed_none, "
-            "database_down, database_quiet)",
+            "their parent was found (memory, spool, database, link_entry, none, "
+            "believed_none, database_down, database_quiet)",
             labels=["found_in"],
         )
         for found_in, n in list(self.link_lookups.items()):

@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.dialects.base import Stored
 from proxy.dialects.lookup import RecentCalls, find, id_needle
 from proxy.link_deletes import Deletes
+from proxy.link_feed import Entry, LinkFeed, young_entries
 from proxy.link_keys import Naming
 from proxy.spool import Spool
 from storage.models import Completion
@@ -184,18 +185,22 @@ class Linker:
         # Whether other hosts may share the database (then a parent found nowhere is waited for); the
         # rate-limit leases' presence rows tell it (proxy/state.py), else it is unknown: yes.
         self.other_hosts: Callable[[], bool] = lambda: False  # one host unless told (proxy/state.py counts them)
+        # While another host is live, this worker's recorded calls' link keys go to the database at once for
+        # the other hosts, and lookups read theirs (proxy/link_feed.py); None: not written, not read (SQLite).
+        self.feed: LinkFeed | None = None
         self.waits = 0  # polls of the database for calls waiting on another host's parent
         self._waiters: list[_Waiter] = []
         self._poller: asyncio.Task[None] | None = None
         # Calls with an earlier assistant turn, by where their parent was found: memory, spool (a sibling
-        # worker's), database, none (asked, not found), believed_none (a recent "none"), database_down
+        # worker's), database, link_entry (another host's call not landed yet, proxy/link_feed.py), none (asked,
+        # not found), believed_none (a recent "none"), database_down
         # (no answer), database_quiet (not asked: a recent lookup went unanswered).
         self.lookups: dict[str, int] = {}
 
     @property
     def db_lookups(self) -> int:
         """Queries sent to the database for a parent (answered or not)."""
-        return sum(self.lookups.get(found, 0) for found in ("database", "none", "database_down"))
+        return sum(self.lookups.get(found, 0) for found in ("database", "link_entry", "none", "database_down"))
 
     async def find_call(self, project: str, call_id: str) -> Stored | None:
         """A stored call by id (a dialect's ``previous_response_id``): memory, the spools, database.
@@ -259,9 +264,12 @@ class Linker:
         """A recorded call's link keys (one per choice), for the follow-ups this worker serves."""
         if self.deletes.gone(project, link.session_id, link.end_user, link.created_at):
             return  # answered while its session was deleted: it never lands, nothing continues it
+        shared = self.feed is not None and self.other_hosts()
         for key in keys:
             if key:
                 self.cache.put(project, key, link)
+                if shared and self.feed is not None:
+                    self.feed.put(project, key, link)
 
     def _spool_link(self, project: str, keys: list[str], session: str | None) -> Link | None:
         for entry in self.spool.sibling_links(keys[::-1]):  # the longest prefix first
@@ -304,17 +312,28 @@ class Linker:
             return None, "none"
         if len({r.session_id for r in rows if r.link_key == best.link_key}) > 1:
             return AMBIGUOUS, "database"
-        return Link(best.session_id, best.id, best.task_id), "database"
+        return Link(best.session_id, best.id, best.task_id), "link_entry" if isinstance(best, Entry) else "database"
 
     async def _query(self, project: str, session: str | None, keys: list[str], limit: int = 50) -> list[Any]:
-        """The recorded calls whose link key is one of ``keys`` (within ``session`` if given), newest first."""
+        """The recorded calls whose link key is one of ``keys`` (within ``session`` if given), newest first;
+        while another host is live, then the calls the hosts answered that have not landed yet (their link
+        entries, proxy/link_feed.py), but those of sessions this worker knows were deleted."""
         query = select(Completion.id, Completion.session_id, Completion.task_id, Completion.link_key).where(
             Completion.project_id == project, Completion.link_key.in_(keys)
         )
         if session:
             query = query.where(Completion.session_id == session)
         async with asyncio.timeout(LOOKUP_S), self.sessionmaker() as db:
-            return list((await db.execute(query.order_by(Completion.created_at.desc()).limit(limit))).all())
+            rows: list[Any] = list((await db.execute(query.order_by(Completion.created_at.desc()).limit(limit))).all())
+            if self.feed is None or not self.other_hosts():
+                return rows
+            entries = await young_entries(db, project, session, keys, limit)
+        seen = {r.id for r in rows}
+        return rows + [
+            e
+            for e in entries
+            if e.id not in seen and not self.deletes.gone(project, e.session_id, e.end_user, e.created_at)
+        ]
 
     async def _wait_for(self, project: str, session: str | None, keys: list[str]) -> list[Any]:
         """The rows for ``keys``, once another host's recorder has moved them here; none after :attr:`wait_s`.

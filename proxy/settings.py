@@ -59,6 +59,9 @@ class Settings:
     # Per API key: sustained requests/s and burst; 0 turns rate limiting off (it never applies under --no-auth).
     rate_limit_rps: float = field(default_factory=lambda: float(_env("RATE_LIMIT_RPS", "50")))
     rate_limit_burst: int = field(default_factory=lambda: int(_env("RATE_LIMIT_BURST", "100")))
+    # While another host is live, write each recorded call's link keys to the database at once for the other
+    # hosts (proxy/link_feed.py); 0 (ONTHEJOB_LINK_FEED=0): they find a parent only once its row lands.
+    link_feed: bool = field(default_factory=lambda: _env("LINK_FEED", "1") not in ("0", "false", "no"))
     # False only for benchmarks (the recording-off baseline): ONTHEJOB_RECORD=0.
     record: bool = field(default_factory=lambda: _env("RECORD", "1") not in ("0", "false", "no"))
     # An operator-chosen admin key of the default project, ensured at start (docker compose's .env).

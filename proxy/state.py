@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from proxy.attest import Attestor
 from proxy.auth import Auth
+from proxy.link_feed import LinkFeed
 from proxy.metrics import Metrics
 from proxy.policies import Policies
 from proxy.promotion import Promotion
@@ -93,6 +94,8 @@ class AppState:
             # nowhere here wait for that host's recorder (proxy/sessions.py).
             keeper = leases = LeaseKeeper(limiter, maker, settings.host_id, str(os.getpid()), workers=settings.workers)
             linker.other_hosts = lambda: keeper.hosts > 1
+            if settings.link_feed:  # link keys for the other hosts as soon as a call is answered (proxy/link_feed.py)
+                linker.feed = LinkFeed(maker, settings.host_id)
         else:  # SQLite is one host: its workers split the limit evenly, no leases (no writer beside the recorder)
             limiter.fallback = fallback_share(settings.rate_limit_rps, 1, settings.workers)
         return cls(
@@ -150,6 +153,8 @@ class AppState:
         self.tasks.append(asyncio.create_task(self.router.watch(self.settings.probe_every_s), name="probes"))
         if self.leases is not None:
             self.tasks.append(asyncio.create_task(self.leases.run(), name="rate-leases"))
+        if self.linker.feed is not None:
+            self.tasks.append(asyncio.create_task(self.linker.feed.run(), name="link-feed"))
         if self.settings.housekeep:
             self.start_housekeeper()
 

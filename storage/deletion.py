@@ -52,6 +52,7 @@ from storage.models import (
     DatasetItem,
     EndUserTombstone,
     Feedback,
+    LinkEntry,
     Session,
     Tombstone,
     utcnow,
@@ -88,6 +89,8 @@ def delete_end_user(db: DbSession, project: str, end_user: str) -> dict[str, Any
         )
     )
     their_sessions = select(Completion.session_id).where(Completion.project_id == project, Completion.end_user == key)
+    # Calls another host answered whose rows have not landed yet: their link entries (proxy/link_feed.py) go too.
+    db.execute(delete(LinkEntry).where(LinkEntry.project_id == project, LinkEntry.end_user == key))
     sessions = sorted(set(db.scalars(their_sessions)))
     deleted, adapters = delete_sessions(db, project, sessions, end_user=key)
     return {
@@ -135,6 +138,7 @@ def delete_sessions(
     removed = deleted_count(db.execute(drop_calls))
     db.execute(delete(Change).where(Change.project_id == project, Change.session_id.in_(session_ids)))
     db.execute(delete(Session).where(Session.project_id == project, Session.id.in_(session_ids)))
+    db.execute(delete(LinkEntry).where(LinkEntry.project_id == project, LinkEntry.session_id.in_(session_ids)))
     # Datasets pinned copies of the sessions' feedback values: those go too (the dataset shows them as removed).
     pinned = delete(DatasetItem).where(DatasetItem.project_id == project, DatasetItem.session_id.in_(session_ids))
     items = deleted_count(db.execute(pinned))

@@ -9,6 +9,7 @@ importing this package registers every table.
 
 from storage.models.base import NO_NUL, PENDING, Base, Json, utcnow
 from storage.models.datasets import Dataset, DatasetItem
+from storage.models.links import LinkEntry
 from storage.models.ops import Alert, Change, ChangeCursor, CompletionFlag, EndUserTombstone, Tombstone
 from storage.models.promotion import Attestation, Eval, PromotionEvent, PromotionPolicy
 from storage.models.rate_leases import RateLease
@@ -50,6 +51,7 @@ __all__ = [
     "Tombstone",
     "EndUserTombstone",
     "Eval",
+    "LinkEntry",
     "PromotionPolicy",
     "PromotionEvent",
     "Attestation",

@@ -88,3 +88,17 @@ def test_turns_alternating_between_two_hosts_stay_one_session_with_each_turn_as_
     assert parents == [[None, *ids[:-1]] for ids in conversations]  # each turn continues the one before it
     sessions = {rows[ids[0]][0] for ids in conversations}
     assert len(sessions) == CONVERSATIONS  # and the one with a foreign assistant turn still got its own
+    # Turns found their parents through the other host's link entries (proxy/link_feed.py), written as
+    # each reply ended, rather than only once that host's recorder had moved the parent into completions.
+    found = {name: lookups(host.url) for name, host in (("a", a), ("b", b))}
+    assert all(f.get("link_entry", 0) > 0 for f in found.values()), found
+
+
+def lookups(url: str) -> dict[str, float]:
+    """``onthejob_link_lookups_total`` by ``found_in``, from the host's ``/metrics``."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line.startswith("onthejob_link_lookups_total{"):
+            label, value = line.split("}")
+            out[label.split('"')[1]] = float(value)
+    return out

@@ -27,9 +27,8 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from storage.grading import Exclusion, Grade, current
+from storage.grading import JUDGE_SOURCE, JUDGE_TAG, Exclusion, Grade, current
 from storage.hindsight import Hindsight
-from storage.grading import JUDGE_SOURCE, JUDGE_TAG
 from storage.trajectories import Render, Trajectory, Turn, trajectory_id
 from trainer.sdpo import correction_exclusion, teacher_messages, teacher_sequence
 

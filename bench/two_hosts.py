@@ -73,10 +73,25 @@ def two_hosts(
     try:
         for name, stub in zip(HOSTS, stubs, strict=True):
             hosts.append(serve(name, stub.url, db_url, logdir / f"spool-{tag}-{name}", logdir, auth=auth, env=env))
+        see_each_other(hosts)
         yield hosts
     finally:
         for host in hosts:
             host.stop()
+
+
+def see_each_other(hosts: list[Server], timeout_s: float = 30.0) -> None:
+    """Wait until every host counts them all live (presence rows, renewed about every second), as hosts that
+    have run for a while do: a host that still counts itself alone neither waits for the other's parents nor
+    writes link entries, so a run started sooner measures the hosts' start, not linking."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    for host in hosts:
+        while httpx.get(f"{host.url}/readyz", timeout=5).json().get("hosts") != len(hosts):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{host.name} never saw the other hosts")
+            time.sleep(0.2)
 
 
 async def post(
@@ -165,14 +180,25 @@ def split_figures(convs: list[Conversation], rows: dict[str, tuple[str, str | No
     }
 
 
-def link_lookups(host: Server) -> dict[str, int]:
-    """Where the host found its calls' parents (``onthejob_link_lookups`` by ``found_in``)."""
+def link_lookups(host: Server) -> dict[str, Any]:
+    """Where the host found its calls' parents (``onthejob_link_lookups`` by ``found_in``), and the mean wait
+    for those another host answered (``onthejob_link_wait_seconds`` ÷ lookups, ms)."""
     import httpx
 
-    out = {}
+    counts: dict[str, int] = {}
+    waited: dict[str, float] = {}
     for line in httpx.get(f"{host.url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("onthejob_link_lookups") and 'found_in="' in line:
-            out[line.split('found_in="')[1].split('"')[0]] = int(float(line.rsplit(" ", 1)[1]))
+        if 'found_in="' not in line:
+            continue
+        found_in, value = line.split('found_in="')[1].split('"')[0], float(line.rsplit(" ", 1)[1])
+        if line.startswith("onthejob_link_lookups_total{"):
+            counts[found_in] = int(value)
+        elif line.startswith("onthejob_link_wait_seconds_total{"):
+            waited[found_in] = value
+    out: dict[str, Any] = dict(counts)
+    for found_in, seconds in waited.items():
+        if counts.get(found_in):
+            out[f"{found_in}_wait_ms"] = round(1000 * seconds / counts[found_in], 1)
     return out
 
 

@@ -47,6 +47,7 @@ class CallMeter(Collector):
         self.tokens: dict[tuple[str, str, str], int] = {}
         self.spooled = 0  # records fsync'd to the spool: its own count (``Spool.appended``), set when scraped
         self.link_lookups: dict[str, int] = {}  # where parents were found (``Linker.lookups``), set when scraped
+        self.link_waited: dict[str, float] = {}  # seconds waited for them (``Linker.waited``), set when scraped
 
     def call(
         self,
@@ -107,7 +108,15 @@ class CallMeter(Collector):
         )
         for found_in, n in list(self.link_lookups.items()):
             lookups.add_metric([found_in], n)
-        yield from (requests, terminations, tokens, spooled, lookups)
+        waited = CounterMetricFamily(
+            "onthejob_link_wait_seconds",
+            "Seconds calls waited for a parent another host answered, by where it was found "
+            "(database, link_entry, none)",
+            labels=["found_in"],
+        )
+        for found_in, seconds in list(self.link_waited.items()):
+            waited.add_metric([found_in], seconds)
+        yield from (requests, terminations, tokens, spooled, lookups, waited)
         yield _histogram("onthejob_request_seconds", "Time to the last byte", self.latency)
         yield _histogram(
             "onthejob_time_to_first_token_seconds", "Time to the first chunk (streams) or to the whole reply", self.ttft

@@ -130,5 +130,6 @@ async def metrics(request: Request, st: StateDep) -> Response:
     st.metrics.spool_bytes.set(st.spool.bytes)
     st.metrics.calls.spooled = st.spool.appended
     st.metrics.calls.link_lookups = st.linker.lookups
+    st.metrics.calls.link_waited = st.linker.waited
     st.router.replicas.export(st.metrics)
     return Response(generate_latest(st.metrics.registry), media_type=CONTENT_TYPE_LATEST)

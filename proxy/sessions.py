@@ -196,6 +196,7 @@ class Linker:
         # not found), believed_none (a recent "none"), database_down
         # (no answer), database_quiet (not asked: a recent lookup went unanswered).
         self.lookups: dict[str, int] = {}
+        self.waited: dict[str, float] = {}  # seconds calls waited for another host's parent, by where it was found
 
     @property
     def db_lookups(self) -> int:
@@ -297,7 +298,10 @@ class Linker:
             return None, "database_quiet"
         try:
             if self.wait_s > 0 and self.other_hosts():
+                started = time.monotonic()
                 rows = await self._wait_for(project, session, keys)
+                where = "none" if not rows else "link_entry" if any(isinstance(r, Entry) for r in rows) else "database"
+                self.waited[where] = self.waited.get(where, 0.0) + time.monotonic() - started
             else:
                 rows = await self._query(project, session, keys)
         except Exception:  # noqa: BLE001 - database down: link from memory only; the call still goes through

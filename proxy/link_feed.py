@@ -17,6 +17,11 @@ proxy/ratelimit.py): one host writes nothing. Rows are a bridge: read while youn
 sessions and end users (storage/deletion.py). A row of a session this worker knows was deleted is
 not written; one of a session deleted elsewhere is not taken as a parent once the reader knows
 (:class:`proxy.link_deletes.Deletes`), as for sibling spools.
+
+On Postgres each write also sends ``NOTIFY onthejob_links`` (delivered at its commit), and every
+worker keeps one connection listening (:class:`Listener`): a call waiting for another host's parent
+is looked up again as soon as any host wrote entries, not at the next 25 ms poll
+(:data:`proxy.sessions.POLL_S`, which stays as the fallback when the listener is down).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select
+import psycopg
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from storage.db import insert_for
@@ -43,6 +49,8 @@ KEEP_S = 60.0  # this host's rows older than this are deleted
 PRUNE_EVERY_S = 10.0
 CAP = 10_000  # entries queued at most (a database slower than the traffic: the oldest are dropped)
 WRITE_TIMEOUT_S = 2.0
+CHANNEL = "onthejob_links"  # NOTIFY'd by every write (Postgres)
+MIN_PAUSE_S = 0.003  # waiting calls are looked up again this soon after a query at the earliest
 
 
 class LinkFeed:
@@ -96,6 +104,10 @@ class LinkFeed:
             async with asyncio.timeout(WRITE_TIMEOUT_S), self.sessionmaker() as db:
                 dialect = db.get_bind().dialect.name
                 await db.execute(insert_for(dialect)(LinkEntry).values(rows).on_conflict_do_nothing())
+                if dialect == "postgresql":  # delivered at the commit, with the rows; the payload says who wrote
+                    await db.execute(
+                        text("SELECT pg_notify(:channel, :host)"), {"channel": CHANNEL, "host": self.host_id}
+                    )
                 await db.commit()
             self.written += len(rows)
         except asyncio.CancelledError:
@@ -110,6 +122,53 @@ class LinkFeed:
                 old = func.now() - timedelta(seconds=KEEP_S)
                 await db.execute(delete(LinkEntry).where(LinkEntry.host_id == self.host_id, LinkEntry.written_at < old))
                 await db.commit()
+
+
+class Listener:
+    """One connection per worker listening for ``NOTIFY onthejob_links``; another host's sets :attr:`arrived`.
+
+    Its own host's writes are ignored (their parents are in this host's spools). Reconnects after a
+    failure (backing off to 5 s); meanwhile waiting calls poll as before.
+    """
+
+    def __init__(self, url: str, host_id: str) -> None:
+        self.url = url  # libpq form (postgresql://...)
+        self.host_id = host_id
+        self.arrived = asyncio.Event()
+        self.notified = 0
+        self.connected = False
+
+    async def run(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True, connect_timeout=5)
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.connected, delay = True, 0.2
+                    async for note in conn.notifies():
+                        if note.payload != self.host_id:
+                            self.notified += 1
+                            self.arrived.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the database went away: poll meanwhile, reconnect later
+                log.debug("link listener down (%s); retrying in %.1fs", exc.__class__.__name__, delay)
+            self.connected = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    async def pause(self, at_most: float) -> None:
+        """Between two lookups of waiting calls: until another host wrote entries, but at least
+        :data:`MIN_PAUSE_S` (many writes at once cost a query per few ms, not one each) and at most ``at_most``
+        (without a listening connection, always ``at_most``). The caller clears :attr:`arrived` before a lookup."""
+        if not self.connected:
+            await asyncio.sleep(at_most)
+            return
+        await asyncio.sleep(MIN_PAUSE_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, at_most - MIN_PAUSE_S)):
+                await self.arrived.wait()
 
 
 @dataclass(frozen=True, slots=True)

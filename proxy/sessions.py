@@ -46,7 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.dialects.base import Stored
 from proxy.dialects.lookup import RecentCalls, find, id_needle
 from proxy.link_deletes import Deletes
-from proxy.link_feed import Entry, LinkFeed, young_entries
+from proxy.link_feed import Entry, LinkFeed, Listener, young_entries
 from proxy.link_keys import Naming
 from proxy.spool import Spool
 from storage.models import Completion
@@ -188,6 +188,7 @@ class Linker:
         # While another host is live, this worker's recorded calls' link keys go to the database at once for
         # the other hosts, and lookups read theirs (proxy/link_feed.py); None: not written, not read (SQLite).
         self.feed: LinkFeed | None = None
+        self.listener: Listener | None = None  # wakes the waiting calls' poll when another host wrote entries
         self.waits = 0  # polls of the database for calls waiting on another host's parent
         self._waiters: list[_Waiter] = []
         self._poller: asyncio.Task[None] | None = None
@@ -356,6 +357,8 @@ class Linker:
 
     async def _poll(self) -> None:
         while self._waiters:
+            if self.listener is not None:
+                self.listener.arrived.clear()  # before the query: entries written during it wake the next one
             groups: dict[tuple[str, str | None], list[_Waiter]] = {}
             for waiter in self._waiters:
                 groups.setdefault((waiter.project, waiter.session), []).append(waiter)
@@ -381,7 +384,10 @@ class Linker:
                             waiter.rows.set_result([])
             self._waiters = [w for w in self._waiters if not w.rows.done()]  # answered, timed out or cancelled
             if self._waiters:
-                await asyncio.sleep(POLL_S)
+                if self.listener is not None:  # sooner when another host wrote link entries
+                    await self.listener.pause(POLL_S)
+                else:
+                    await asyncio.sleep(POLL_S)
                 self.waits += 1
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from proxy.attest import Attestor
 from proxy.auth import Auth
-from proxy.link_feed import LinkFeed
+from proxy.link_feed import LinkFeed, Listener
 from proxy.metrics import Metrics
 from proxy.policies import Policies
 from proxy.promotion import Promotion
@@ -29,7 +29,7 @@ from proxy.settings import Settings
 from proxy.spool import Spool
 from proxy.spool_folders import absorb_orphans, claim
 from proxy.upstream import Upstream
-from storage.db import async_engine, sync_engine
+from storage.db import async_engine, database_url, libpq_url, sync_engine
 from storage.feedback import count_orphans
 from storage.housekeep import Housekeeper, Schedule, log_result
 from storage.keys import ensure_key
@@ -96,6 +96,7 @@ class AppState:
             linker.other_hosts = lambda: keeper.hosts > 1
             if settings.link_feed:  # link keys for the other hosts as soon as a call is answered (proxy/link_feed.py)
                 linker.feed = LinkFeed(maker, settings.host_id)
+                linker.listener = Listener(libpq_url(database_url(settings.database_url)), settings.host_id)
         else:  # SQLite is one host: its workers split the limit evenly, no leases (no writer beside the recorder)
             limiter.fallback = fallback_share(settings.rate_limit_rps, 1, settings.workers)
         return cls(
@@ -155,6 +156,8 @@ class AppState:
             self.tasks.append(asyncio.create_task(self.leases.run(), name="rate-leases"))
         if self.linker.feed is not None:
             self.tasks.append(asyncio.create_task(self.linker.feed.run(), name="link-feed"))
+        if self.linker.listener is not None:
+            self.tasks.append(asyncio.create_task(self.linker.listener.run(), name="link-listener"))
         if self.settings.housekeep:
             self.start_housekeeper()
 

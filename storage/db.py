@@ -39,6 +39,11 @@ def masked(url: str) -> str:
         return f"{scheme}{sep}…" if sep else "…"
 
 
+def libpq_url(url: str) -> str:
+    """A Postgres URL as psycopg connects to it directly (``postgresql://…``, whatever driver it names)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
 def normalise(url: str, *, asynchronous: bool) -> str:
     """Rewrite a user URL to carry the driver we ship for sync or async use."""
     try:

@@ -17,11 +17,11 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import Session
 
-from proxy.link_feed import LinkFeed
+from proxy.link_feed import LinkFeed, Listener
 from proxy.link_keys import Naming, prefix_keys
 from proxy.sessions import Link, Linker
 from proxy.spool import Spool
-from storage.db import async_engine, sync_engine
+from storage.db import async_engine, libpq_url, sync_engine
 from storage.deletion import delete_session
 from storage.models import LinkEntry, Project
 
@@ -38,6 +38,7 @@ def host(url: str, folder: Path, feed: bool = True) -> tuple[Linker, Any]:
     linker = Linker(Spool(folder, 10**9), async_sessionmaker(engine, expire_on_commit=False), wait_s=0.4)
     linker.other_hosts = lambda: True  # the other host is live (its presence row, in the proxy)
     linker.feed = LinkFeed(linker.sessionmaker, folder.name) if feed else None
+    linker.listener = Listener(libpq_url(url), folder.name)
     return linker, engine
 
 
@@ -58,7 +59,10 @@ async def test_a_turn_on_the_other_host_links_to_a_call_whose_row_has_not_landed
     keys = prefix_keys(MESSAGES)
     (a, ea), (b, eb) = host(pg_url, tmp_path / "a", feed=written), host(pg_url, tmp_path / "b")
     tasks = [asyncio.create_task(x.feed.run()) for x in (a, b) if x.feed is not None]
+    tasks += [asyncio.create_task(x.listener.run()) for x in (a, b) if x.listener is not None]
     try:
+        while not (a.listener and a.listener.connected and b.listener and b.listener.connected):
+            await asyncio.sleep(0.01)
         made = datetime.now(UTC).isoformat()
         a.remember(project, [keys[1]], Link(session, "cmpl-parent", "t1", None, made))  # host a answered turn 0
         found = await b.resolve(project, UNNAMED, MESSAGES, keys)  # turn 1 reaches host b at once
@@ -68,6 +72,9 @@ async def test_a_turn_on_the_other_host_links_to_a_call_whose_row_has_not_landed
         assert (found.id, found.source, found.parent_id, found.task_id) == (session, "linked", "cmpl-parent", "t1")
         assert b.lookups == {"link_entry": 1}
         assert a.feed is not None and (a.feed.written, a.feed.failed, a.feed.dropped) == (1, 0, 0)
+        # Host a's write woke host b's listener (NOTIFY); a host's own writes do not wake it.
+        await asyncio.sleep(0.1)
+        assert (a.listener.notified, b.listener.notified) == (0, 1)
 
         # Deleting the session takes its entries with it, in the delete's transaction.
         with Session(sync_engine(pg_url)) as db:

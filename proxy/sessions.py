@@ -182,20 +182,18 @@ class Linker:
         self._quiet_until = 0.0  # no lookups before this (the last one failed)
         self.deletes = Deletes(sessionmaker, self.cache.forget)  # what this worker knows was deleted
         self.wait_s = wait_s
-        # Whether other hosts may share the database (then a parent found nowhere is waited for); the
-        # rate-limit leases' presence rows tell it (proxy/state.py), else it is unknown: yes.
-        self.other_hosts: Callable[[], bool] = lambda: False  # one host unless told (proxy/state.py counts them)
-        # While another host is live, this worker's recorded calls' link keys go to the database at once for
-        # the other hosts, and lookups read theirs (proxy/link_feed.py); None: not written, not read (SQLite).
+        # Whether another host shares the database (then a parent found nowhere is waited for): one host unless
+        # told (proxy/state.py counts the rate-limit leases' presence rows). While one is, this worker's calls'
+        # link keys go to the database at once and lookups read the others' (proxy/link_feed.py; None: SQLite).
+        self.other_hosts: Callable[[], bool] = lambda: False
         self.feed: LinkFeed | None = None
         self.listener: Listener | None = None  # wakes the waiting calls' poll when another host wrote entries
         self.waits = 0  # polls of the database for calls waiting on another host's parent
         self._waiters: list[_Waiter] = []
         self._poller: asyncio.Task[None] | None = None
         # Calls with an earlier assistant turn, by where their parent was found: memory, spool (a sibling
-        # worker's), database, link_entry (another host's call not landed yet, proxy/link_feed.py), none (asked,
-        # not found), believed_none (a recent "none"), database_down
-        # (no answer), database_quiet (not asked: a recent lookup went unanswered).
+        # worker's), database, link_entry (another host's call not landed yet), none (asked, not found),
+        # believed_none (a recent "none"), database_down (no answer), database_quiet (not asked: see quiet_s).
         self.lookups: dict[str, int] = {}
         self.waited: dict[str, float] = {}  # seconds calls waited for another host's parent, by where it was found
 

@@ -6,8 +6,8 @@ call's own message prefixes.
 
 Everything about finding a call's session is here: :class:`Linker` looks in this
 worker's memory, then in sibling workers' link indexes (calls not yet drained), then
-in the database, which it asks again for a moment when another host may have answered the parent
-(:data:`LINK_WAIT_S`). A prefix the database had no parent for is not asked about again
+in the database (recorded calls, and other hosts' link entries: :mod:`proxy.link_feed`), which it
+asks again for a moment when another host may have answered the parent (:data:`LINK_WAIT_S`). A prefix the database had no parent for is not asked about again
 for a few seconds (:data:`MISS_TTL_S`): a prompt whose assistant turns no recorded
 call returned (few-shot examples, a history brought from elsewhere) would otherwise
 cost every call a query.
@@ -18,8 +18,7 @@ Linking never crosses callers: the key chain starts from a *scope*
 with a fixed opening never share a key, even when greedy decoding gives them the same
 first reply. Within a scope, a key two sessions produced is *ambiguous*: a call
 continuing it is not linked but starts a new session with source ``ambiguous_link``.
-Memory and the database judge ambiguity; a sibling's link index's first match is taken
-as found.
+Memory and the database judge ambiguity; a sibling's link index's first match is taken as found.
 
 A deleted session (or end user) is never a parent again: the worker that took the delete
 forgets it at once, every other one when it reads the delete's entry in the change log

@@ -19,8 +19,12 @@ the deploy route took and how long after its answer the second worker routed to 
 is written by COPY (bench/loader_scale.py's fill, the recorder's bulk path) into a database made afresh for
 each mode.
 
+Mode ``together`` (the issue's measure): all three at once on worker A's loop, the dataset, the retention
+pass (over the calls older than the dataset's, which are made recent for it) and the deployment with a
+hung engine, with the lag probe beside them.
+
 Run: ``python -m bench.serving_under_load [--dataset-sessions 10000] [--retention-calls 100000]
-[--modes before,after]``. Prints one JSON object per line (lag p50/p99/max in ms, seconds taken).
+[--modes before,after,together]``. Prints one JSON object per line (lag p50/p99/max in ms, seconds taken).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -172,8 +176,11 @@ async def after(url: str, since: str) -> dict[str, Any]:
 LOAD_TIMEOUT_S = 10.0
 
 
-async def deployment(url: str, mode: str) -> dict[str, Any]:
-    """Deploy ``x@v1`` through worker A while one engine hangs in its load; when does worker B route to it?"""
+async def deployment(url: str, mode: str, since: str | None = None) -> dict[str, Any]:
+    """Deploy ``x@v1`` through worker A while one engine hangs in its load; when does worker B route to it?
+
+    ``since`` (mode ``together``): meanwhile, on worker A, the dataset route makes a dataset of the calls
+    since then and the housekeeper's retention job deletes the older ones, all three at once."""
     eng = sync_engine(url)
     with Session(eng) as db:
         db.add(
@@ -227,7 +234,31 @@ async def deployment(url: str, mode: str) -> dict[str, Any]:
                         await asyncio.sleep(0.01)
                     out["worker_b_follows_s"] = round(time.perf_counter() - answered[0], 2)
 
-                out["deploy"] = await lag_during(deploy)
+                if since is None:
+                    out["deploy"] = await lag_during(deploy)
+                else:
+                    keeper = Housekeeper(apps[0].state.onthejob.sync_engine, Schedule())
+                    job = next(j for j in keeper.jobs if j.name == "retention")
+
+                    async def create() -> None:
+                        body = {"name": "ds", "filter": {"since": since}}
+                        made = await client.post("/v1/admin/datasets", json=body)
+                        assert made.status_code == 201, made.text
+                        out["dataset_trajectories"] = made.json()["counts"]["trajectories"]
+
+                    async def retention() -> None:
+                        done = await asyncio.to_thread(keeper.run, job)
+                        assert done is not None
+                        out["deleted_calls"] = done["projects"][PROJECT]["calls"]
+
+                    async def timed(name: str, work: Callable[[], Awaitable[None]]) -> None:
+                        started = time.perf_counter()
+                        await work()
+                        out[f"{name}_s"] = round(time.perf_counter() - started, 2)
+
+                    out["all_three"] = await lag_during(
+                        lambda: asyncio.gather(timed("dataset", create), timed("retention", retention), deploy())
+                    )
     await hung.close()
     await good.close()
     return out
@@ -245,6 +276,8 @@ def main() -> None:
     # Session s's calls are at s * 10 ms: the dataset takes the newest --dataset-sessions of them.
     since = (T0 + timedelta(milliseconds=(sessions - args.dataset_sessions) * 10)).isoformat()
     for mode in args.modes.split(","):
+        if mode == "together":  # retention passes over --retention-calls older than the dataset's sessions
+            sessions = args.retention_calls // TURNS + args.dataset_sessions
         url = fresh(args.admin, args.database)
         fill_s = asyncio.run(fill(url, 0, sessions))
         eng = sync_engine(url)
@@ -252,8 +285,25 @@ def main() -> None:
             calls = db.scalar(select(func.count()).select_from(Completion))
         eng.dispose()
         idle = asyncio.run(lag_during(lambda: asyncio.sleep(2)))
-        result = asyncio.run((before if mode == "before" else after)(url, since))
-        result["deployment_with_a_hung_engine"] = asyncio.run(deployment(url, mode))
+        if mode == "together":
+            # The dataset's sessions made recent, so that retention (one day) deletes only the others.
+            recent = datetime.now(UTC) - timedelta(hours=1)
+            cut = T0 + timedelta(milliseconds=(sessions - args.dataset_sessions) * 10)
+            eng = sync_engine(url)
+            with Session(eng) as db:
+                shift = recent - cut
+                db.execute(
+                    update(Completion)
+                    .where(Completion.created_at >= cut)
+                    .values(created_at=Completion.created_at + shift)
+                )
+                db.commit()
+            eng.dispose()
+            keep_one_day(url)
+            result = {"together": asyncio.run(deployment(url, "after", since=recent.isoformat()))}
+        else:
+            result = asyncio.run((before if mode == "before" else after)(url, since))
+            result["deployment_with_a_hung_engine"] = asyncio.run(deployment(url, mode))
         print(
             orjson.dumps({"mode": mode, "calls": calls, "fill_s": round(fill_s, 1), "idle": idle, **result}).decode(),
             flush=True,

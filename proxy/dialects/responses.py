@@ -2,17 +2,20 @@
 
 A Responses request becomes one engine chat call: ``instructions`` the system message,
 ``input`` (a string, or items: messages with text parts, ``function_call``,
-``function_call_output``) the rest of the messages, function tools and ``tool_choice``
-their chat forms, ``max_output_tokens`` ``max_tokens``, ``text.format`` a
-``response_format``. ``previous_response_id`` prepends the stored conversation: the
-previous call's engine-facing messages (its system message dropped: instructions do not
-carry over, as in OpenAI's API and vLLM's) and its output items, converted exactly as if
-the client had resent them, so both ways of continuing give the same chat messages, the
-same link keys and one trajectory.
+``function_call_output``, ``custom_tool_call``, ``custom_tool_call_output``) the rest of the
+messages, function tools and ``tool_choice`` their chat forms, ``max_output_tokens``
+``max_tokens``, ``text.format`` a ``response_format``. ``previous_response_id`` prepends the
+stored conversation: the previous call's engine-facing messages (its system message dropped:
+instructions do not carry over, as in OpenAI's API and vLLM's) and its output items, converted
+exactly as if the client had resent them, so both ways of continuing give the same chat
+messages, the same link keys and one trajectory.
 
 ``namespace`` tools are flattened as vLLM's route flattens them (``<namespace>__<name>``) and
-the model's call to one comes back namespaced; hosted tools (``web_search``, ...) are left out
-of what the engine sees, as there. What would change the answer and cannot be honoured (custom tools, images, files,
+the model's call to one comes back namespaced; a ``custom`` tool is shown as that route shows
+it, a function taking one string (``{"input": ...}``), and the model's call to it comes back as a
+``custom_tool_call`` with that string as its ``input`` (resent, it is those arguments again);
+hosted tools (``web_search``, ...) are left out of what the engine sees, as there. What would
+change the answer and cannot be honoured (grammar-constrained custom tools, images, files,
 ``background``, ``conversation``, stored prompts, item references) is a 400 naming the
 field; the rest of what SDKs send (``store``, ``include``, ``reasoning``, ``truncation``,
 ``prompt_cache_key``, ``service_tier``, ``user``, ...) is accepted and ignored.
@@ -25,6 +28,8 @@ from typing import Any, ClassVar
 from proxy import admission
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored
 from proxy.dialects.responses_out import (
+    custom_names,
+    encode_custom_input,
     envelope,
     finish,
     flat_name,
@@ -171,8 +176,10 @@ class ResponsesDialect(Dialect):
         logprobs = None
         if wants_logprobs(ex.request):
             logprobs = logprobs_out(choice.get("logprobs"), int(ex.request.get("top_logprobs") or 0))
-        names = namespaced_names(ex.request.get("tools"))
-        response = envelope(ex, "completed", output_items(choice.get("message") or {}, finish_reason, logprobs, names))
+        tools = ex.request.get("tools")
+        message = choice.get("message") or {}
+        items = output_items(message, finish_reason, logprobs, namespaced_names(tools), custom_names(tools))
+        response = envelope(ex, "completed", items)
         finish(response, "length" if finish_reason == "length" else "stop", chat.get("usage"), None)
         return response
 
@@ -226,17 +233,18 @@ def input_messages(value: Any, field: str = "input") -> list[dict[str, Any]]:
                 last["content"] = message["content"]  # text after reasoning (or calls) of one turn
                 continue
             messages.append(message)
-        elif kind == "function_call":
-            call = _function_call(item, where)
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _function_call(item, where) if kind == "function_call" else _custom_tool_call(item, where)
             if last is not None:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):  # both a tool message, as vLLM's
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise InvalidRequest(
-                    f"'{where}.call_id' must name the function_call it answers", param=f"{where}.call_id"
+                    f"'{where}.call_id' must name the {kind.removesuffix('_output')} it answers",
+                    param=f"{where}.call_id",
                 )
             messages.append(
                 {"role": "tool", "tool_call_id": call_id, "content": _text(item.get("output"), f"{where}.output")}
@@ -255,7 +263,7 @@ def input_messages(value: Any, field: str = "input") -> list[dict[str, Any]]:
         else:
             raise InvalidRequest(
                 f"'{where}.type': unsupported input item type {kind!r}; this proxy takes message, function_call, "
-                "function_call_output and reasoning items",
+                "function_call_output, custom_tool_call, custom_tool_call_output and reasoning items",
                 param=f"{where}.type",
             )
     return messages
@@ -306,6 +314,19 @@ def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
             raise InvalidRequest(f"'{where}.namespace' must be a string", param=f"{where}.namespace")
         name = flat_name(item["namespace"], name)
     return {"id": item["call_id"], "type": "function", "function": {"name": name, "arguments": item["arguments"]}}
+
+
+def _custom_tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``custom_tool_call`` as the call the model made: the function it was shown, its ``input`` as the
+    ``{"input": ...}`` arguments (as vLLM's route writes them; a ``namespace`` is not read there either)."""
+    for key in ("call_id", "name", "input"):
+        if not isinstance(item.get(key), str):
+            raise InvalidRequest(f"'{where}.{key}' must be a string", param=f"{where}.{key}")
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": encode_custom_input(item["input"])},
+    }
 
 
 def text_format(text: Any) -> dict[str, Any] | None:

@@ -8,7 +8,9 @@ for training (token ids, logprobs nobody asked for) ever appears in them.
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import time
 from typing import Any
 
@@ -48,7 +50,7 @@ os.register_at_fork(after_in_child=_IDS.reseed)  # a forked worker must not repe
 
 
 def item_id(prefix: str) -> str:
-    """A fresh output item id (``msg_``, ``fc_``, ``rs_``, ``call_``)."""
+    """A fresh output item id (``msg_``, ``fc_``, ``ctc_``, ``rs_``, ``call_``)."""
     return f"{prefix}{_IDS.base}{next(_IDS.count):08x}"
 
 
@@ -69,6 +71,46 @@ def namespaced_names(tools: Any) -> dict[str, tuple[str, str]]:
                 if isinstance(function, dict) and function.get("type") == "function":
                     names[flat_name(tool["name"], str(function.get("name")))] = (tool["name"], function["name"])
     return names
+
+
+# A ``custom`` tool (free-form text in, no JSON schema) is shown to the model the way vLLM's own route shows
+# it: a function whose one required string parameter is this key, and its calls come back as custom calls.
+CUSTOM_INPUT_KEY = "input"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def custom_names(tools: Any) -> frozenset[str]:
+    """The names of the request's top-level ``custom`` tools: a call to one is given back as a custom call."""
+    return frozenset(
+        tool["name"]
+        for tool in (tools if isinstance(tools, list) else ())
+        if isinstance(tool, dict) and tool.get("type") == "custom" and isinstance(tool.get("name"), str)
+    )
+
+
+def encode_custom_input(text: str) -> str:
+    """A custom call's ``input`` as the arguments of the function the model was shown: ``{"input": "..."}``
+    with the stdlib's separators and non-ASCII kept (the string vLLM's route writes for the same item)."""
+    return json.dumps({CUSTOM_INPUT_KEY: text}, ensure_ascii=False)
+
+
+def decode_custom_input(arguments: str) -> str:
+    """The model's arguments to a custom tool as its ``input``: the ``input`` string of a JSON object that
+    has one, else the arguments as they are (what vLLM's route gives back for the same arguments)."""
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
+        return arguments
+    value = parsed.get(CUSTOM_INPUT_KEY) if isinstance(parsed, dict) else None
+    return valid_text(value) if isinstance(value, str) else arguments
+
+
+def valid_text(text: str) -> str:
+    """``text`` with any lone surrogate (a ``\\ud83d`` escape without its pair) as U+FFFD: JSON escapes can
+    spell them, UTF-8 cannot carry them."""
+    if _LONE_SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def tools_echo(tools: Any) -> list[dict[str, Any]]:
@@ -225,6 +267,20 @@ def function_call_item(
     }
 
 
+def custom_tool_call_item(id_: str, call_id: str, name: str, input_: str) -> dict[str, Any]:
+    """A call to a ``custom`` tool (the SDK's ``ResponseCustomToolCall``: it has no ``status``)."""
+    return {
+        "id": id_,
+        "type": "custom_tool_call",
+        "call_id": call_id,
+        "name": name,
+        "input": input_,
+        "namespace": None,
+        "caller": None,
+        "async": None,
+    }
+
+
 def reasoning_item(id_: str, status: str, text: str) -> dict[str, Any]:
     return {
         "id": id_,
@@ -260,8 +316,10 @@ def output_items(
     finish_reason: str | None,
     logprobs: list[dict[str, Any]] | None,
     names: dict[str, tuple[str, str]] | None = None,
+    custom: frozenset[str] = frozenset(),
 ) -> list[dict[str, Any]]:
-    """A chat reply's assistant message as Responses output items: reasoning, text, then function calls."""
+    """A chat reply's assistant message as Responses output items: reasoning, text, then tool calls (a call
+    to one of the ``custom`` tools named is a ``custom_tool_call`` with its ``input``)."""
     status = "incomplete" if finish_reason == "length" else "completed"
     items: list[dict[str, Any]] = []
     if message.get("reasoning"):
@@ -273,6 +331,12 @@ def output_items(
     for call in calls:
         fn = call.get("function") or {}
         name = fn.get("name") or ""
+        if name in custom:
+            call_id = call.get("id") or item_id("call_")
+            items.append(
+                custom_tool_call_item(item_id("ctc_"), call_id, name, decode_custom_input(fn.get("arguments") or ""))
+            )
+            continue
         namespace, name = names.get(name, (None, name)) if names else (None, name)
         items.append(
             function_call_item(

@@ -1,7 +1,7 @@
 """A Responses stream, translated event by event from the engine's chat chunks.
 
 The state machine has at most one open output item (reasoning, a message, or one
-function call). A chunk whose delta belongs to another item closes the open one (its
+function or custom tool call). A chunk whose delta belongs to another item closes the open one (its
 ``.done`` events and ``response.output_item.done``) and opens the next
 (``response.output_item.added``, and ``response.content_part.added`` for a message).
 The engine's finish reason closes the last item at once; the terminal event
@@ -13,36 +13,161 @@ Events are written as bytes, the ones orjson made of the dicts this once built: 
 text delta from a per-item ``%`` template, each item's events from
 :mod:`proxy.dialects.responses_wire` (its text serialised once for the three ``.done``
 events and the final ``Response`` that repeat it).
+
+A call to a ``custom`` tool streams as vLLM's route streams it: the engine's argument deltas
+(``{"input": "...`` as they grow) become ``response.custom_tool_call_input.delta`` events of the
+decoded string so far (:class:`CustomInput`), and at the end whatever the whole arguments decode
+to and was not yet sent (all of it again, when it is not an extension of what was), then
+``response.custom_tool_call_input.done`` with the ``input``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from proxy.dialects.base import DialectStream, Exchange, StreamEnd, sse
-from proxy.dialects.responses_out import envelope, finish, item_id, logprobs_out, namespaced_names
-from proxy.dialects.responses_wire import function_call_item, js, message_item, reasoning_item, text_part
+from proxy.dialects.responses_out import (
+    custom_names,
+    decode_custom_input,
+    envelope,
+    finish,
+    item_id,
+    logprobs_out,
+    namespaced_names,
+    valid_text,
+)
+from proxy.dialects.responses_wire import (
+    custom_tool_call_item,
+    function_call_item,
+    js,
+    message_item,
+    reasoning_item,
+    text_part,
+)
 from proxy.errors import ApiError
 from storage.records import dump_json
 
 TEXT_DELTA = "response.output_text.delta"
+ARGUMENTS_DELTA = "response.function_call_arguments.delta"
+CUSTOM_DELTA = "response.custom_tool_call_input.delta"
+CALLS = ("function_call", "custom_tool_call")
 NO_LOGPROBS = b',"logprobs":[]'
 TERMINAL_EVENT = {
     "completed": b"response.completed",
     "incomplete": b"response.incomplete",
     "failed": b"response.failed",
 }
-PREFIX = {"message": "msg_", "function_call": "fc_", "reasoning": "rs_"}
+PREFIX = {"message": "msg_", "function_call": "fc_", "custom_tool_call": "ctc_", "reasoning": "rs_"}
 EVENT = b'event: %b\ndata: {%b,"type":"%b","sequence_number":%d}\n\n'
 EMPTY = b'""'
 
 
+# What a custom tool's arguments look like up to the string they carry, whole and as a stream has them so far.
+_HEAD = re.compile(r'\s*\{\s*"input"\s*:\s*"')
+_HEAD_SO_FAR = re.compile(r'\s*(?:\{\s*(?:"(?:i(?:n(?:p(?:u(?:t(?:"\s*(?::\s*)?)?)?)?)?)?)?)?)?')
+# The longest run of whole JSON string tokens (no quote, no raw control character, no cut escape).
+_STRING_TOKENS = re.compile(r'(?:[^"\\\x00-\x1f]+|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*')
+
+
+class CustomInput:
+    """The ``input`` a custom tool call's arguments hold so far, as they stream in: what vLLM's route
+    streams for the same argument deltas (its ``decode_custom_tool_input_prefix``, a partial JSON parse).
+
+    The arguments are the model's ``{"input": "..."}``; what streams is the decoded string up to its last
+    whole token (trailing whitespace, an escape cut in two and a surrogate pair's first half wait for what
+    follows). Text that cannot become such an object any more (a raw control character or a bad escape in
+    the string, text after it that is neither another key nor the closing brace) takes back what was sent,
+    as there: the engine's parser fails, and its prefix is empty from then on. Each ``feed`` reads only what
+    came since the last whole token. What the engine's parser does that this does not: ``input`` after
+    other keys streams only when the call closes; a second ``input`` key, or a malformed key or value after
+    the string, streams nothing (the engine switches to it, or takes what was sent back); what the call
+    closes with is the same.
+    """
+
+    __slots__ = ("pending", "state")
+
+    def __init__(self) -> None:
+        self.pending = ""  # the arguments not yet read for good: the head, a cut token, what follows the string
+        self.state = "head"  # head | string | closed | stuck | other (not {"input": "...)
+
+    def feed(self, piece: str) -> str | None:
+        """The decoded text this piece adds ("" for none yet), or None when what was sent can no longer be
+        the input's start (the engine's route then streams one empty delta)."""
+        text = self.pending + piece
+        if self.state == "head":
+            match = _HEAD.match(text)
+            if match is None:
+                if _HEAD_SO_FAR.fullmatch(text) is None:
+                    self.state = "other"
+                self.pending = text if self.state == "head" else ""
+                return ""
+            self.state, text = "string", text[match.end() :]
+        if self.state == "closed":
+            self.pending = text
+            return self._after_string()
+        if self.state != "string":
+            return ""
+        seen = len(text.rstrip())  # trailing whitespace waits for what follows it (vLLM's parser strips it)
+        stop = _STRING_TOKENS.match(text, 0, seen).end()  # type: ignore[union-attr]  # it matches ""
+        end = stop
+        decoded = json.loads('"' + text[:end] + '"') if end else ""
+        if decoded and "\ud800" <= decoded[-1] <= "\udbff" and text.startswith("\\u", end - 6):
+            end -= 6  # a pair's first half: it waits for the second
+            decoded = decoded[:-1]
+        self.pending = text[end:]
+        if stop < seen:
+            if text[stop] == '"':  # the string is whole: the rest arrives with the call's end, decoded whole
+                self.state, self.pending = "closed", text[stop + 1 :]
+                if self._after_string() is None:
+                    return None
+            elif not (text[stop] == "\\" and _cut_escape(text, stop, seen)):
+                self.state = "stuck"
+                return None
+        return valid_text(decoded)
+
+    def _after_string(self) -> str | None:
+        """What follows the closed string: nothing, the closing brace, or another key keep what was sent."""
+        tail = self.pending.strip()
+        if not tail or tail == "}" or tail == ",":
+            return ""
+        if tail[0] == "," and tail[1:].lstrip()[0] == '"':
+            self.state, self.pending = "other", ""  # another key: nothing more streams until the call closes
+            return ""
+        self.state, self.pending = "stuck", ""
+        return None
+
+
+# How far back from the end vLLM's partial JSON parser cuts an unterminated string at an escape it
+# cannot read yet (partial_json_parser's complete_str): \uXXXX, \UXXXXXXXX and \xXX.
+_CUT_WINDOW = {"u": 5, "U": 9, "x": 3}
+
+
+def _cut_escape(text: str, at: int, end: int) -> bool:
+    """Whether the engine's parser, given a string's text up to ``end`` that stops being whole JSON at the
+    backslash ``at``, cuts it there (an escape that may yet be completed: it waits) rather than failing on it."""
+    j = at
+    while j < end:  # escapes as the parser pairs them: a quote not escaped ends the string, and the bad escape
+        if text[j] == "\\":  # fails it
+            j += 2
+        elif text[j] == '"':
+            return False
+        else:
+            j += 1
+    last = end - 1 if j > end else end  # a backslash alone at the end: the parser reads up to it
+    if last == at:
+        return True
+    window = _CUT_WINDOW.get(text[at + 1])
+    return window is not None and last - at <= window
+
+
 @dataclass
 class _Item:
-    kind: str  # message | function_call | reasoning
+    kind: str  # message | function_call | custom_tool_call | reasoning
     id: str
     index: int  # output_index
     tool_index: int | None = None
@@ -52,6 +177,8 @@ class _Item:
     text: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     heads: dict[str, bytes] = field(default_factory=dict)  # per delta kind: its event as a % template
+    custom: CustomInput | None = None  # a custom tool call's input as it streams
+    sent: list[str] = field(default_factory=list)  # the input deltas sent since the last empty one
 
     def where(self) -> bytes:
         """The ``output_index`` and ``item_id`` fields most of its events start with."""
@@ -72,6 +199,7 @@ class ResponsesStream(DialectStream):
         self._result: dict[str, Any] | None = None
         tools = ex.request.get("tools")
         self.names = namespaced_names(tools) if tools else {}  # flat name -> (namespace, name)
+        self.custom = custom_names(tools) if tools else frozenset()  # calls to these are custom tool calls
 
     @property
     def result(self) -> dict[str, Any] | None:
@@ -189,33 +317,59 @@ class ResponsesStream(DialectStream):
         index = call.get("index", 0)
         cur = self.current
         out: list[bytes] = []
-        if cur is None or cur.kind != "function_call" or cur.tool_index != index:
-            out += self._switch("function_call", index)
+        if cur is None or cur.kind not in CALLS or cur.tool_index != index:
+            name = fn.get("name") or ""
+            kind = "custom_tool_call" if name in self.custom else "function_call"
+            out += self._switch(kind, index)
             cur = self.current
             assert cur is not None
             cur.call_id = call.get("id") or item_id("call_")
-            cur.name = fn.get("name") or ""
-            if cur.name in self.names:
-                cur.namespace, cur.name = self.names[cur.name]
-            item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, EMPTY, cur.namespace)
+            cur.name = name
+            if kind == "custom_tool_call":
+                cur.custom = CustomInput()
+                item = custom_tool_call_item(cur.id, cur.call_id, cur.name, EMPTY)
+            else:
+                if cur.name in self.names:
+                    cur.namespace, cur.name = self.names[cur.name]
+                item = function_call_item(cur.id, "in_progress", cur.call_id, cur.name, EMPTY, cur.namespace)
             out.append(
                 self._event(
                     b"response.output_item.added", b'"output_index":' + str(cur.index).encode() + b',"item":' + item
                 )
             )
-        if fn.get("arguments"):
-            out.append(self._delta("response.function_call_arguments.delta", fn["arguments"]))
+        arguments = fn.get("arguments")
+        if arguments:
+            if cur.custom is None:
+                out.append(self._delta(ARGUMENTS_DELTA, arguments))
+            else:
+                cur.text.append(arguments)  # the arguments as the model wrote them; the events carry the input
+                out += self._input_delta(cur, cur.custom.feed(arguments))
         return out
 
-    def _delta(self, kind: str, text: str, extra: bytes = b"") -> bytes:
+    def _input_delta(self, cur: _Item, decoded: str | None) -> list[bytes]:
+        """A custom call's input delta: the text decoded since the last one, or (None) an empty delta that
+        takes back what was sent when the arguments stopped being a string's start (the engine's rule)."""
+        if decoded is None:
+            if not cur.sent:
+                return []
+            cur.sent.clear()
+            return [self._delta(CUSTOM_DELTA, "", keep=False)]
+        if not decoded:
+            return []
+        cur.sent.append(decoded)
+        return [self._delta(CUSTOM_DELTA, decoded, keep=False)]
+
+    def _delta(self, kind: str, text: str, extra: bytes = b"", keep: bool = True) -> bytes:
         """One delta event of the open item, from a per-item template (one ``%`` format): the one event
-        most engine chunks become."""
+        most engine chunks become. ``keep``: the item's text is what its deltas add up to (not so for a
+        custom call, whose item keeps the arguments its input is decoded from)."""
         cur = self.current
         assert cur is not None
-        cur.text.append(text)
+        if keep:
+            cur.text.append(text)
         template = cur.heads.get(kind)
         if template is None:
-            where = b"" if kind == "response.function_call_arguments.delta" else b',"content_index":0'
+            where = b"" if kind in (ARGUMENTS_DELTA, CUSTOM_DELTA) else b',"content_index":0'
             name = kind.encode()
             head = (
                 b"event: "
@@ -234,12 +388,21 @@ class ResponsesStream(DialectStream):
         return template % (orjson.dumps(text), extra, seq)
 
     def _close_item(self, status: str) -> list[bytes]:
-        cur, self.current = self.current, None
+        cur = self.current
         if cur is None:
             return []
+        out: list[bytes] = []
+        if cur.custom is not None:  # the input the whole arguments decode to, less what was sent of it
+            input_ = decode_custom_input("".join(cur.text))
+            sent = "".join(cur.sent)
+            if input_ != sent:
+                out.append(
+                    self._delta(CUSTOM_DELTA, input_[len(sent) :] if input_.startswith(sent) else input_, keep=False)
+                )
+            cur.text = [input_]
+        self.current = None
         text = js("".join(cur.text))  # serialised once: the .done events and the item repeat it
         where = cur.where()
-        out: list[bytes] = []
         if cur.kind == "message":
             logprobs = js(cur.logprobs)
             part = text_part(text, logprobs)
@@ -250,6 +413,9 @@ class ResponsesStream(DialectStream):
         elif cur.kind == "reasoning":
             out.append(self._event(b"response.reasoning_text.done", where + b',"content_index":0,"text":' + text))
             item = reasoning_item(cur.id, status, text)
+        elif cur.kind == "custom_tool_call":
+            out.append(self._event(b"response.custom_tool_call_input.done", where + b',"input":' + text))
+            item = custom_tool_call_item(cur.id, cur.call_id, cur.name, text)
         else:
             out.append(
                 self._event(

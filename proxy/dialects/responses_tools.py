@@ -1,12 +1,13 @@
 """The Responses dialect's tools, translated to chat tools: function tools as they are, ``namespace``
-tools flattened the way vLLM's own route flattens them, hosted tools (``web_search``, ``file_search``...)
-left out of what the engine sees, as the engine does; and ``tool_choice`` checked against them."""
+tools flattened the way vLLM's own route flattens them, ``custom`` tools as the one-string function that
+route shows the model, hosted tools (``web_search``, ``file_search``...) left out of what the engine sees,
+as the engine does; and ``tool_choice`` checked against them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from proxy.dialects.responses_out import NAMESPACE_SEPARATOR, flat_name
+from proxy.dialects.responses_out import CUSTOM_INPUT_KEY, NAMESPACE_SEPARATOR, flat_name
 from proxy.errors import InvalidRequest
 
 # Tools the openai SDK knows that only OpenAI's servers run: left out of what the engine sees, as its route does.
@@ -35,9 +36,12 @@ def chat_tools(tools: Any) -> list[dict[str, Any]]:
     """Responses tools → chat tools, as vLLM's own route shows them to the model.
 
     Function tools nest under ``function``; a ``namespace`` tool's functions are flattened to
-    ``<namespace>__<name>`` (its description and its custom tools are not shown, as there); hosted
+    ``<namespace>__<name>`` (its description and its custom tools are not shown, as there); a ``custom``
+    tool is a function of its name and description taking one required string, ``input`` (vLLM's
+    ``custom_tool_as_function_dict``; the model's call to it comes back as a ``custom_tool_call``); hosted
     tools the engine cannot run (``web_search``, ``file_search``, ``code_interpreter``, ...) are left
-    out; ``custom`` tools and types no SDK knows are refused with the field named.
+    out; a custom tool with a ``grammar`` format (the engine refuses it too) and types no SDK knows are
+    refused with the field named.
     """
     if tools is None:
         return []
@@ -54,10 +58,13 @@ def chat_tools(tools: Any) -> list[dict[str, Any]]:
             continue
         if kind in HOSTED_TOOLS:
             continue  # the engine's own route never shows these to the model either
+        if kind == "custom":
+            out.append(_custom_tool(tool, where))
+            continue
         if kind != "function":
             raise InvalidRequest(
-                f"'{where}.type': {kind!r} tools are not supported here (function and namespace tools are; "
-                "hosted tools are left out)",
+                f"'{where}.type': {kind!r} tools are not supported here (function, custom and namespace tools "
+                "are; hosted tools are left out)",
                 param=f"{where}.type",
             )
         out.append(_function_tool(tool, where))
@@ -101,13 +108,56 @@ def _function_tool(tool: dict[str, Any], where: str, limit: int | None = 64) -> 
     return {"type": "function", "function": function}
 
 
+def custom_tool_parameters() -> dict[str, Any]:
+    """The schema of the function a ``custom`` tool is shown as: the one the engine's route renders, key for
+    key in its order (the chat template writes it out as JSON, so the order is part of the prompt)."""
+    return {
+        "type": "object",
+        "properties": {
+            CUSTOM_INPUT_KEY: {"type": "string", "description": "The freeform text payload for this tool."},
+        },
+        "required": [CUSTOM_INPUT_KEY],
+        "additionalProperties": False,
+    }
+
+
+def _custom_tool(tool: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``custom`` tool as the function the engine's route shows for it (never ``strict``: it is not there)."""
+    name = tool.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidRequest(f"'{where}.name' must be a non-empty string", param=f"{where}.name")
+    description = tool.get("description")
+    if description is not None and not isinstance(description, str):
+        raise InvalidRequest(f"'{where}.description' must be a string", param=f"{where}.description")
+    fmt = tool.get("format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "grammar":
+            raise InvalidRequest(
+                f"'{where}.format': custom tools with a grammar format are not supported (the engine refuses "
+                "them too); only free-form text custom tools are",
+                param=f"{where}.format",
+            )
+        if kind != "text":
+            raise InvalidRequest(
+                f'\'{where}.format\' must be {{"type": "text"}} (or absent: free-form text)', param=f"{where}.format"
+            )
+    function: dict[str, Any] = {"name": name, "parameters": custom_tool_parameters()}
+    if description is not None:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
 def tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
-    """``auto``/``none``/``required`` as they are; a named function in chat's nested form."""
+    """``auto``/``none``/``required`` as they are; a named function or custom tool in chat's nested form.
+
+    As on the engine's route, ``{"type": "custom", "name": ...}`` and ``{"type": "function", "name": ...}``
+    both name any tool the model is shown (a custom tool is a function to it)."""
     if choice in ("auto", "none", "required"):
         if choice == "required" and not tools:
             raise InvalidRequest("'tool_choice' is 'required' but no tools were given", param="tool_choice")
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
         name = choice.get("name")
         names = {t["function"]["name"] for t in tools}
         if name not in names and isinstance(name, str):  # a namespaced function by its own name, as vLLM takes it
@@ -122,5 +172,7 @@ def tool_choice(choice: Any, tools: list[dict[str, Any]]) -> Any:
             raise InvalidRequest(f"'tool_choice.name' {name!r} is not one of the tools given", param="tool_choice.name")
         return {"type": "function", "function": {"name": name}}
     raise InvalidRequest(
-        '\'tool_choice\' must be auto, none, required or {"type": "function", "name": ...}', param="tool_choice"
+        '\'tool_choice\' must be auto, none, required, {"type": "function", "name": ...} or '
+        '{"type": "custom", "name": ...}',
+        param="tool_choice",
     )

@@ -46,6 +46,14 @@ def function_call_item(
     ) % (id_.encode(), status.encode(), js(call_id), js(name), arguments, js(namespace))
 
 
+def custom_tool_call_item(id_: str, call_id: Any, name: Any, input_: bytes) -> bytes:
+    """:func:`responses_out.custom_tool_call_item` serialised (``input_`` already is)."""
+    return (
+        b'{"id":"%b","type":"custom_tool_call","call_id":%b,"name":%b,"input":%b,'
+        b'"namespace":null,"caller":null,"async":null}'
+    ) % (id_.encode(), js(call_id), js(name), input_)
+
+
 def reasoning_item(id_: str, status: str, text: bytes) -> bytes:
     """:func:`responses_out.reasoning_item` serialised (``text`` already is)."""
     return (

@@ -93,6 +93,8 @@ def answer(dialect: str, body: dict[str, Any]) -> list[tuple[Any, ...]]:
                 out.append(("message", text))
         elif item["type"] == "function_call":
             out.append(("function_call", item.get("namespace"), item["name"], item["arguments"]))
+        elif item["type"] == "custom_tool_call":
+            out.append(("custom_tool_call", item["name"], item["input"]))
     return out
 
 
@@ -237,3 +239,77 @@ def test_forced_calls_match_the_engine_on_smollm2(
     assert same and "<tool_call>" in str(same[0][1])
     if dialect == "responses":
         assert "codex_tools__read_file" in str(same[0][1])
+
+
+# Argument texts a model writes for a custom tool (the one-string function it is shown), cut every way below.
+# Not here, where the streamed deltas differ (the input at the end is the same): ``input`` after other keys,
+# a second ``input`` key, malformed JSON after the string (proxy/dialects/responses_stream.py, CustomInput).
+CUSTOM_ARGUMENTS = [
+    '{"input": "*** Begin Patch\\n*** Add File: a.py\\n+print(\\"h\\u00e9 \\ud83d\\ude00\\")\\n*** End Patch\\n"}',
+    '{"input":"h\u00e9 \U0001f600 \\\\ \\/ \\t"}',
+    ' { "input" : "trailing   blanks " } ',
+    '{"input": "ab\\qc"}',  # a bad escape: what was streamed is taken back
+    '{"input": "a\nb"}',  # a raw control character: the same
+    '{"input": "ab\\u00e"}',
+    '{"input": "ab", "x": 1}',
+    '{"input": "unfinished',
+    "*** Begin Patch (not JSON)",
+    '{"input": 5}',
+]
+
+
+def _cuttings(text: str, count: int = 40) -> list[list[str]]:
+    """``text`` whole, at every single cut, and in ``count`` seeded random cuttings."""
+    import random
+
+    rng = random.Random(len(text))
+    out = [[text]] + [[text[:i], text[i:]] for i in range(1, len(text))]
+    for _ in range(count):
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(2, 12))))
+        out.append([text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)], strict=True)])
+    return out
+
+
+def test_custom_tool_input_streams_as_the_engines_route_streams_it() -> None:
+    """A custom call's stream events against vLLM's own (its responses/streaming_events.py, fed the same
+    argument deltas): the same events, the same input deltas, the same input at the end."""
+    from vllm.entrypoints.openai.responses.streaming_events import (
+        SimpleStreamingState,
+        emit_simple_tool_call_delta,
+        emit_simple_tool_call_done,
+        emit_simple_tool_call_open,
+    )
+
+    from proxy.dialects.base import Exchange, StreamEnd
+    from proxy.dialects.responses import ResponsesDialect
+
+    def engines(pieces: list[str]) -> list[tuple[str, str]]:
+        state = SimpleStreamingState()
+        events = emit_simple_tool_call_open(state, "apply_patch", 0, None, True, "call_1")
+        for piece in pieces:
+            events += emit_simple_tool_call_delta(state, piece)
+        events += emit_simple_tool_call_done(state)
+        return [(e.type, getattr(e, "delta", getattr(e, "input", ""))) for e in events]
+
+    def ours(pieces: list[str]) -> list[tuple[str, str]]:
+        request = {"model": "m", "input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}
+        stream = ResponsesDialect().stream(Exchange(id="resp_1", model="m", created=0, request=request, chat={}))
+        head = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "apply_patch"}}
+        chunks = [{"tool_calls": [head]}] + [
+            {"tool_calls": [{"index": 0, "function": {"arguments": p}}]} for p in pieces
+        ]
+        raw = b"".join(stream.feed({"choices": [{"index": 0, "delta": d}]}) for d in chunks)
+        raw += stream.close(StreamEnd("tool_calls"))
+        events = [json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")]
+        return [
+            (e["type"], e.get("delta", e.get("input", "")))
+            for e in events
+            if e["type"].startswith(("response.output_item.", "response.custom_tool_call_input."))
+        ]
+
+    compared = 0
+    for text in CUSTOM_ARGUMENTS:
+        for pieces in _cuttings(text):
+            assert ours(pieces) == engines(pieces), pieces
+            compared += 1
+    assert compared > 500

@@ -7,10 +7,12 @@ defines is present, and every event parses as the SDK's ``ResponseStreamEvent``.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import orjson
 import pytest
+from openai import NOT_GIVEN
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -189,6 +191,24 @@ def test_items_tools_and_forced_choice() -> None:
         ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]}, "tools[0].parameters"),
         ({"tools": [{"type": "function", "name": "f", "parameters": "nope"}]}, "tools[0].parameters"),
         ({"tools": [{"type": "frobnicate"}]}, "tools[0].type"),  # no SDK knows it: the engine refuses it too
+        ({"tools": [WEATHER, {"type": "custom", "description": "d"}]}, "tools[1].name"),  # as the engine: a 400
+        ({"tools": [{"type": "custom", "name": 5}]}, "tools[0].name"),
+        ({"tools": [{"type": "custom", "name": ""}]}, "tools[0].name"),
+        ({"tools": [{"type": "custom", "name": "p", "description": ["d"]}]}, "tools[0].description"),
+        (
+            {
+                "tools": [
+                    {"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark", "definition": "s"}}
+                ]
+            },
+            "tools[0].format",
+        ),  # the engine refuses a grammar too
+        ({"tools": [{"type": "custom", "name": "p", "format": "text"}]}, "tools[0].format"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": "p"}]}, "input[0].input"),
+        ({"input": [{"type": "custom_tool_call", "call_id": "c", "name": 5, "input": "x"}]}, "input[0].name"),
+        ({"input": [{"type": "custom_tool_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "custom_tool_call_output", "call_id": "c", "output": 5}]}, "input[0].output"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "custom", "name": "patch"}}, "tool_choice.name"),
         ({"tools": {"type": "function"}}, "tools"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "other"}}, "tool_choice.name"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -571,3 +591,236 @@ def test_an_ambiguous_namespaced_choice_is_refused_as_the_engine_refuses_it() ->
             None,
         )
     assert err.value.param == "tool_choice.name"
+
+
+# ---------------------------------------------------------------- custom tools (issue 32: the engine serves them)
+
+PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Use the `apply_patch` tool to edit files.",
+    "format": {"type": "text"},
+}
+PATCH_TEXT = '*** Begin Patch\n*** Add File: a.py\n+print("h\u00e9 \U0001f600")\n*** End Patch\n'
+# The one-string function vLLM's route (tool_parsers/utils.py, custom_tool_as_function_dict) shows the model.
+SHIM = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The freeform text payload for this tool."}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+
+
+def test_a_custom_tool_is_the_engines_one_string_function() -> None:
+    """Codex's apply_patch (a custom tool) was a 400; now it is what vLLM's own route shows the model."""
+    chat = D.to_chat({"model": "m", "input": "hi", "tools": [WEATHER, PATCH, {"type": "custom", "name": "x"}]}, None)
+    assert chat["tools"][1:] == [
+        {
+            "type": "function",
+            "function": {"name": "apply_patch", "parameters": SHIM, "description": PATCH["description"]},
+        },
+        {"type": "function", "function": {"name": "x", "parameters": SHIM}},  # no description: none shown
+    ]
+    assert list(chat["tools"][1]["function"]["parameters"]) == list(SHIM)  # the template writes it in this order
+    assert "strict" not in chat["tools"][1]["function"]
+    # A custom tool inside a namespace is not shown, as there; a named choice of either type names it.
+    inside = D.to_chat({"model": "m", "input": "hi", "tools": [NAMESPACE]}, None)
+    assert [t["function"]["name"] for t in inside["tools"]] == ["shell__exec"]
+    for kind in ("custom", "function"):
+        named = D.to_chat(
+            {"model": "m", "input": "hi", "tools": [PATCH], "tool_choice": {"type": kind, "name": "apply_patch"}},
+            None,
+        )
+        assert named["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    weather = D.to_chat(
+        {
+            "model": "m",
+            "input": "hi",
+            "tools": [WEATHER, PATCH],
+            "tool_choice": {"type": "custom", "name": "get_weather"},
+        },
+        None,
+    )
+    assert weather["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+
+
+def _custom_call(arguments: str, call_id: str = "chatcmpl-tool-7") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": "apply_patch", "arguments": arguments}}
+
+
+def test_a_custom_call_comes_back_as_a_custom_tool_call_and_is_resent_as_its_arguments() -> None:
+    from openai.types.responses import ResponseCustomToolCall
+
+    request = {"model": "m", "input": "add a.py", "tools": [PATCH, WEATHER]}
+    arguments = json.dumps({"input": PATCH_TEXT})  # the model's escapes (\u00e9, \ud83d\ude00) are decoded
+    reply = chat_reply({"role": "assistant", "content": None, "tool_calls": [_custom_call(arguments)]}, "tool_calls")
+    body = D.reply(reply, ex(request))
+    response = assert_full_response(body)
+    [item] = body["output"]
+    assert item == {
+        "id": item["id"],
+        "type": "custom_tool_call",
+        "call_id": "chatcmpl-tool-7",
+        "name": "apply_patch",
+        "input": PATCH_TEXT,
+        "namespace": None,
+        "caller": None,
+        "async": None,
+    }
+    assert item["id"].startswith("ctc_") and isinstance(response.output[0], ResponseCustomToolCall)
+    assert [t.type for t in response.tools] == ["custom", "function"]
+    # Resent (as the SDK dumps it) with its output, it is the call the model made: arguments as vLLM's route
+    # writes them (json.dumps, non-ASCII kept), the output a tool message; previous_response_id says the same.
+    sent = response.output[0].model_dump(exclude_none=True)
+    follow = [{"type": "custom_tool_call_output", "call_id": "chatcmpl-tool-7", "output": "Done!"}]
+    resent = D.to_chat({**request, "input": [{"role": "user", "content": "add a.py"}, sent, *follow]}, None)
+    assert resent["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "chatcmpl-tool-7",
+                    "type": "function",
+                    "function": {
+                        "name": "apply_patch",
+                        "arguments": json.dumps({"input": PATCH_TEXT}, ensure_ascii=False),
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "chatcmpl-tool-7", "content": "Done!"},
+    ]
+    prev = _previous(request, D.to_chat(request, None), reply)
+    by_id = D.to_chat({**request, "input": follow, "previous_response_id": "resp_prev"}, prev)
+    assert by_id["messages"] == resent["messages"]
+    # Text and calls in one turn merge into one assistant message, as function calls do; parts are text.
+    merged = D.to_chat(
+        {
+            **request,
+            "input": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": "On it."},
+                {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch", "input": ""},
+                {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+                {"type": "custom_tool_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "ok"}]},
+            ],
+        },
+        None,
+    )
+    assert merged["messages"][1]["content"] == "On it."
+    assert [c["function"]["arguments"] for c in merged["messages"][1]["tool_calls"]] == ['{"input": ""}', "{}"]
+    assert merged["messages"][2] == {"role": "tool", "tool_call_id": "c1", "content": "ok"}
+
+
+@pytest.mark.parametrize(
+    ("arguments", "input_"),
+    [
+        ('{"input": "a\\nb"}', "a\nb"),
+        ('{"input":"x","extra":1}', "x"),
+        ("*** Begin Patch", "*** Begin Patch"),  # not JSON: the text as it is, as the engine gives it
+        ('{"input": 5}', '{"input": 5}'),  # no string input: the arguments
+        ('["x"]', '["x"]'),
+        ("", ""),
+        ('{"input": "\\ud83d"}', "\ufffd"),  # a lone surrogate cannot be sent as UTF-8 (the engine would fail)
+    ],
+)
+def test_a_custom_calls_input_is_what_its_arguments_decode_to(arguments: str, input_: str) -> None:
+    body = D.reply(
+        chat_reply({"role": "assistant", "content": "", "tool_calls": [_custom_call(arguments)]}, "tool_calls"),
+        ex({"tools": [PATCH]}),
+    )
+    assert_full_response(body)
+    assert [(i["type"], i["input"]) for i in body["output"]] == [("custom_tool_call", input_)]
+
+
+def _custom_chunks(pieces: list[str], index: int = 0) -> list[dict[str, Any]]:
+    head = {"index": index, "id": f"call_{index}", "type": "function", "function": {"name": "apply_patch"}}
+    return [chunk({"tool_calls": [head]})] + [
+        chunk({"tool_calls": [{"index": index, "function": {"arguments": p}}]}) for p in pieces
+    ]
+
+
+def _sdk_stream(evs: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:
+    """The openai SDK's own stream accumulator over the events: it checks their order and identities."""
+    from openai.lib.streaming.responses import ResponseStreamState
+
+    state: Any = ResponseStreamState(input_tools=tools, text_format=NOT_GIVEN)  # type: ignore[arg-type]
+    for event in evs:
+        state.handle_event(EVENTS.validate_python(event))
+    return state._completed_response
+
+
+def test_a_custom_call_streams_its_input_as_the_sdk_expects() -> None:
+    arguments = json.dumps({"input": PATCH_TEXT})  # escapes the stream cuts in two: \u00e9, a surrogate pair
+    cut = [arguments[i : i + 5] for i in range(0, len(arguments), 5)]
+    request: dict[str, Any] = {"model": "m", "input": "x", "tools": [PATCH]}
+    chunks = [chunk({"content": "Patching."}), *_custom_chunks(cut), chunk({}, "tool_calls")]
+    evs, result = run_stream(chunks, StreamEnd("tool_calls", USAGE), request)
+    kinds = [e["type"] for e in evs]
+    deltas = [e["delta"] for e in evs if e["type"] == "response.custom_tool_call_input.delta"]
+    n = len(deltas)
+    assert kinds[-(n + 4) :] == [
+        "response.output_item.added",
+        *["response.custom_tool_call_input.delta"] * n,
+        "response.custom_tool_call_input.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    added, done = evs[-(n + 4)], evs[-3]
+    assert added["item"] == {**result["output"][1], "input": ""} and added["item"]["type"] == "custom_tool_call"
+    assert "".join(deltas) == done["input"] == PATCH_TEXT and all(deltas)
+    assert done["item_id"] == added["item"]["id"] and done["output_index"] == 1
+    assert evs[-2]["item"] == result["output"][1] and result["output"][1]["input"] == PATCH_TEXT
+    assert_full_response(result)
+    final = _sdk_stream(evs, request["tools"])
+    assert final.output[1].type == "custom_tool_call" and final.output[1].input == PATCH_TEXT
+    # The stream adds up to what the non-streamed reply says (ids and times aside).
+    whole = D.reply(
+        chat_reply({"role": "assistant", "content": "Patching.", "tool_calls": [_custom_call(arguments, "call_0")]})
+        | {"usage": USAGE},
+        ex(request),
+    )
+    assert _strip_ids(whole) == _strip_ids(result)
+
+
+@pytest.mark.parametrize(
+    ("pieces", "deltas", "input_"),
+    [
+        (['{"input": "ab', "c ", 'd"}'], ["ab", "c", " d"], "abc d"),  # trailing blanks wait, as vLLM's parser
+        (['{"in', 'put": "a\\', 'nb"}'], ["a", "\nb"], "a\nb"),  # a cut escape waits for its second half
+        (['{"input": "a\\ud83d', '\\ude00"}'], ["a", "\U0001f600"], "a\U0001f600"),  # so does a pair's
+        (["Begin ", "Patch"], ["Begin Patch"], "Begin Patch"),  # not JSON: all of it when the call closes
+        (['{"input": "ab', '\\q"}'], ["ab", "", '{"input": "ab\\q"}'], '{"input": "ab\\q"}'),  # taken back, resent
+        (['{"input": "ab"', ', "x": 1}'], ["ab"], "ab"),
+        (['{"input": "ab"', ', "input": "c"}'], ["ab", "c"], "c"),  # not an extension: resent whole
+    ],
+)
+def test_custom_input_deltas_follow_the_engines_rule(pieces: list[str], deltas: list[str], input_: str) -> None:
+    """Deltas of the decoded input so far; at the end what the whole arguments decode to and was not sent
+    (all of it again when it is not an extension of what was), after an empty delta when what was sent
+    stopped being the input's start: vLLM's ``_emit_custom_tool_input_delta`` rule."""
+    evs, result = run_stream(
+        [*_custom_chunks(pieces), chunk({}, "tool_calls")], StreamEnd("tool_calls"), {"tools": [PATCH]}
+    )
+    assert [e["delta"] for e in evs if e["type"] == "response.custom_tool_call_input.delta"] == deltas
+    assert result["output"][0]["input"] == input_
+    assert next(e for e in evs if e["type"] == "response.custom_tool_call_input.done")["input"] == input_
+
+
+def test_custom_and_function_calls_stream_as_their_own_items() -> None:
+    tools = [PATCH, WEATHER]
+    chunks = [
+        *_custom_chunks(['{"input": "x"}']),
+        chunk({"tool_calls": [{"index": 1, "id": "call_w", "type": "function", "function": {"name": "get_weather"}}]}),
+        chunk({"tool_calls": [{"index": 1, "function": {"arguments": '{"city": "P"}'}}]}),
+        *_custom_chunks(['{"input": "y"'], index=2),  # cut off: the stream broke
+    ]
+    evs, result = run_stream(chunks, StreamEnd("upstream_error", None, "gone"), {"tools": tools})
+    assert [(i["type"], i.get("input"), i.get("arguments")) for i in result["output"]] == [
+        ("custom_tool_call", "x", None),
+        ("function_call", None, '{"city": "P"}'),
+        ("custom_tool_call", '{"input": "y"', None),  # what vLLM's route decodes unfinished arguments to
+    ]
+    assert evs[-1]["type"] == "response.failed"
+    assert [e["output_index"] for e in evs if e["type"] == "response.output_item.added"] == [0, 1, 2]

@@ -361,3 +361,84 @@ def test_bad_input_gets_the_responses_error_shape_and_records_no_success(
     proxy.wait_drained()
     listed = client.get(f"{proxy.v1}/chat/completions", params={"limit": "500"}).json()["data"]
     assert [r for r in listed if r["onthejob"]["status_code"] == 200] == []
+
+
+PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files: the input is the whole patch, from *** Begin Patch to *** End Patch.",
+    "format": {"type": "text"},
+}
+
+
+def _sse_events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=120) as reply:
+        assert reply.status_code == 200, reply.read()
+        return [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+
+
+def _custom_events(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """A stream's custom call events as the client reads them (ids aside)."""
+    return [
+        (e["type"], e.get("delta"), e.get("input"), (e.get("item") or {}).get("type"))
+        for e in events
+        if e["type"].startswith(("response.output_item.", "response.custom_tool_call_input."))
+    ]
+
+
+def test_a_custom_tool_is_served_as_the_engines_own_route_serves_it(
+    start_proxy: ProxyFactory, default_engine: Engine, pg_url: str
+) -> None:
+    """Codex's custom tool shape (issue 32: it was a 400): a forced call comes back as the same
+    ``custom_tool_call`` the engine's /v1/responses gives, streamed as the same input deltas; resent with
+    its output, the next turn's prompt is the engine's own rendering of it, token for token."""
+    proxy = start_proxy(default_engine.url, pg_url)
+    model = default_engine.model.name
+    first = {
+        "model": model,
+        "input": "Create hello.py that prints hello.",
+        "tools": [PATCH, WEATHER],
+        "tool_choice": {"type": "custom", "name": "apply_patch"},
+        "temperature": 0,
+        "max_output_tokens": 120,
+    }
+
+    def same(body: dict[str, Any]) -> dict[str, Any]:
+        theirs = httpx.post(f"{default_engine.url}/v1/responses", json=body, timeout=120)
+        ours = httpx.post(f"{proxy.v1}/responses", json=body, timeout=120)
+        assert theirs.status_code == ours.status_code == 200, (theirs.text, ours.text)
+        shape = [
+            (i["type"], i.get("name"), i.get("input"), i.get("call_id") is not None) for i in ours.json()["output"]
+        ]
+        assert shape == [
+            (i["type"], i.get("name"), i.get("input"), i.get("call_id") is not None) for i in theirs.json()["output"]
+        ]
+        Response.model_validate(ours.json())
+        rendered = httpx.post(f"{default_engine.url}/v1/responses/render", json=body, timeout=120)
+        assert rendered.status_code == 200, rendered.text
+        proxy.wait_drained()
+        record = httpx.get(f"{proxy.v1}/chat/completions/{ours.headers['x-request-id']}", timeout=10).json()
+        assert record["onthejob"]["prompt_token_ids"] == rendered.json()["token_ids"]
+        return dict(ours.json())
+
+    answer = same(first)
+    [call] = answer["output"]
+    assert call["type"] == "custom_tool_call" and call["name"] == "apply_patch" and call["input"]
+    theirs = _sse_events(f"{default_engine.url}/v1/responses", first)
+    ours = _sse_events(f"{proxy.v1}/responses", first)
+    assert _custom_events(ours) == _custom_events(theirs)
+    assert ("response.custom_tool_call_input.done", None, call["input"], None) in _custom_events(ours)
+    client = openai.OpenAI(base_url=proxy.v1, api_key="unused", max_retries=0)
+    with client.responses.stream(**first) as stream:  # the SDK's own accumulator takes the events
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert [(i.type, getattr(i, "input", None)) for i in final.output] == [("custom_tool_call", call["input"])]
+    # The harness ran the tool and sends the call back with its output: the prompt is the engine's own.
+    resent = {k: v for k, v in first.items() if k != "tool_choice"} | {"max_output_tokens": 24}
+    resent["input"] = [
+        {"role": "user", "content": first["input"]},
+        {k: v for k, v in call.items() if v is not None},
+        {"type": "custom_tool_call_output", "call_id": call["call_id"], "output": "Created hello.py"},
+    ]
+    same(resent)

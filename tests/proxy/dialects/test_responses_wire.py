@@ -153,3 +153,15 @@ def test_every_stream_event_is_the_dicts_bytes(request_body: dict[str, Any], nam
     assert new.result_bytes() == old.result_bytes() == old.result_json
     failure = Unavailable("spool full", code="spool_full")
     assert new.fail(failure) == old.fail(failure)
+
+
+def test_a_custom_tool_call_item_is_the_dicts_bytes() -> None:
+    """The custom call item a stream writes from its template (no dict-built reference streamed them)."""
+    from proxy.dialects import responses_out, responses_wire
+
+    for input_ in ("", '*** Begin Patch\n+print("h\u00e9 \U0001f600")\n', "\u2028"):
+        for call_id, name in (("call_1", "apply_patch"), ("c", "p \u2713")):
+            item = responses_out.custom_tool_call_item("ctc_1", call_id, name, input_)
+            assert responses_wire.custom_tool_call_item("ctc_1", call_id, name, orjson.dumps(input_)) == orjson.dumps(
+                item
+            )

@@ -7,10 +7,10 @@ call's own message prefixes.
 Everything about finding a call's session is here: :class:`Linker` looks in this
 worker's memory, then in sibling workers' link indexes (calls not yet drained), then
 in the database (recorded calls, and other hosts' link entries: :mod:`proxy.link_feed`), which it
-asks again for a moment when another host may have answered the parent (:data:`LINK_WAIT_S`). A prefix the database had no parent for is not asked about again
-for a few seconds (:data:`MISS_TTL_S`): a prompt whose assistant turns no recorded
-call returned (few-shot examples, a history brought from elsewhere) would otherwise
-cost every call a query.
+asks again for a moment when another host may have answered the parent (:data:`LINK_WAIT_S`).
+A prefix the database had no parent for is not asked about again for a few seconds
+(:data:`MISS_TTL_S`): a prompt whose assistant turns no recorded call returned (few-shot
+examples, a history brought from elsewhere) would otherwise cost every call a query.
 
 Linking never crosses callers: the key chain starts from a *scope*
 (:func:`proxy.link_keys.link_scope`), the API key and the end user the client names

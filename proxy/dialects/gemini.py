@@ -71,9 +71,7 @@ def to_chat(body: dict[str, Any], model: str, stream: bool = False) -> dict[str,
     if not isinstance(contents, list) or not contents:
         raise _fail("contents", "must be a non-empty list of {role, parts} objects")
     messages = _system(body.get("systemInstruction"))
-    previous_calls: list[dict[str, Any]] = []
-    for role, parts in _turns(contents):
-        previous_calls = _turn(role, parts, previous_calls, messages)
+    _contents(contents, messages)
     if not any(m["role"] != "system" for m in messages):
         raise _fail("contents", "hold no text: give at least one non-empty part")
     out: dict[str, Any] = {"model": model, "messages": messages}
@@ -95,13 +93,50 @@ def dumps(value: Any) -> str:
     """``json.dumps(value, ensure_ascii=False)``, the same text at orjson's speed (its strings escape alike).
 
     The form vLLM's tool parsers write arguments in; a body parsed from JSON holds nothing else.
+    Written as bytes, each string, integer, boolean and null by orjson and each float as
+    ``json.dumps`` writes it (the two write some apart: ``1e-07``, ``1e-7``); a value holding
+    anything else, or one orjson refuses (an integer past 64 bits), takes :func:`_dumps`.
     """
+    try:
+        return _json(value).decode()
+    except TypeError:
+        return _dumps(value)
+
+
+def _json(value: Any) -> bytes:
+    """:func:`dumps`' text as bytes (TypeError: a value JSON does not parse to, or one orjson refuses)."""
+    kind = value.__class__
+    if kind is str or kind is int or kind is bool or value is None:
+        return orjson.dumps(value)
+    if kind is dict:
+        if not value:
+            return b"{}"
+        parts = [b"{"]
+        for key, item in value.items():
+            kind = item.__class__
+            parts += (
+                orjson.dumps(key if key.__class__ is str else str(key)),
+                b": ",
+                orjson.dumps(item) if kind is str or kind is int or kind is bool or item is None else _json(item),
+                b", ",
+            )
+        parts[-1] = b"}"
+        return b"".join(parts)
+    if kind is list:
+        return b"[" + b", ".join([_json(v) for v in value]) + b"]"
+    if kind is float:
+        return json.dumps(value).encode()
+    raise TypeError(f"{kind.__name__} is not a type JSON parses to")
+
+
+def _dumps(value: Any) -> str:
+    """:func:`dumps` of any value, as ``json.dumps`` would write it (a string by orjson: its escapes are the same)."""
     if isinstance(value, str):
         return orjson.dumps(value).decode()
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{dumps(str(k))}: {dumps(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_dumps(str(k))}: {_dumps(v)}" for k, v in value.items()) + "}"
     if isinstance(value, list):
-        return "[" + ", ".join(dumps(v) for v in value) + "]"
+        return "[" + ", ".join(_dumps(v) for v in value) + "]"
     return json.dumps(value)  # numbers, true, false, null
 
 
@@ -121,69 +156,84 @@ def _system(system: Any) -> list[dict[str, Any]]:
     return [{"role": "system", "content": text}] if text else []
 
 
-Located = tuple[int, int, dict[str, Any]]  # (content index, part index, part): its field path made only on error
-
-
 def _at(i: int, j: int) -> str:
     return f"contents[{i}].parts[{j}]"
 
 
-def _turns(contents: list[Any]) -> list[tuple[str, list[Located]]]:
-    """(chat role, its parts) per turn: consecutive contents of one role are one turn."""
-    turns: list[tuple[str, list[Located]]] = []
-    for i, content in enumerate(contents):
-        if not isinstance(content, dict):
-            raise _fail(f"contents[{i}]", "must be an object {role, parts}")
-        role = content.get("role") or "user"
-        if role not in ("user", "model", "function"):
-            raise _fail(f"contents[{i}].role", "must be 'user' or 'model'")
-        chat_role = "assistant" if role == "model" else "user"
-        parts = content.get("parts")
-        if parts is None:
-            parts = []
-        if not isinstance(parts, list):
-            raise _fail(f"contents[{i}].parts", "must be a list of parts")
-        located = [(i, j, part) for j, part in enumerate(parts)]
-        if turns and turns[-1][0] == chat_role:
-            turns[-1][1].extend(located)
-        else:
-            turns.append((chat_role, located))
-    return turns
+def _contents(contents: list[Any], out: list[dict[str, Any]]) -> None:
+    """Append the contents as chat messages, turn by turn: consecutive contents of one role are one turn.
 
-
-def _turn(
-    role: str, parts: list[Located], calls_before: list[dict[str, Any]], out: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """Append one turn as chat messages; return the tool calls it made (for the next turn's responses)."""
+    One pass. A content's shape (an object, its role, its parts a list) is checked before its
+    parts are read; a part refused is refused only once every later content's shape passed too
+    (the first bad content is named before a bad part of an earlier one, as a pass over all the
+    contents' shapes first would).
+    """
+    role = None  # the turn's chat role
     texts: list[str] = []
-    calls: list[dict[str, Any]] = []
-    unanswered = list(calls_before)
-    for i, j, part in parts:
-        if not isinstance(part, dict):
-            raise _fail(_at(i, j), "must be an object such as {text: string}")
-        text = part.get("text")
-        if text is not None:
-            if not isinstance(text, str):
-                raise _fail(f"{_at(i, j)}.text", "must be a string")
-            if not part.get("thought"):  # a thought summary is not part of the answer
-                texts.append(text)
-        elif "functionCall" in part:
-            if role != "assistant":
-                raise _fail(f"{_at(i, j)}.functionCall", "function calls may only appear in 'model' contents")
-            calls.append(_function_call(part["functionCall"], f"{_at(i, j)}.functionCall", len(out), len(calls)))
-        elif "functionResponse" in part:
-            if role != "user":
-                raise _fail(f"{_at(i, j)}.functionResponse", "function responses may only appear in 'user' contents")
-            out.append(_function_response(part["functionResponse"], f"{_at(i, j)}.functionResponse", unanswered))
-        elif any(k in part for k in MEDIA_PARTS):
-            kind = next(k for k in MEDIA_PARTS if k in part)
-            raise _fail(f"{_at(i, j)}.{kind}", "images, audio and files are not supported: this model takes text only")
-        elif (
-            any(k in part for k in IGNORED_PARTS) or part.get("thought") or "thoughtSignature" in part or "text" in part
-        ):
-            continue  # hosted code execution's record, a thought, a null text: nothing the engine ran or can read
-        else:
-            raise _fail(_at(i, j), "must hold text, functionCall or functionResponse")
+    calls: list[dict[str, Any]] = []  # the turn's tool calls
+    before: list[dict[str, Any]] = []  # the previous turn's, which this turn's function responses answer
+    unanswered: list[dict[str, Any]] | None = None  # before, less those answered (copied at the first response)
+    for i, content in enumerate(contents):
+        chat_role, parts = _shape(content, i)
+        if chat_role != role:
+            if role is not None:
+                before = _close(role, texts, calls, out)
+                texts, calls, unanswered = [], [], None
+            role = chat_role
+        try:
+            for j, part in enumerate(parts):
+                if not isinstance(part, dict):
+                    raise _fail(_at(i, j), "must be an object such as {text: string}")
+                text = part.get("text")
+                if text is not None:
+                    if not isinstance(text, str):
+                        raise _fail(f"{_at(i, j)}.text", "must be a string")
+                    if not part.get("thought"):  # a thought summary is not part of the answer
+                        texts.append(text)
+                elif "functionCall" in part:
+                    if role != "assistant":
+                        raise _fail(f"{_at(i, j)}.functionCall", "function calls may only appear in 'model' contents")
+                    calls.append(_function_call(part["functionCall"], i, j, len(out), len(calls)))
+                elif "functionResponse" in part:
+                    if role != "user":
+                        raise _fail(
+                            f"{_at(i, j)}.functionResponse", "function responses may only appear in 'user' contents"
+                        )
+                    if unanswered is None:
+                        unanswered = list(before)
+                    out.append(_function_response(part["functionResponse"], i, j, unanswered))
+                else:
+                    _other_part(part, i, j)
+        except Exception:
+            for k in range(i + 1, len(contents)):
+                _shape(contents[k], k)  # a later content's shape is named first
+            raise
+    if role is not None:
+        _close(role, texts, calls, out)
+
+
+def _shape(content: Any, i: int) -> tuple[str, list[Any]]:
+    """(chat role, parts) of content ``i``, its shape checked."""
+    if not isinstance(content, dict):
+        raise _fail(f"contents[{i}]", "must be an object {role, parts}")
+    role = content.get("role") or "user"
+    if role == "model":
+        chat_role = "assistant"
+    elif role == "user" or role == "function":
+        chat_role = "user"
+    else:
+        raise _fail(f"contents[{i}].role", "must be 'user' or 'model'")
+    parts = content.get("parts")
+    if parts is None:
+        return chat_role, []
+    if not isinstance(parts, list):
+        raise _fail(f"contents[{i}].parts", "must be a list of parts")
+    return chat_role, parts
+
+
+def _close(role: str, texts: list[str], calls: list[dict[str, Any]], out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Append a turn's message (its text parts joined with nothing between them, its tool calls); return the
+    calls (the next turn's function responses answer them)."""
     text = "".join(texts)
     if role == "assistant":
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
@@ -196,17 +246,27 @@ def _turn(
     return calls
 
 
-def _function_call(call: Any, at: str, turn: int, k: int) -> dict[str, Any]:
+def _other_part(part: dict[str, Any], i: int, j: int) -> None:
+    """A part with no text, call or response: skipped when the engine has nothing to read in it, else refused."""
+    for kind in MEDIA_PARTS:
+        if kind in part:
+            raise _fail(f"{_at(i, j)}.{kind}", "images, audio and files are not supported: this model takes text only")
+    if any(k in part for k in IGNORED_PARTS) or part.get("thought") or "thoughtSignature" in part or "text" in part:
+        return  # hosted code execution's record, a thought, a null text: nothing the engine ran or can read
+    raise _fail(_at(i, j), "must hold text, functionCall or functionResponse")
+
+
+def _function_call(call: Any, i: int, j: int, turn: int, k: int) -> dict[str, Any]:
     if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
-        raise _fail(f"{at}.name", "function calls need a function name")
+        raise _fail(f"{_at(i, j)}.functionCall.name", "function calls need a function name")
     args = call.get("args")
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        raise _fail(f"{at}.args", "must be an object")
+        raise _fail(f"{_at(i, j)}.functionCall.args", "must be an object")
     call_id = call.get("id")
     if call_id is not None and not isinstance(call_id, str):
-        raise _fail(f"{at}.id", "must be a string")
+        raise _fail(f"{_at(i, j)}.functionCall.id", "must be a string")
     # As vLLM's tool parsers write arguments, so a resent call matches the captured reply.
     arguments = dumps(args)
     return {
@@ -216,23 +276,34 @@ def _function_call(call: Any, at: str, turn: int, k: int) -> dict[str, Any]:
     }
 
 
-def _function_response(response: Any, at: str, unanswered: list[dict[str, Any]]) -> dict[str, Any]:
+def _function_response(response: Any, i: int, j: int, unanswered: list[dict[str, Any]]) -> dict[str, Any]:
     """A tool message for a function response, matched to a call of the previous turn (by id, else by name)."""
     if not isinstance(response, dict) or not isinstance(response.get("name"), str):
-        raise _fail(f"{at}.name", "function responses need the name of the function called")
+        raise _fail(f"{_at(i, j)}.functionResponse.name", "function responses need the name of the function called")
     name, call_id = response["name"], response.get("id")
-    by_id = [c for c in unanswered if call_id and c["id"] == call_id]  # else by name: a history without ids
-    matches = by_id or [c for c in unanswered if c["function"]["name"] == name]
-    if not matches:
+    match = None
+    if call_id:
+        for call in unanswered:
+            if call["id"] == call_id:
+                match = call
+                break
+    if match is None:  # else by name: a history without ids
+        for call in unanswered:
+            if call["function"]["name"] == name:
+                match = call
+                break
+    if match is None:
         field, named = ("id", call_id) if call_id else ("name", name)
-        raise _fail(f"{at}.{field}", f"answers no function call {named!r} of the previous 'model' content")
-    match = matches[0]
+        raise _fail(
+            f"{_at(i, j)}.functionResponse.{field}",
+            f"answers no function call {named!r} of the previous 'model' content",
+        )
     unanswered.remove(match)
     value = response.get("response")
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        raise _fail(f"{at}.response", "must be an object")
+        raise _fail(f"{_at(i, j)}.functionResponse.response", "must be an object")
     return {"role": "tool", "tool_call_id": match["id"], "content": dumps(value)}
 
 

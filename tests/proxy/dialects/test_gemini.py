@@ -207,9 +207,72 @@ def test_bad_input_names_the_field(field: str, body: dict[str, Any]) -> None:
 
 
 def test_arguments_are_written_as_json_dumps_writes_them() -> None:
-    values: list[Any] = [{"e": "17*3", "n": [1, 2.5, 1e16, None, True], "nested": {"é": 'x\n"\u2028\x01'}}, {}, [], "s"]
+    values: list[Any] = [
+        {"e": "17*3", "n": [1, 2.5, 1e16, None, True], "nested": {"é": 'x\n"\u2028\x01'}},
+        {},
+        [],
+        "s",
+        {"path": "src/a.py", "limit": 200, "all": False, "since": None},
+        {"a": {"b": [{}, [], [[1e-07, 0.00001, -0.0, 1.0]], {"c": {"d": "x: 1.5, y"}}]}},  # floats orjson writes apart
+        {"big": 2**64, "small": -(2**63) - 1, "max": 2**64 - 1},  # orjson refuses 2**64: json.dumps writes it
+        {"t": (1, 2.5)},  # not what JSON parses to (a tuple): as json.dumps writes it all the same
+        {1: "one"},  # keys are strings in JSON; an integer as json.dumps names it
+        1.5,
+        -(2**70),
+    ]
     for value in values:
-        assert dumps(value) == json.dumps(value, ensure_ascii=False)
+        assert dumps(value) == json.dumps(value, ensure_ascii=False), value
+    deep: Any = "x"  # 600 levels: the value-by-value writer ran out of stack at about 330
+    for _ in range(300):
+        deep = {"k": [deep]}
+    assert dumps(deep) == json.dumps(deep, ensure_ascii=False)
+
+
+def test_a_later_content_is_named_before_a_bad_part_of_an_earlier_one() -> None:
+    """Every content's shape is checked before any part is refused; then parts in order."""
+    bad_part = {"parts": [{"inlineData": {"mimeType": "image/png"}}]}
+    for contents, field in (
+        ([bad_part, USER, {"role": "system", "parts": [{"text": "x"}]}], "contents[2].role"),
+        ([bad_part, {"role": "user", "parts": "x"}], "contents[1].parts"),
+        ([USER, {"role": "model", "parts": [{"text": 3}]}, "content"], "contents[2]"),
+        ([bad_part, USER, {"role": "model", "parts": [{"text": 3}]}], "contents[0].parts[0].inlineData"),
+        (
+            [USER, {"role": "model", "parts": [{"functionCall": {"name": "f", "args": []}}]}],
+            "contents[1].parts[0].functionCall.args",
+        ),
+    ):
+        with pytest.raises(InvalidRequest) as info:
+            to_chat({"contents": contents}, "m")
+        assert info.value.param == field, (contents, info.value.param)
+
+
+def test_contents_of_one_role_are_one_turn_and_answer_the_previous_turns_calls() -> None:
+    call = {"role": "model", "parts": [{"functionCall": {"name": "f", "args": {"x": 1}}}]}
+    again = {"role": "model", "parts": [{"text": "and "}, {"functionCall": {"name": "f", "id": "c2", "args": {}}}]}
+    answers = [
+        {"role": "user", "parts": [{"functionResponse": {"id": "c2", "name": "f", "response": {"r": 2}}}]},
+        {"parts": [{"functionResponse": {"name": "f", "response": {"r": 1}}}, {"text": "ok?"}]},
+        {"role": "function", "parts": []},
+    ]
+    chat = to_chat({"contents": [USER, call, again, *answers]}, "m")
+    assert chat["messages"] == [
+        {"role": "user", "content": "What is 17 times 3?"},
+        {
+            "role": "assistant",
+            "content": "and ",
+            "tool_calls": [
+                {"id": "call_1_0", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+                {"id": "c2", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c2", "content": '{"r": 2}'},
+        {"role": "tool", "tool_call_id": "call_1_0", "content": '{"r": 1}'},
+        {"role": "user", "content": "ok?"},
+    ]
+    twice = {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}}}] * 3}
+    with pytest.raises(InvalidRequest) as info:
+        to_chat({"contents": [USER, call, again, twice]}, "m")
+    assert info.value.param == "contents[3].parts[2].functionResponse.name"
 
 
 def test_a_stream_adds_up_to_the_reply() -> None:

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from proxy.metrics import Metrics
 from proxy.spool import Spool, read_segment
 from storage import bulk
-from storage.db import insert_for
+from storage.db import insert_for, libpq_url
 from storage.deletion import Deleted, tombstoned_async
 from storage.feedback import attach_pending
 from storage.models import Completion, Project, Session, utcnow
@@ -55,7 +55,7 @@ class Recorder:
         # On Postgres the recorder writes through its own psycopg connection (storage/bulk.py).
         url = getattr(sessionmaker.kw.get("bind"), "url", None)
         self._pg_url: str | None = (
-            url.set(drivername="postgresql").render_as_string(hide_password=False)
+            libpq_url(url.render_as_string(hide_password=False))
             if url is not None and url.get_backend_name() == "postgresql"
             else None
         )

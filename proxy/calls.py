@@ -179,9 +179,10 @@ class ProxiedCall:
             raise UpstreamError("the engine connection broke mid-reply") from exc
         client_json = None
         try:
-            reply = orjson.loads(raw)
+            # The prompt's ids (as long as the prompt) are stored as the engine wrote them, never parsed.
+            reply, ids_json = capture.parse_cutting_ids(raw, self.endpoint == "chat" and not self.wants.token_ids)
             choices = capture.captured_choices(reply, self.endpoint)
-            prompt_ids = capture.prompt_ids(reply)
+            prompt_ids: list[int] | bytes | None = ids_json if ids_json is not None else capture.prompt_ids(reply)
             if self.dialect is not None:  # before strip, which edits the reply in place
                 client_json = self.dialect.reply_json(reply, self.exchange())
             out = capture.strip(reply, self.wants, self.route.alias)
@@ -255,7 +256,7 @@ class ProxiedCall:
         termination: str,
         response: dict[str, Any] | None = None,
         choices: list[dict[str, Any]] | None = None,
-        prompt_ids: list[int] | None = None,
+        prompt_ids: list[int] | bytes | None = None,
         usage: dict[str, Any] | None = None,
         error: str | None = None,
         upstream_id: str | None = None,
@@ -264,6 +265,7 @@ class ProxiedCall:
     ) -> None:
         """Build the record and fsync it to the spool (once per call).
 
+        ``prompt_ids``: a list, or its JSON as the engine wrote it (:func:`proxy.capture.split_prompt_ids`).
         ``client_json``: a dialect call's body as its client got it (serialised), the ``client_response``
         column as it is unless redaction applies (parsed only then). ``sent``: a native call's ``response``
         as serialised for sending, reused as that column's text when redaction leaves it as it was."""
@@ -330,7 +332,7 @@ class ProxiedCall:
             tags=dump_json(self.naming.tags),
             request=request_json or dump_json(text["request"]),
             response=response_json,
-            prompt_token_ids=dump_json(text["prompt_token_ids"]),
+            prompt_token_ids=ids if isinstance(ids := text["prompt_token_ids"], bytes) else dump_json(ids),
             choices=dump_json(text["choices"]),
             sampling=dump_json(capture.sampling_params(self.body)),
             usage=dump_json(usage),
@@ -345,6 +347,7 @@ class ProxiedCall:
             ttft_ms=self.ttft_ms,
             session_source=session.source,
             end_user=end_user_key(self.naming.end_user) if self.naming.end_user else None,
+            parsed_request=self.body if request_json is not None else None,  # the dict raw_body parsed to
         )
         await recording.keep(record, keys)
 

@@ -9,8 +9,11 @@ collects a stream chunk by chunk (token ids from the engine's own per-chunk
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from proxy.errors import InvalidRequest
 
@@ -177,6 +180,49 @@ def prompt_ids(response: dict[str, Any]) -> list[int] | None:
     return list(ids) if ids is not None else None
 
 
+_IDS_NAME = b'"prompt_token_ids"'
+_IDS_KEY = _IDS_NAME + b":["
+_IDS_KEY_SPACED = _IDS_NAME + b": ["
+
+
+def split_prompt_ids(raw: bytes) -> tuple[bytes, bytes | None]:
+    """``raw`` (an engine reply or chunk, JSON) with its ``prompt_token_ids`` list written ``null``, and that
+    list's JSON as it came, to be stored as it is; ``(raw, None)`` when there is none, or when the list
+    holds anything but numbers (a nested list, an object, a string).
+
+    The list is as long as the prompt: a coding agent's late turn carries 150,000 ids, which cost parsing
+    and serialising again milliseconds a call, growing with the conversation. Cut out here, they are only
+    copied (:func:`parse_cutting_ids` parses what is left). A key of that name inside a string is escaped,
+    so never matches here."""
+    at, key = raw.find(_IDS_KEY), _IDS_KEY
+    if at < 0:  # Python's json writes ": "
+        at, key = raw.find(_IDS_KEY_SPACED), _IDS_KEY_SPACED
+        if at < 0:
+            return raw, None
+    start = at + len(key) - 1
+    end = raw.find(b"]", start)
+    if end < 0 or any(raw.find(c, start + 1, end) >= 0 for c in (b"[", b"{", b'"')):
+        return raw, None
+    if raw.find(_IDS_NAME, 0, at) >= 0 or raw.find(_IDS_NAME, end) >= 0:
+        return raw, None  # the name twice (a choice's list and the reply's): which is whose is not known here
+    return raw[:start] + b"null" + raw[end + 1 :], raw[start : end + 1]
+
+
+def parse_cutting_ids(raw: bytes, cut: bool) -> tuple[Any, bytes | None]:
+    """``raw`` parsed, and with ``cut`` its top-level prompt ids' JSON kept as it came (:func:`split_prompt_ids`)
+    rather than parsed (the parsed reply reads null there); ``(parsed, None)`` when they are not cut out.
+    Raises what ``orjson.loads(raw)`` raises."""
+    if cut:
+        rest, ids = split_prompt_ids(raw)
+        if ids is not None:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                obj = orjson.loads(rest)
+                # The list cut out was the reply's own (a top-level key that now reads null), not a nested one.
+                if isinstance(obj, dict) and "prompt_token_ids" in obj and obj["prompt_token_ids"] is None:
+                    return obj, ids
+    return orjson.loads(raw), None
+
+
 def termination_of(choices: list[dict[str, Any]]) -> str:
     if not choices:
         return "upstream_error"
@@ -210,7 +256,8 @@ class Assembler:
     def __init__(self, endpoint: str) -> None:
         self.endpoint = endpoint
         self.head: dict[str, Any] = {}
-        self.prompt_token_ids: list[int] | None = None
+        # a list, or its JSON as the engine wrote it (cut out of the first chunk: :func:`split_prompt_ids`)
+        self.prompt_token_ids: list[int] | bytes | None = None
         self.usage: dict[str, Any] | None = None
         self.choices: dict[int, _ChoiceAcc] = {}
         self.chunks = 0

@@ -116,8 +116,54 @@ def prefix_keys(messages: list[dict[str, Any]], scope: str | None = None) -> lis
     """Chained hashes: keys[j] identifies messages[: j + 1] within ``scope`` (:func:`link_scope`)."""
     keys: list[str] = []
     for message in messages:
-        keys.append(extend_key(keys[-1] if keys else scope, message))
+        keys.append(_extend_remembered(keys[-1] if keys else scope, message))
     return keys
+
+
+# The keys of recently hashed (key, message) pairs: a conversation's next turn resends its whole history,
+# and each message of it already hashed (by the previous turn's request, or as that turn's reply) is found
+# here instead of normalised and hashed again, so a call hashes only what is new. Found by the text's length
+# and ends (never hashing the whole text), then confirmed by comparing the text whole (a memcmp).
+# Held: the texts of the newest MEMO_BYTES of messages; a message past them is hashed, as before.
+MEMO_BYTES = 32 * 1024 * 1024
+_ENDS = 48
+_MemoKey = tuple[str | None, str, int, str, str, str, str]
+_memo: dict[_MemoKey, tuple[str, str]] = {}  # → (the message's text, its key)
+_memo_bytes = 0
+
+
+def _memo_key(key: str | None, message: dict[str, Any]) -> tuple[_MemoKey, str] | None:
+    """Where a plain text message's key is remembered, and its text (None for any other message)."""
+    if message.get("tool_calls"):
+        return None
+    role, text = message.get("role", ""), message.get("content")
+    call_id, name = message.get("tool_call_id") or "", message.get("name") or ""
+    if type(role) is str and type(text) is str and type(call_id) is str and type(name) is str:
+        return (key, role, len(text), text[:_ENDS], text[-_ENDS:], call_id, name), text
+    return None
+
+
+def _extend_remembered(key: str | None, message: dict[str, Any]) -> str:
+    """:func:`extend_key`, remembered for plain text messages (what :func:`normalise` reads of one is in
+    :func:`_memo_key`: its role, text, tool call id and name)."""
+    global _memo_bytes
+    found = _memo_key(key, message) if isinstance(message, dict) else None
+    if found is None:
+        return extend_key(key, message)
+    memo_key, text = found
+    held = _memo.get(memo_key)
+    if held is not None and held[0] == text:
+        return held[1]
+    extended = extend_key(key, message)
+    if held is None:
+        _memo_bytes += len(text) + 200
+    else:  # the same length and ends, another text: the newer one is kept
+        _memo_bytes += len(text) - len(held[0])
+    _memo[memo_key] = (text, extended)
+    while _memo_bytes > MEMO_BYTES and _memo:
+        oldest = next(iter(_memo))
+        _memo_bytes -= len(_memo.pop(oldest)[0]) + 200
+    return extended
 
 
 def extend_key(key: str | None, message: dict[str, Any]) -> str:
@@ -129,4 +175,4 @@ def link_key(prompt_key: str | None, reply: dict[str, Any] | None) -> str | None
     """The key a follow-up call will find: the request's messages (``prompt_key``) plus the returned message."""
     if reply is None or prompt_key is None:
         return None
-    return extend_key(prompt_key, reply)
+    return _extend_remembered(prompt_key, reply)

@@ -75,6 +75,8 @@ class StreamedReply(Response):
         self.inflight = inflight
         self.finish = finish
         self.asm = capture.Assembler(endpoint)
+        # A native chat stream's prompt ids (its first chunk's) are kept as the engine wrote them, never parsed.
+        self.cut_ids = endpoint == "chat" and dialect is None and not wants.token_ids
         self.first_event_at: float | None = None
         self.held: list[dict[str, Any]] = []
         self.out: list[bytes] = []
@@ -176,9 +178,11 @@ class StreamedReply(Response):
     def _event(self, data: bytes) -> tuple[str, str] | None:
         """Take one engine event: capture it, queue what the client gets; a failure ends the stream."""
         try:
-            chunk = orjson.loads(data)
+            chunk, ids_json = capture.parse_cutting_ids(data, self.cut_ids and self.asm.prompt_token_ids is None)
             if not isinstance(chunk, dict):
                 raise TypeError("chunk is not an object")
+            if ids_json is not None:
+                self.asm.prompt_token_ids = ids_json
         except (orjson.JSONDecodeError, TypeError):
             return "upstream_error", f"malformed SSE data from the engine: {data[:200]!r}"
         if "error" in chunk and not chunk.get("choices"):

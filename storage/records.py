@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -85,6 +85,9 @@ class CallRecord:
     session_source: str  # how the session was found: header | metadata | path | linked | new
     adapter_sha256: str | None = None  # the content hash of the adapter version that served it
     end_user: str | None = None  # the caller the client named (storage/models/record.py: Completion.end_user)
+    # ``request`` parsed, when the proxy has it as the dict those bytes parse to (never written to the spool):
+    # the recorder's stored form reads it instead of parsing a long conversation's request again.
+    parsed_request: Any = field(default=None, compare=False, repr=False)
 
     # ---- the spool line ------------------------------------------------------------
     def encode(self) -> bytes:
@@ -224,7 +227,7 @@ class CallRecord:
 
 
 # The completions columns, in the order of the record's fields.
-COLUMNS = tuple(f.name for f in fields(CallRecord) if f.name != "session_source")
+COLUMNS = tuple(f.name for f in fields(CallRecord) if f.name not in ("session_source", "parsed_request"))
 # What a JSON column holds when an older line lacks it (the ORM models' defaults).
 _EMPTY: dict[str, Any] = {
     "tags": [],

@@ -163,7 +163,7 @@ class Encoder:
             # Nothing to refer to and too short to hold a shared prefix: not parsed (most single calls). Not
             # remembered either: a child of it begins its own chain, one short row more a session.
             return r
-        request = orjson.loads(r.request)
+        request = r.parsed_request if r.parsed_request is not None else orjson.loads(r.request)
         if not isinstance(request, dict) or MARK in request:
             return r
         parent = (self._pending.get(r.parent_id) or self._recent.get(r.parent_id)) if r.parent_id else None

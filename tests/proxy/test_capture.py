@@ -3,8 +3,20 @@
 from __future__ import annotations
 
 import copy
+import json
 
-from proxy.capture import Assembler, Wants, captured_choices, prepare, sampling_params, strip
+import orjson
+
+from proxy.capture import (
+    Assembler,
+    Wants,
+    captured_choices,
+    parse_cutting_ids,
+    prepare,
+    sampling_params,
+    split_prompt_ids,
+    strip,
+)
 
 
 def test_prepare_forces_capture_and_remembers_what_the_client_wanted() -> None:
@@ -133,3 +145,25 @@ def test_captured_choices_read_both_logprob_shapes() -> None:
     text = {"choices": [{"index": 0, "token_ids": [1], "logprobs": {"token_logprobs": [-1.5]}, "text": "a"}]}
     assert captured_choices(text, "completions")[0]["logprobs"] == [-1.5]
     assert captured_choices({"choices": [{"index": 0, "logprobs": None}]}, "chat")[0]["logprobs"] is None
+
+
+def test_prompt_ids_are_cut_out_as_the_engine_wrote_them() -> None:
+    """A reply's top-level prompt ids come back as their JSON, the rest parsed with null there; a list
+    that is not the reply's own, or not a list of numbers, is parsed as before."""
+    ids = list(range(0, 5000, 7))
+    reply = {"id": "c", "choices": [{"index": 0, "message": {"content": 'say "prompt_token_ids":[1]'}}]}
+    raw = orjson.dumps({**reply, "prompt_token_ids": ids, "usage": {"prompt_tokens": len(ids)}})
+    parsed, cut = parse_cutting_ids(raw, True)
+    assert cut == orjson.dumps(ids) and orjson.loads(cut) == ids
+    assert parsed == {**reply, "prompt_token_ids": None, "usage": {"prompt_tokens": len(ids)}}
+    assert parse_cutting_ids(raw, False) == (orjson.loads(raw), None)
+    spaced = json.dumps({**reply, "prompt_token_ids": ids}).encode()  # another serialiser's spacing
+    parsed, cut = parse_cutting_ids(spaced, True)
+    assert cut is not None and json.loads(cut) == ids and parsed["prompt_token_ids"] is None
+    nested = orjson.dumps({"choices": [{"prompt_token_ids": [1, 2]}], "prompt_token_ids": None})
+    assert parse_cutting_ids(nested, True) == (orjson.loads(nested), None)  # a choice's list: not the reply's
+    for odd in ([[1], [2]], [{"a": 1}], ["1]"], []):
+        raw = orjson.dumps({"prompt_token_ids": odd, "x": 1})
+        parsed, cut = parse_cutting_ids(raw, True)
+        assert (parsed, cut) == ((orjson.loads(raw), None) if odd else ({"prompt_token_ids": None, "x": 1}, b"[]"))
+    assert split_prompt_ids(b'{"prompt_token_ids":[1,2') == (b'{"prompt_token_ids":[1,2', None)

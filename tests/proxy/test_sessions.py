@@ -6,12 +6,14 @@ import asyncio
 import socket
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlalchemy.orm import Session
 
+from proxy import link_keys
 from proxy.link_keys import Naming, link_key, naming, prefix_keys
 from proxy.sessions import Link, LinkCache, Linker
 from proxy.spool import Spool
@@ -51,6 +53,38 @@ def test_content_parts_and_tool_calls_normalise() -> None:
         "tool_calls": [{"id": "y", "function": {"name": "f", "arguments": "{}"}}],
     }
     assert prefix_keys([call]) == prefix_keys([same])
+
+
+def test_remembered_keys_are_the_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The keys of messages already hashed are found, not hashed again, and are what hashing gives: for
+    texts of one length and the same ends, tool calls, names, content parts, and after the memory is full."""
+
+    scope = link_keys.link_scope("key", None)
+
+    def hashed(messages: list[dict[str, Any]]) -> list[str]:
+        keys: list[str] = []
+        for message in messages:
+            keys.append(link_keys.extend_key(keys[-1] if keys else scope, message))
+        return keys
+
+    pad = "x" * 200
+    history: list[dict[str, Any]] = [
+        {"role": "system", "content": "s" * 5000},
+        {"role": "user", "content": pad + "A" + pad},
+        {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": pad + "B" + pad, "tool_call_id": "t1"},
+        {"role": "user", "content": [{"type": "text", "text": "parts"}], "name": "n"},
+    ]
+    twin = [*history[:1], {"role": "user", "content": pad + "Z" + pad}, *history[2:]]  # same length and ends
+    for messages in (history, twin, history, [*history, {"role": "assistant", "content": "a"}], twin):
+        assert prefix_keys(messages, scope) == hashed(messages)
+    assert prefix_keys(history, scope)[1] != prefix_keys(twin, scope)[1]
+    monkeypatch.setattr(link_keys, "MEMO_BYTES", 6000)  # room for the long text and little else
+    for messages in (history, twin, history):
+        assert prefix_keys(messages, scope) == hashed(messages)
+    assert link_keys._memo_bytes <= 6000 + 5200  # the newest entry may pass it until the next is added
+    reply = {"role": "assistant", "content": "a1"}
+    assert link_key(prefix_keys(history, scope)[-1], reply) == link_keys.extend_key(hashed(history)[-1], reply)
 
 
 def test_naming_sources() -> None:

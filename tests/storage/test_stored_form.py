@@ -271,3 +271,19 @@ def test_a_record_the_encoder_fails_on_goes_in_full(monkeypatch: pytest.MonkeyPa
     third = orjson.loads(rows[2].request)  # its parent is not remembered: a chain begins again (on the prefix)
     assert is_delta(third) and "parent" not in third[MARK] and "prefix" in third[MARK]
     assert "prefix" in orjson.loads(rows[0].request)[MARK]  # the first call as usual
+
+
+def test_the_proxys_parsed_request_encodes_as_its_bytes_do() -> None:
+    """A record that carries its request parsed (the proxy's dict, :attr:`CallRecord.parsed_request`) is
+    encoded to the same rows as the one whose bytes the encoder parses itself."""
+    from dataclasses import replace
+
+    from storage.stored_form import Encoder
+
+    calls = chain("ses_parsed", 5)
+    parsed = [replace(r, parsed_request=orjson.loads(r.request)) for r in calls]
+    plain, given = Encoder().encode(calls), Encoder().encode(parsed)
+    assert [r.request for r in given] == [r.request for r in plain]
+    assert [r.prompt_token_ids for r in given] == [r.prompt_token_ids for r in plain]
+    assert sum(is_delta(orjson.loads(r.request)) for r in given) == 5  # the prefix, then parents
+    assert all(r.encode() == p.encode() for r, p in zip(given, plain, strict=True))  # never on the spool

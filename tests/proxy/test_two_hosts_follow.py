@@ -7,6 +7,10 @@ worker reads each ``alias_refresh_s`` (proxy/state.py), and the change log's del
 worker reads each ``FOLLOW_S`` (proxy/link_deletes.py). The stub is used for its instant, controllable
 replies: this is about the proxy following the database, not the model (tests/proxy/test_engine_replicas.py
 deploys to real engines behind one proxy).
+
+The two hosts, their engines and their database are started once for the module (starting two hosts takes
+most of a test's time): the tests touch disjoint things (the ``helper`` alias; a session of ``stub-model``),
+so either order gives each the state it starts from.
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import orjson
@@ -27,16 +30,9 @@ from proxy.link_deletes import FOLLOW_S
 from storage.db import sync_engine
 from storage.models import Adapter, Completion
 from storage.models import Session as SessionRow
-from tests.proxy.conftest import Proxy, ProxyFactory, metric_sample, stub_engine
+from tests.proxy.conftest import Proxy, launch_proxy, metric_sample, stub_engine
 
 BOUND_S = 15.0  # the longest host b is given to follow what host a did (the contract: about a second)
-
-
-@pytest.fixture
-def stub_b(tmp_path: Path) -> Iterator[str]:
-    """Host b's own engine: a second stub process (``stub_upstream`` is host a's)."""
-    with stub_engine(tmp_path / "stub-b.log") as url:
-        yield url
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -48,25 +44,56 @@ def _until(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
     return result
 
 
-def _two_hosts(
-    start_proxy: ProxyFactory,
-    db_url: str,
-    tmp_path: Path,
-    engines: tuple[str, str],
-    before_b: Callable[[Proxy], None] | None = None,
-) -> tuple[Proxy, Proxy]:
-    """Hosts a and b, each in front of its own engine (``before_b(a)`` run in between), once each sees the
-    other live (``/readyz``'s ``hosts``)."""
-    a = start_proxy(engines[0], db_url, spool=tmp_path / "spool-a", env={"ONTHEJOB_HOST_ID": "a"})
-    if before_b is not None:
-        before_b(a)
-    b = start_proxy(engines[1], db_url, spool=tmp_path / "spool-b", env={"ONTHEJOB_HOST_ID": "b"})
+class Hosts(NamedTuple):
+    a: Proxy
+    b: Proxy
+    engine_a: str  # host a's stub engine
+    engine_b: str  # host b's: host a never talks to it
+    db_url: str
 
-    def both_live() -> bool:
-        return all(httpx.get(f"{h.url}/readyz", timeout=5).json()["hosts"] == 2 for h in (a, b))
 
-    _until("the hosts see each other", both_live)
-    return a, b
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory: pytest.TempPathFactory, pg_factory: Any) -> Iterator[Hosts]:
+    """Hosts a and b, each in front of its own engine, once each sees the other live (``/readyz``'s ``hosts``).
+
+    The ``helper`` alias and a committed version of it, as the trainer's publish leaves one (the stub loads no
+    weights), are made through host a before host b starts, so that b knows the alias from its first read of
+    the table (the deployment test's starting point; nothing deploys it here).
+    """
+    tmp = tmp_path_factory.mktemp("two-hosts-follow")
+    db_url = pg_factory()
+    with stub_engine(tmp / "stub-a.log") as engine_a, stub_engine(tmp / "stub-b.log") as engine_b:
+        started: list[Proxy] = []
+        try:
+            a = launch_proxy(tmp, engine_a, db_url, spool=tmp / "spool-a", env={"ONTHEJOB_HOST_ID": "a"})
+            started.append(a)
+            made = httpx.post(f"{a.v1}/admin/aliases", json={"name": "helper", "base_model": "stub-model"}, timeout=10)
+            assert made.status_code == 201, made.text
+            eng = sync_engine(db_url)
+            with Session(eng) as db:
+                db.add(
+                    Adapter(
+                        project_id="default",
+                        alias="helper",
+                        version=1,
+                        path=str(tmp / "helper" / "v1"),
+                        sha256="0" * 64,
+                        base_model="stub-model",
+                    )
+                )
+                db.commit()
+            eng.dispose()
+            b = launch_proxy(tmp, engine_b, db_url, spool=tmp / "spool-b", env={"ONTHEJOB_HOST_ID": "b"})
+            started.append(b)
+
+            def both_live() -> bool:
+                return all(httpx.get(f"{h.url}/readyz", timeout=5).json()["hosts"] == 2 for h in (a, b))
+
+            _until("the hosts see each other", both_live)
+            yield Hosts(a, b, engine_a, engine_b, db_url)
+        finally:
+            for proxy in started:
+                proxy.stop()
 
 
 def _row(db_url: str, call: str) -> Completion:
@@ -90,9 +117,7 @@ def _served_version(host: Proxy, model: str) -> int | None:
     return _row(host.db_url, r.headers["x-request-id"]).adapter_version
 
 
-def test_a_deployment_through_host_a_is_routed_by_host_b_and_loaded_into_its_engine(
-    start_proxy: ProxyFactory, stub_upstream: str, stub_b: str, pg_factory: Any, tmp_path: Path
-) -> None:
+def test_a_deployment_through_host_a_is_routed_by_host_b_and_loaded_into_its_engine(hosts: Hosts) -> None:
     """Deploy ``helper@v1`` through host a; host b's calls to ``helper`` are then served by v1, and host b
     loads v1 into its own engine, which host a never talks to.
 
@@ -101,29 +126,7 @@ def test_a_deployment_through_host_a_is_routed_by_host_b_and_loaded_into_its_eng
     or if it follows later than ``BOUND_S``. Checked by hand on a copy of the tree: with ``alias_refresh_s``
     at 3600 s (b reads the table once, at its start) it fails at "not within 15 s: host b serves helper from v1".
     """
-    db_url = pg_factory()
-
-    def helper_v1(a: Proxy) -> None:
-        """The alias (through host a) and a committed version of it, as the trainer's publish leaves one (the stub
-        loads no weights); before host b starts, so that b knows the alias from its first read of the table."""
-        made = httpx.post(f"{a.v1}/admin/aliases", json={"name": "helper", "base_model": "stub-model"}, timeout=10)
-        assert made.status_code == 201, made.text
-        eng = sync_engine(db_url)
-        with Session(eng) as db:
-            db.add(
-                Adapter(
-                    project_id="default",
-                    alias="helper",
-                    version=1,
-                    path=str(tmp_path / "helper" / "v1"),
-                    sha256="0" * 64,
-                    base_model="stub-model",
-                )
-            )
-            db.commit()
-        eng.dispose()
-
-    a, b = _two_hosts(start_proxy, db_url, tmp_path, (stub_upstream, stub_b), before_b=helper_v1)
+    a, b, stub_upstream, stub_b = hosts.a, hosts.b, hosts.engine_a, hosts.engine_b
     # Before the deployment, host b serves helper from the base model.
     _until("host b knows the alias", lambda: "helper" in _listed(b))
     assert _served_version(b, "helper") is None
@@ -160,7 +163,7 @@ def _turn(host: Proxy, messages: list[dict[str, Any]]) -> tuple[str, str, dict[s
 class SlowTurn(threading.Thread):
     """A streamed turn through a host that takes ``chunks`` × ``gap_ms`` to end; its headers as soon as they come."""
 
-    def __init__(self, host: Proxy, messages: list[dict[str, Any]], chunks: int = 40, gap_ms: int = 200) -> None:
+    def __init__(self, host: Proxy, messages: list[dict[str, Any]], chunks: int = 30, gap_ms: int = 100) -> None:
         super().__init__(daemon=True)
         self.body = {
             "model": "stub-model",
@@ -193,7 +196,7 @@ class SlowTurn(threading.Thread):
 
 
 def test_a_session_deleted_through_host_a_is_not_continued_by_host_b_and_its_calls_never_land(
-    start_proxy: ProxyFactory, stub_upstream: str, stub_b: str, pg_factory: Any, tmp_path: Path
+    hosts: Hosts,
 ) -> None:
     """A conversation alternates between the hosts (a, b, a, b: one session), then a fifth turn streams slowly
     through b; while it streams, the session is deleted through a. The slow turn ends after the delete and goes
@@ -207,8 +210,7 @@ def test_a_session_deleted_through_host_a_is_not_continued_by_host_b_and_its_cal
     tree: without the ``Deletes.follow`` task (proxy/state.py), and with ``Recorder._drop_deleted`` keeping
     every record, each fails at "host b continued the session deleted through host a".
     """
-    db_url = pg_factory()
-    a, b = _two_hosts(start_proxy, db_url, tmp_path, (stub_upstream, stub_b))
+    a, b, db_url = hosts.a, hosts.b, hosts.db_url
     hosts = [a, b, a, b]
     messages: list[dict[str, Any]] = [{"role": "user", "content": "a conversation across two hosts"}]
     calls, sessions = [], set()
@@ -222,6 +224,8 @@ def test_a_session_deleted_through_host_a_is_not_continued_by_host_b_and_its_cal
         assert _row(db_url, call).session_id == session
     (deleted,) = sessions  # the hosts linked each turn to the one before: one session
 
+    # 3 s of streaming: the delete returns in about 0.25 s on a quiet machine, so the turn still ends after it
+    # with room for a loaded one (and the test says so, below, if it ever does not); longer only waits.
     slow = SlowTurn(b, messages)
     slow.start()
     assert slow.started.wait(30) and slow.error is None, slow.error

@@ -7,8 +7,11 @@ lr·sign(g), which turns summation-order noise into sizeable weight differences)
 records each step's gradients as the optimiser sees them. Rank 0 saves the adapter after each
 step the way the runner publishes it (``save_adapter``); every rank writes its LoRA weights.
 
-``skew`` (argv[3]): rank 1 trains on other trajectories than the batch, which the test uses
-to show that the comparison can fail.
+Arguments: one or more outputs, each trained from a fresh policy in turn (``load_policy`` seeds
+it, so a later run starts where a process of its own would). An output written ``skew:PATH`` has
+rank 1 train on other trajectories than the batch, which the test uses to show that the comparison
+can fail; the test runs it in the same torchrun launch as the equal run, saving a launch (most of
+a run's time is importing torch and transformers).
 """
 
 from __future__ import annotations
@@ -75,8 +78,16 @@ def _textual(seed: int, n: int) -> list[TextualExample]:
     return out
 
 
-def main(out: str, skew: bool = False) -> None:
+def main(outputs: list[str]) -> None:
     dist.init()
+    for out in outputs:
+        skew = out.startswith("skew:")
+        train(out.removeprefix("skew:"), skew)
+    dist.close()
+
+
+def train(out: str, skew: bool) -> None:
+    """One TIS step then one SDPO step from a fresh policy; writes ``out``'s adapters, gradients and metrics."""
     sdpo = ObjectiveConfig(name="sdpo")
     cfg = TrainConfig(model="tiny", threads=1, lr=1e-2, micro_tokens=40, objective=sdpo)
     policy = load_policy(cfg)
@@ -109,8 +120,7 @@ def main(out: str, skew: bool = False) -> None:
         info = {"world": dist.world(), "sharded": len(sharded_names(policy.model)), "steps": metrics}
         Path(f"{out}.json").write_text(json.dumps(info))
     dist.barrier()
-    dist.close()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], len(sys.argv) > 2 and sys.argv[2] == "skew")
+    main(sys.argv[1:])

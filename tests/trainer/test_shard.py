@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -27,8 +27,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run(out: Path, world: int, *extra: str, torchrun: bool | None = None) -> None:
-    """shard_step.py in a plain process (world 1) or under torchrun (``torchrun``, the default for world > 1)."""
+def start(out: Path, world: int, *extra: str, torchrun: bool | None = None) -> subprocess.Popen[str]:
+    """shard_step.py in a plain process (world 1) or under torchrun (``torchrun``, the default for world > 1).
+
+    ``extra``: further outputs the same launch trains in turn (``skew:PATH`` for a skewed one).
+    """
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env["OMP_NUM_THREADS"] = "1"
     launch = [sys.executable]
@@ -36,17 +39,46 @@ def run(out: Path, world: int, *extra: str, torchrun: bool | None = None) -> Non
         launch += ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(world)]
         launch += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     cmd = [*launch, str(SCRIPT), str(out), *extra]
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str]) -> None:
+    """Wait for a :func:`start`\ ed launch; it must succeed."""
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+
+
+def run(out: Path, world: int, *extra: str, torchrun: bool | None = None) -> None:
+    """:func:`start` and :func:`finish`: one launch, waited for."""
+    finish(start(out, world, *extra, torchrun=torchrun))
+
+
+class Runs(NamedTuple):
+    one: Path  # a plain process
+    two: Path  # two sharded gloo ranks under torchrun
+    alone: Path  # one sharded rank under torchrun (what one GPU allows)
+    skew: Path  # two sharded ranks, rank 1 on other data (the same launch as ``two``)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """Every launch the tests compare, in three launches of which two run side by side.
+
+    Each launch spends most of its time importing torch and transformers, single-threaded: the
+    plain process and the lone torchrun rank share the machine's two cores, then the two ranks
+    train the equal run and the skewed one in turn (each from a freshly seeded policy).
+    """
     tmp = tmp_path_factory.mktemp("shard")
-    one, two = tmp / "one", tmp / "two"
-    run(one, 1)
-    run(two, 2)
-    return one, two
+    runs = Runs(tmp / "one", tmp / "two", tmp / "alone", tmp / "skew")
+    side_by_side = [start(runs.one, 1), start(runs.alone, 1, torchrun=True)]
+    for proc in side_by_side:
+        finish(proc)
+    run(runs.two, 2, f"skew:{runs.skew}")
+    return runs
 
 
 def _header(path: Path) -> dict[str, Any]:
@@ -110,33 +142,27 @@ def assert_same_steps(one: Path, other: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_sharded_gloo_ranks_match_one_process(runs: tuple[Path, Path]) -> None:
-    one, two = runs
-    m1, m2 = json.loads(Path(f"{one}.json").read_text()), json.loads(Path(f"{two}.json").read_text())
+def test_two_sharded_gloo_ranks_match_one_process(runs: Runs) -> None:
+    m1, m2 = json.loads(Path(f"{runs.one}.json").read_text()), json.loads(Path(f"{runs.two}.json").read_text())
     assert (m1["world"], m2["world"]) == (1, 2)
     assert m1["sharded"] == 0 and m2["sharded"] == 4 * 12  # every decoder layer's base weights, as DTensor shards
-    assert_same_steps(one, two)
-    r0, r1 = load_file(f"{two}.rank0.safetensors"), load_file(f"{two}.rank1.safetensors")
+    assert_same_steps(runs.one, runs.two)
+    r0, r1 = load_file(f"{runs.two}.rank0.safetensors"), load_file(f"{runs.two}.rank1.safetensors")
     assert all(torch.equal(r0[k], r1[k]) for k in r0)  # both ranks took the same step, bit for bit
 
 
 @pytest.mark.slow
-def test_one_rank_under_torchrun_runs_the_sharded_path(runs: tuple[Path, Path], tmp_path: Path) -> None:
+def test_one_rank_under_torchrun_runs_the_sharded_path(runs: Runs) -> None:
     """A world of one (what one GPU allows) shards every layer over a mesh of one and computes the same."""
-    one, _ = runs
-    alone = tmp_path / "alone"
-    run(alone, 1, torchrun=True)
-    m = json.loads(Path(f"{alone}.json").read_text())
+    m = json.loads(Path(f"{runs.alone}.json").read_text())
     assert (m["world"], m["sharded"]) == (1, 4 * 12)
-    assert_same_steps(one, alone)
+    assert_same_steps(runs.one, runs.alone)
 
 
 @pytest.mark.slow
-def test_the_comparison_fails_when_a_rank_trains_on_other_data(runs: tuple[Path, Path], tmp_path: Path) -> None:
-    one, _ = runs
-    skewed = tmp_path / "skew"
-    run(skewed, 2, "skew")
-    diffs = differences(one, skewed)
+def test_the_comparison_fails_when_a_rank_trains_on_other_data(runs: Runs) -> None:
+    """The skewed run trained after the equal one in the same ranks: a fresh seeded policy, so only the data differ."""
+    diffs = differences(runs.one, runs.skew)
     print("max abs differences, one process vs a rank on other data:", diffs)
     assert all(diffs[f"grad{step}"] > 1e-3 for step in STEPS)
     assert all(diffs[f"adapter{step}"] > 1e-4 for step in STEPS)

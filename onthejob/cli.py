@@ -238,6 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ROUNDS",
         help="comma-separated rounds whose training traffic is graded with the reward's sign flipped (a bad grader)",
     )
+    p.add_argument("--jobs", choices=["one", "two"], default="one", help="two: two task families, one gated watcher")
+    p.add_argument("--minutes", type=float, default=None, help="--jobs two: when traffic stops (default 10)")
     p.set_defaults(handler=commands.demo)
 
     db = sub.add_parser("db", help="database schema")
@@ -331,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="change-log entries kept per project whatever the readers passed (default 100000)",
     )
+    # `serve` starts this with its stdin a pipe it holds: the copy ends when the pipe closes (serve ended).
+    p.add_argument("--until-stdin-closes", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=record_commands.housekeep)
     return parser
 

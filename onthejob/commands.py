@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,9 +79,37 @@ def serve(args: argparse.Namespace) -> int:
 
     if args.workers < 1:
         raise UserError(f"--workers {args.workers}: must be at least 1")
-    if args.no_housekeep:  # the processes of --workers N build their settings from the environment
-        os.environ["ONTHEJOB_HOUSEKEEP"] = "0"
-    return run(proxy_settings(args), host=args.host, port=args.port, workers=args.workers, migrate=not args.no_migrate)
+    settings = proxy_settings(args)
+    # The workers never run the housekeeping themselves (their GIL is the serving loop's): unless told
+    # --no-housekeep, one `onthejob housekeep` process beside them does, on the proxy's schedule.
+    os.environ["ONTHEJOB_HOUSEKEEP"] = "0"  # the processes of --workers N build their settings from the environment
+    keeper = housekeep_process(settings) if settings.housekeep else None
+    try:
+        return run(
+            dataclasses.replace(settings, housekeep=False),
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            migrate=not args.no_migrate,
+        )
+    finally:
+        if keeper is not None:
+            keeper.terminate()
+            keeper.stdin.close()  # type: ignore[union-attr]
+            try:
+                keeper.wait(timeout=15)  # a job under way finishes its transaction first
+            except subprocess.TimeoutExpired:
+                keeper.kill()
+
+
+def housekeep_process(settings: ProxySettings) -> subprocess.Popen[bytes]:
+    """``onthejob housekeep`` as a child of ``serve``: it ends when serve does, killed or not, since it
+    stops when its stdin (a pipe only serve holds) closes."""
+    every = str(settings.retention_every_s)
+    cmd = [sys.executable, "-m", "onthejob.cli", "housekeep"]
+    cmd += ["--db", str(settings.database_url), "--sweep-every", str(settings.reconcile_every_s)]
+    cmd += ["--retention-every", every, "--prune-every", every, "--until-stdin-closes"]
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE)
 
 
 def train_settings(args: argparse.Namespace) -> TrainSettings:
@@ -229,6 +260,10 @@ def monitor(args: argparse.Namespace) -> int:
 
 
 def demo(args: argparse.Namespace) -> int:
+    if getattr(args, "jobs", "one") == "two":
+        from examples import jobs_two
+
+        return jobs_two.run(args)
     from examples.demo import run
 
     return run(args)

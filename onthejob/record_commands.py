@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 from pathlib import Path
 
 from onthejob.commands import UserError, since_flag
@@ -114,7 +115,6 @@ def housekeep(args: argparse.Namespace) -> int:
     """``onthejob housekeep``: the feedback sweep, retention and change-log pruning on one schedule
     (storage/housekeep.py) until stopped, or each once with ``--once``; several copies take turns."""
     import logging
-    import threading
 
     from storage.changes import KEEP_LAST
     from storage.db import sync_engine
@@ -137,7 +137,10 @@ def housekeep(args: argparse.Namespace) -> int:
     keeper = Housekeeper(eng, schedule)
     try:
         if not args.once:
-            keeper.run_forever(threading.Event())  # until SIGTERM or Ctrl-C
+            stop = threading.Event()
+            if args.until_stdin_closes:  # serve's copy: its parent holds the pipe; EOF when it ends, even killed
+                threading.Thread(target=_stop_at_eof, args=(stop,), name="parent-watch", daemon=True).start()
+            keeper.run_forever(stop)  # until SIGTERM or Ctrl-C
             return 0
         done = keeper.run_all()
     finally:
@@ -146,3 +149,10 @@ def housekeep(args: argparse.Namespace) -> int:
         what = "skipped: another copy holds its lock" if (name, "skipped") in keeper.runs else "failed (logged)"
         print(f"{name}: {result if result is not None else what}", file=sys.stderr)
     return 0 if all(result is not None or (name, "skipped") in keeper.runs for name, result in done.items()) else 1
+
+
+def _stop_at_eof(stop: threading.Event) -> None:
+    """Set ``stop`` when stdin reaches its end: the parent that holds its other end has ended."""
+    while sys.stdin.buffer.read(4096):
+        pass
+    stop.set()

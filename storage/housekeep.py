@@ -8,11 +8,13 @@ when due together:
     retention  each project's ``retention_days`` (storage/retention.py)
     prune      the change log's entries every reader has passed (storage/changes.py)
 
-``onthejob housekeep`` runs them in a process of its own; ``onthejob serve`` runs the same schedule in
-a thread of each worker unless told not to (``--no-housekeep``): a thread, not the worker's event
-loop, so a long retention pass or a slow database never delays a call, and not a process of its own,
-so it ends with its worker and reports into the worker's ``/metrics``. The jobs are SQL: the thread
-waits on the database with the GIL released.
+``onthejob housekeep`` runs them in a process of its own; ``onthejob serve`` starts one such process
+beside its workers unless told not to (``--no-housekeep``): a process, not a thread of each worker,
+since a thread shares the worker's GIL and its Python work (building statements, reading rows) showed
+as serving-loop lag (issue 33). It stops when its stdin, a pipe serve holds, closes, so it ends with
+serve, killed or not. The workers count orphaned feedback for ``/metrics`` themselves; the process
+logs what each job did. An app created with ``housekeep`` on (tests, embedding) still runs the
+schedule in a thread (proxy/state.py).
 
 Safe to run as several copies (workers, hosts, a ``housekeep`` beside them): on Postgres each job runs
 on its own connection holding a session-level advisory lock (``pg_try_advisory_lock``); a copy that

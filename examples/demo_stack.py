@@ -7,6 +7,7 @@ stops them; :mod:`examples.demo` plays the rounds on it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import signal
 import socket
@@ -35,6 +36,15 @@ def say(text: str) -> None:
 
 class DemoError(RuntimeError):
     """A step of the demo failed; the message says which and where its log is."""
+
+
+def cli_fields(cls: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The CLI's values for a config dataclass's fields (those given; ``out`` as a Path)."""
+    names = (f.name for f in dataclasses.fields(cls))
+    fields = {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
+    if "out" in fields:
+        fields["out"] = Path(fields["out"])
+    return fields
 
 
 @dataclass(frozen=True)
@@ -82,9 +92,7 @@ class DemoConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DemoConfig:
         """The CLI's ``--rounds --out --model``; anything else keeps its default."""
-        fields = {k: getattr(args, k) for k in cls.__dataclass_fields__ if getattr(args, k, None) is not None}
-        if "out" in fields:
-            fields["out"] = Path(fields["out"])
+        fields = cli_fields(cls, args)
         if isinstance(fields.get("flip_reward"), str):
             fields["flip_reward"] = tuple(int(r) for r in fields["flip_reward"].split(",") if r.strip())
         return cls(**fields)

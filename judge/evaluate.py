@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,9 @@ class EvalSpec:
     name: str = "default"  # the eval set's name: versions are compared within one name
     set_path: Path | None = None
     tag: str | None = None  # replay this tag's sessions (with db_url)
+    # "module:function": a harness that runs its own (multi-turn, tool-using) held-out episodes against
+    # ``spec.model`` and returns each item's score; for families a single greedy reply cannot measure.
+    episodes: str | None = None
     since: datetime | None = None
     project: str = "default"
     db_url: str | None = None
@@ -284,16 +288,22 @@ def plot(rows: Sequence[dict[str, Any]], name: str, alias: str, path: Path) -> P
 
 
 def spec_from_policy(config: dict[str, Any], **fixed: Any) -> EvalSpec:
-    """The EvalSpec a policy's ``eval`` setting names: ``{"set" | "tag", "grader", "name", "max_tokens", "limit"}``."""
-    if not (config.get("set") or config.get("tag")):
-        raise GraderError("the policy's eval names neither 'set' (a JSONL file) nor 'tag' (sessions to replay)")
+    """The EvalSpec a policy's ``eval`` setting names: ``{"set" | "tag" | "episodes", "grader", "name", "max_tokens",
+    "limit", "concurrency"}``."""
+    if not (config.get("set") or config.get("tag") or config.get("episodes")):
+        raise GraderError(
+            "the policy's eval names neither 'set' (a JSONL file), 'tag' (sessions to replay) nor 'episodes' "
+            "(module:function running a harness's own episodes)"
+        )
     return EvalSpec(
         grader=str(config.get("grader", "exact")),
         name=str(config.get("name", "default")),
         set_path=Path(config["set"]) if config.get("set") else None,
         tag=config.get("tag"),
+        episodes=config.get("episodes"),
         max_tokens=int(config.get("max_tokens", 256)),
         limit=config.get("limit"),
+        concurrency=int(config.get("concurrency", 4)),
         progress=False,
         **fixed,
     )
@@ -301,6 +311,11 @@ def spec_from_policy(config: dict[str, Any], **fixed: Any) -> EvalSpec:
 
 def evaluate(spec: EvalSpec) -> tuple[EvalResult, dict[str, Any] | None]:
     """Load the items, run them, post the result (unless ``post`` is off); (result, the proxy's answer)."""
+    if spec.episodes is not None:
+        result = EvalResult(spec, scores=dict(_episodes(spec.episodes)(spec)))
+        if not result.scores:
+            raise GraderError(f"the eval's episodes ({spec.episodes}) scored no item")
+        return result, post(spec, result) if spec.post else None
     if spec.set_path is not None:
         items = load_set(spec.set_path, spec.limit)
     elif spec.tag is not None and spec.db_url is not None:
@@ -311,6 +326,18 @@ def evaluate(spec: EvalSpec) -> tuple[EvalResult, dict[str, Any] | None]:
         raise GraderError("the eval has no items")
     result = asyncio.run(run_eval(spec, items))
     return result, post(spec, result) if spec.post else None
+
+
+def _episodes(name: str) -> Callable[[EvalSpec], Mapping[str, float]]:
+    """The ``module:function`` an ``episodes`` eval names: called with the spec, returns item id -> score."""
+    module, _, function = name.partition(":")
+    try:
+        found = getattr(importlib.import_module(module), function) if function else None
+    except (ImportError, AttributeError) as exc:
+        raise GraderError(f"eval episodes {name!r}: {exc}") from exc
+    if not callable(found):
+        raise GraderError(f"eval episodes {name!r}: name a function as module:function")
+    return found  # type: ignore[no-any-return]
 
 
 def after_publish(proxy: str, key: str | None, alias: str, project: str, db_url: str | None) -> Any:

@@ -68,3 +68,27 @@ def test_result_statistics_and_table() -> None:
     ]
     lines = table(rows, "s").splitlines()
     assert lines[1].split()[:3] == ["base", "4", "0.250"] and lines[2].split()[:3] == ["v2", "4", "0.500"]
+
+
+def _episodes(spec: EvalSpec) -> dict[str, float]:
+    """A harness's own episodes against ``spec.model``: here, one score per item up to ``limit``."""
+    return {f"{spec.model}-{i}": 1.0 - i / 10 for i in range(spec.limit or 0)}
+
+
+def test_an_episodes_eval_takes_its_scores_from_the_harness_function() -> None:
+    from judge.evaluate import evaluate, spec_from_policy
+
+    config = {"name": "support", "episodes": "tests.judge.test_graders:_episodes", "limit": 3, "concurrency": 8}
+    spec = spec_from_policy(config, alias="a", version=2, proxy="http://x", key=None, post=False)
+    assert spec.concurrency == 8 and spec.set_path is None
+    result, answer = evaluate(spec)
+    assert answer is None and result.scores == {"a@v2-0": 1.0, "a@v2-1": 0.9, "a@v2-2": 0.8}
+    assert result.payload()["name"] == "support" and result.n == 3
+    with pytest.raises(GraderError, match="scored no item"):
+        evaluate(spec_from_policy({**config, "limit": 0}, alias="a", version=2, proxy="http://x", key=None, post=False))
+    with pytest.raises(GraderError, match="tests.judge.nope:f"):
+        evaluate(
+            spec_from_policy({**config, "episodes": "tests.judge.nope:f"}, alias="a", version=2, proxy="", key=None)
+        )
+    with pytest.raises(GraderError, match="neither 'set'"):
+        spec_from_policy({"name": "x"}, alias="a", version=2, proxy="", key=None)

@@ -11,8 +11,9 @@ call in flight would see at that moment). Measured while, on the same loop:
 
 each done the way the code did before (``before``: the route's ``db.run_sync`` on the loop's async session,
 the proxy's housekeeping coroutine's ``run_sync(apply_retention)``) and the way it does now (``after``: the
-real ``POST /v1/admin/datasets`` route, which works in a thread on a sync session, and the housekeeper's
-retention job run in a thread, as ``serve``'s housekeeping thread runs it). For the deployment, ``before``
+real ``POST /v1/admin/datasets`` route, which works in the worker's dataset process (storage/dataset_jobs.py),
+and the retention pass in a process of its own, ``onthejob retention``, as the ``onthejob housekeep`` process
+that ``serve`` starts beside its workers runs it). For the deployment, ``before``
 waits for every engine's load (as ``Router.stage`` did, here with a 10 s load timeout instead of 120 s) and
 ``after`` answers once one engine has the version and the rest had ``STAGE_GRACE_S``; both print how long
 the deploy route took and how long after its answer the second worker routed to the version. The history
@@ -32,6 +33,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import re
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -53,7 +56,6 @@ from proxy.app import create_app
 from proxy.settings import Settings
 from storage import datasets
 from storage.db import async_engine, sync_engine
-from storage.housekeep import Housekeeper, Schedule
 from storage.migrate import upgrade
 from storage.models import Adapter, Completion, Project
 from storage.retention import apply_retention
@@ -137,7 +139,7 @@ async def before(url: str, since: str) -> dict[str, Any]:
 
 
 async def after(url: str, since: str) -> dict[str, Any]:
-    """The new paths: the real route (a thread, a sync session) and the housekeeper's job in a thread."""
+    """The new paths: the real route (the dataset process) and retention in a process of its own."""
     out: dict[str, Any] = {}
     with TemporaryDirectory() as spool:
         settings = Settings(
@@ -150,7 +152,6 @@ async def after(url: str, since: str) -> dict[str, Any]:
         )
         app = create_app(settings)
         async with app.router.lifespan_context(app):
-            state = app.state.onthejob
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=600) as client:
 
@@ -161,16 +162,25 @@ async def after(url: str, since: str) -> dict[str, Any]:
 
                 out["dataset"] = await lag_during(create)
             keep_one_day(url)
-            keeper = Housekeeper(state.sync_engine, Schedule())
-            job = next(j for j in keeper.jobs if j.name == "retention")
 
             async def retention() -> None:
-                done = await asyncio.to_thread(keeper.run, job)
-                assert done is not None
-                out["deleted_calls"] = done["projects"][PROJECT]["calls"]
+                out["deleted_calls"] = await retention_process(url)
 
             out["retention"] = await lag_during(retention)
     return out
+
+
+async def retention_process(url: str) -> int:
+    """One retention pass as ``serve``'s housekeeping process runs it: ``onthejob retention`` in a process of
+    its own (sharing nothing with this loop but the cores); the calls it deleted in the bench's project."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "onthejob.cli", "retention", "--db", url, stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    said = re.search(rf"project {re.escape(PROJECT)}: deleted (\d+) calls", err.decode())
+    assert said is not None, err.decode()
+    return int(said.group(1))
 
 
 LOAD_TIMEOUT_S = 10.0
@@ -237,8 +247,6 @@ async def deployment(url: str, mode: str, since: str | None = None) -> dict[str,
                 if since is None:
                     out["deploy"] = await lag_during(deploy)
                 else:
-                    keeper = Housekeeper(apps[0].state.onthejob.sync_engine, Schedule())
-                    job = next(j for j in keeper.jobs if j.name == "retention")
 
                     async def create() -> None:
                         body = {"name": "ds", "filter": {"since": since}}
@@ -247,9 +255,7 @@ async def deployment(url: str, mode: str, since: str | None = None) -> dict[str,
                         out["dataset_trajectories"] = made.json()["counts"]["trajectories"]
 
                     async def retention() -> None:
-                        done = await asyncio.to_thread(keeper.run, job)
-                        assert done is not None
-                        out["deleted_calls"] = done["projects"][PROJECT]["calls"]
+                        out["deleted_calls"] = await retention_process(url)
 
                     async def timed(name: str, work: Callable[[], Awaitable[None]]) -> None:
                         started = time.perf_counter()

@@ -1,26 +1,24 @@
 """Admin routes for datasets (storage/datasets.py): create, list, show, diff — the ``onthejob dataset`` commands.
 
-Each runs in a worker thread on a sync session of its own (:func:`_off_loop`): making a dataset assembles
-every candidate session (10,000 of them take seconds of CPU), and a show or a diff builds every item; on
-the event loop that would stall every call in flight (``python -m bench.serving_under_load``).
+Each runs in the worker's dataset process (storage/dataset_jobs.py, :func:`_off_loop`): making a dataset
+assembles every candidate session (10,000 of them take seconds of CPU), and a show or a diff builds every
+item; on the event loop, or in a thread sharing its GIL, that stalls every call in flight
+(``python -m bench.serving_under_load``).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session as DbSession
 
 from proxy.admission import MAX_TAGS, TAG_CHARS
 from proxy.deps import AdminDep, PathId, app_state
-from proxy.errors import ApiError, Conflict, InvalidRequest, NotFound
+from proxy.errors import ApiError, Conflict, InvalidRequest, NotFound, Unavailable
 from storage import datasets
+from storage.dataset_jobs import DatasetWorker, WorkerGone
 from storage.mining import MODES
 from storage.models import NO_NUL
 
@@ -66,57 +64,47 @@ def _api_error(exc: datasets.DatasetError) -> ApiError:
     return InvalidRequest(str(exc), param="filter")
 
 
-T = TypeVar("T")
+def dataset_worker(request: Request) -> DatasetWorker:
+    """The app's dataset process (proxy/state.py, storage/dataset_jobs.py)."""
+    return app_state(request).datasets
 
 
-def sync_engine(request: Request) -> Engine:
-    """The app's sync engine (proxy/state.py), for work done in threads."""
-    return app_state(request).sync_engine
+WorkerDep = Annotated[DatasetWorker, Depends(dataset_worker)]
 
 
-SyncDep = Annotated[Engine, Depends(sync_engine)]
-
-
-async def _off_loop(engine: Engine, work: Callable[[DbSession], T], *, commit: bool = False) -> T:
-    """``work`` on a sync session of its own in a worker thread; a storage error as the envelope's."""
-
-    def run() -> T:
-        with DbSession(engine) as db:
-            out = work(db)
-            if commit:
-                db.commit()
-            return out
-
+async def _off_loop(worker: DatasetWorker, job: str, *args: Any) -> Any:
+    """``job`` in the dataset process; a storage error as the envelope's."""
     try:
-        return await asyncio.to_thread(run)
+        return await worker.run(job, *args)
     except datasets.DatasetError as exc:
         raise _api_error(exc) from exc
+    except WorkerGone as exc:
+        raise Unavailable(str(exc)) from exc
 
 
 @router.post("/datasets", status_code=201)
-async def create_dataset(item: DatasetIn, admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
+async def create_dataset(item: DatasetIn, admin: AdminDep, worker: WorkerDep) -> dict[str, Any]:
     """Select trajectories and pin them (calls, feedback, rewards) under a name never reused."""
     try:
         given = datasets.DatasetFilter.from_dict(item.filter.model_dump(exclude_defaults=True))
         spec = datasets.Spec(given, from_mine=item.from_mine, curated=item.curated, per_task=item.per_task)
     except datasets.DatasetError as exc:
         raise _api_error(exc) from exc
-    work = lambda s: datasets.create(s, admin.project_id, item.name, spec, item.description)  # noqa: E731
-    return await _off_loop(engine, work, commit=True)
+    return await _off_loop(worker, "create", admin.project_id, item.name, spec, item.description)  # type: ignore[no-any-return]
 
 
 @router.get("/datasets")
-async def list_datasets(admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
-    return {"object": "list", "data": await _off_loop(engine, lambda s: datasets.list_datasets(s, admin.project_id))}
+async def list_datasets(admin: AdminDep, worker: WorkerDep) -> dict[str, Any]:
+    return {"object": "list", "data": await _off_loop(worker, "list", admin.project_id)}
 
 
 @router.get("/datasets/{name}")
-async def show_dataset(name: PathId, admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
+async def show_dataset(name: PathId, admin: AdminDep, worker: WorkerDep) -> dict[str, Any]:
     """The dataset and its items (a deleted session's are gone)."""
-    return await _off_loop(engine, lambda s: datasets.show(s, admin.project_id, name))
+    return await _off_loop(worker, "show", admin.project_id, name)  # type: ignore[no-any-return]
 
 
 @router.get("/datasets/{name}/diff/{other}")
-async def diff_datasets(name: PathId, other: PathId, admin: AdminDep, engine: SyncDep) -> dict[str, Any]:
+async def diff_datasets(name: PathId, other: PathId, admin: AdminDep, worker: WorkerDep) -> dict[str, Any]:
     """Items only in ``name``, only in ``other``, and in both with another path, reward or feedback."""
-    return await _off_loop(engine, lambda s: datasets.diff(s, admin.project_id, name, other))
+    return await _off_loop(worker, "diff", admin.project_id, name, other)  # type: ignore[no-any-return]

@@ -29,6 +29,7 @@ from proxy.settings import Settings
 from proxy.spool import Spool
 from proxy.spool_folders import absorb_orphans, claim
 from proxy.upstream import Upstream
+from storage.dataset_jobs import DatasetWorker
 from storage.db import async_engine, database_url, libpq_url, sync_engine
 from storage.feedback import count_orphans
 from storage.housekeep import Housekeeper, Schedule, log_result
@@ -66,6 +67,7 @@ class AppState:
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
     draining: bool = False
     _sync_engine: Engine | None = None
+    _datasets: DatasetWorker | None = None
     _housekeeping: tuple[threading.Thread, threading.Event] | None = None
 
     @classmethod
@@ -143,6 +145,13 @@ class AppState:
             pool = {} if _sqlite(self.settings) else {"pool_size": 3, "max_overflow": 3}
             self._sync_engine = sync_engine(self.settings.database_url, **pool)
         return self._sync_engine
+
+    @property
+    def datasets(self) -> DatasetWorker:
+        """The dataset routes' process (storage/dataset_jobs.py), started at their first call."""
+        if self._datasets is None:
+            self._datasets = DatasetWorker(database_url(self.settings.database_url), lambda: self.sync_engine)
+        return self._datasets
 
     async def start(self) -> None:
         await asyncio.to_thread(absorb_orphans, self.spool)  # records a worker that is gone left behind
@@ -258,6 +267,8 @@ class AppState:
         if self.inflight:
             await asyncio.wait(self.inflight, timeout=grace_s)
         await self._cancel_tasks()
+        if self._datasets is not None:
+            self._datasets.close()
         await self._stop_housekeeper()
         with contextlib.suppress(Exception):
             async with asyncio.timeout(STOP_DRAIN_S):

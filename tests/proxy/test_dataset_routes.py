@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import threading
+import multiprocessing
+import os
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from proxy import routes_datasets
 from proxy.app import create_app
 from proxy.settings import Settings
-from storage import datasets
+from storage.dataset_jobs import APPLICATION_NAME, DatasetWorker
 from storage.db import sync_engine
 from storage.keys import ensure_project
 from tests.proxy.header_auth import as_, header_client
@@ -27,11 +28,11 @@ pytestmark = pytest.mark.anyio
 async def client(pg_url: str) -> AsyncIterator[httpx.AsyncClient]:
     """The real app (routes, envelope); the key check and the database session are the test's."""
     app = create_app(Settings(upstreams=["http://127.0.0.1:1"], database_url=pg_url))
-    engine = sync_engine(pg_url)  # the dataset routes work in a thread, on a sync session (no lifespan here)
-    app.dependency_overrides[routes_datasets.sync_engine] = lambda: engine
+    worker = DatasetWorker(pg_url, lambda: pytest.fail("a database other processes see is worked on in one"))
+    app.dependency_overrides[routes_datasets.dataset_worker] = lambda: worker  # (no lifespan here)
     async with header_client(app, pg_url, "http://t/v1/admin") as c:
         yield c
-    engine.dispose()
+    worker.close()
 
 
 async def test_dataset_routes_mirror_the_commands(client: httpx.AsyncClient, db: Session) -> None:
@@ -68,27 +69,40 @@ async def test_dataset_routes_mirror_the_commands(client: httpx.AsyncClient, db:
     assert (await client.get("/datasets", headers=as_(other))).json()["data"] == []
 
 
-async def test_a_dataset_is_made_off_the_event_loop_which_serves_meanwhile(
-    client: httpx.AsyncClient, db: Session, monkeypatch: pytest.MonkeyPatch
+async def test_a_dataset_is_made_in_a_process_of_its_own_and_a_dead_one_is_replaced(
+    client: httpx.AsyncClient, db: Session, pg_url: str
 ) -> None:
-    """The creation (every candidate session assembled) runs in a worker thread: while it is held there,
-    the loop answers another request. On the loop (the old ``run_sync``) the held creation blocked it."""
+    """The creation (every candidate session assembled) runs in the worker's dataset process, not in a thread
+    sharing the serving loop's GIL: held there by a lock on its table, the job is seen in Postgres under the
+    child's name while the loop answers; the child killed, the call under way gets a 503 in the envelope,
+    nothing is half-written, and the next call starts another child that makes it."""
     p, _ = _world(db)
-    real, started, release = datasets.create, threading.Event(), threading.Event()
-    where: list[threading.Thread] = []
-
-    def held(*args: Any, **kwargs: Any) -> Any:
-        where.append(threading.current_thread())
-        started.set()
-        assert release.wait(20), "the loop never answered the other request"
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(datasets, "create", held)
-    making = asyncio.create_task(client.post("/datasets", headers=as_(p), json={"name": "big"}))
-    assert await asyncio.to_thread(started.wait, 20)
-    listed = await client.get("/datasets", headers=as_(p))  # served while the creation is held in its thread
-    assert listed.status_code == 200 and listed.json()["data"] == []
-    release.set()
-    made = await making
+    db.commit()
+    blocker = sync_engine(pg_url)
+    try:
+        with blocker.connect() as conn:
+            conn.execute(text("LOCK TABLE datasets IN EXCLUSIVE MODE"))  # a plain read still passes
+            before = {c.pid for c in multiprocessing.active_children()}  # another test's, maybe still ending
+            making = asyncio.create_task(client.post("/datasets", headers=as_(p), json={"name": "big"}))
+            waiting = "SELECT count(*) FROM pg_stat_activity WHERE application_name = :n AND wait_event_type = 'Lock'"
+            for _ in range(300):
+                with blocker.connect() as probe:
+                    if probe.execute(text(waiting), {"n": APPLICATION_NAME}).scalar_one():
+                        break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the dataset process never reached the table")
+            assert not making.done()
+            assert (await client.get("http://t/healthz")).status_code == 200  # the loop serves meanwhile
+            children = [c for c in multiprocessing.active_children() if c.pid not in before]
+            assert len(children) == 1 and children[0].pid != os.getpid()
+            children[0].kill()
+            gone = await making
+            conn.rollback()
+    finally:
+        blocker.dispose()
+    assert gone.status_code == 503 and gone.json()["error"]["type"], gone.text
+    assert (await client.get("/datasets", headers=as_(p))).json()["data"] == []  # nothing half-written
+    made = await client.post("/datasets", headers=as_(p), json={"name": "big"})
     assert made.status_code == 201 and made.json()["counts"]["trajectories"] == 9  # every trajectory of the world
-    assert where and where[0] is not threading.main_thread()
+    assert [c.pid for c in multiprocessing.active_children()] != [children[0].pid]

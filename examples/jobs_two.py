@@ -243,9 +243,10 @@ class Trainer:
 # ---- the run ------------------------------------------------------------------------------
 
 
-def run_jobs_two(cfg: JobsConfig) -> dict[str, Any]:
-    """The whole run; returns what ``summary.json`` holds."""
-    from judge.evaluate import evaluate, spec_from_policy
+def run_jobs_two(cfg: JobsConfig, judge: Any) -> dict[str, Any]:
+    """The whole run; returns what ``summary.json`` holds. ``judge``: the module :mod:`judge.evaluate`, passed in
+    by the command (the demo and the judge are on one floor and never import each other: tests/test_imports.py)."""
+    evaluate, spec_from_policy = judge.evaluate, judge.spec_from_policy
 
     started, started_at = time.monotonic(), datetime.now(UTC)
     out = cfg.out.resolve()
@@ -278,7 +279,7 @@ def run_jobs_two(cfg: JobsConfig) -> dict[str, Any]:
             _wait(trainer, time.monotonic() + 60 * cfg.drain_minutes, lambda: trainer.waits > waits)
         finally:
             trainer.close()
-        summary = collect(stack, cfg, started_at)
+        summary = collect(stack, cfg, started_at, judge.list_evals)
     summary["seconds"] = round(time.monotonic() - started, 1)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     write_plot(summary, out / "heldout_families.png")
@@ -294,9 +295,8 @@ def _wait(trainer: Trainer, until: float, done: Callable[[], bool]) -> None:
         time.sleep(1.0)
 
 
-def collect(stack: Stack, cfg: JobsConfig, started_at: datetime) -> dict[str, Any]:
+def collect(stack: Stack, cfg: JobsConfig, started_at: datetime, list_evals: Any) -> dict[str, Any]:
     """Read back from the deployment what each version was evaluated at, learned from, and what the gate did."""
-    from judge.evaluate import list_evals
 
     alias = stack.model_name
     rows, steps = _trained_items(stack)
@@ -382,10 +382,10 @@ def _trained_items(stack: Stack) -> tuple[list[dict[str, Any]], list[dict[str, A
         engine.dispose()
 
 
-def run(args: argparse.Namespace) -> int:
-    """Entry point of ``onthejob demo --jobs two``."""
+def run(args: argparse.Namespace, judge: Any) -> int:
+    """Entry point of ``onthejob demo --jobs two`` (``judge``: the module judge.evaluate)."""
     try:
-        run_jobs_two(JobsConfig.from_args(args))
+        run_jobs_two(JobsConfig.from_args(args), judge)
     except DemoError as exc:
         print(f"onthejob demo --jobs two: {exc}", file=sys.stderr)
         return 1

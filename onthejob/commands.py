@@ -262,8 +262,9 @@ def monitor(args: argparse.Namespace) -> int:
 def demo(args: argparse.Namespace) -> int:
     if getattr(args, "jobs", "one") == "two":
         from examples import jobs_two
+        from judge import evaluate as judge_evaluate
 
-        return jobs_two.run(args)
+        return jobs_two.run(args, judge_evaluate)
     from examples.demo import run
 
     return run(args)

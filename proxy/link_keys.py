@@ -56,7 +56,51 @@ def naming(headers: Any, body: dict[str, Any], path_session: str | None) -> Nami
             raise InvalidRequest(f"{field} must be at most 200 characters with no NUL character", param=field)
     user = body.get("user") or meta.get("user_id") or meta.get("end_user")
     end_user = str(user) if isinstance(user, str | int) and not isinstance(user, bool) else None
+    harness = harness_tags(headers, body)
+    if harness:
+        tags = tuple(dict.fromkeys((*tags, *harness)))
     return Naming(session or None, task, tags, headers.get("x-client-request-id"), source, end_user)
+
+
+def harness_tags(headers: Any, body: dict[str, Any]) -> tuple[str, ...]:
+    """Tags from what a known coding-agent harness says about a call in its own headers.
+
+    Claude Code (``User-Agent: claude-cli/...``): ``harness:claude-code``; its session
+    (``X-Claude-Code-Session-Id``, shared by the agent loop and its side calls) as
+    ``claude-code-session:<id>``; a call without tools is a side call (a title, a summary:
+    its agent loop always sends its tools) and gets ``side-call``; a subagent's call
+    (``x-claude-code-agent-id``) gets ``subagent``. Codex (``originator: codex_...``):
+    ``harness:codex``, ``codex-thread:<id>``, and ``side-call`` where its
+    ``x-codex-turn-metadata`` names a ``request_kind`` other than ``turn``. Other callers: none.
+    """
+    agent = headers.get("user-agent") or ""
+    if agent.startswith("claude-cli/"):
+        out = ["harness:claude-code"]
+        _id_tag(out, "claude-code-session", headers.get("x-claude-code-session-id"))
+        if not body.get("tools"):
+            out.append("side-call")
+        if headers.get("x-claude-code-agent-id"):
+            out.append("subagent")
+        return tuple(out)
+    if (headers.get("originator") or "").startswith("codex") or agent.startswith("codex"):
+        out = ["harness:codex"]
+        _id_tag(out, "codex-thread", headers.get("thread-id") or headers.get("session-id"))
+        raw = headers.get("x-codex-turn-metadata")
+        try:
+            turn = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            turn = None
+        kind = turn.get("request_kind") if isinstance(turn, dict) else None
+        if isinstance(kind, str) and kind != "turn":
+            out.append("side-call")
+        return tuple(out)
+    return ()
+
+
+def _id_tag(out: list[str], name: str, value: str | None) -> None:
+    """``name:value`` when the harness's id is a short printable one (ids are uuids; anything else is left out)."""
+    if value and len(value) <= 64 and value.isprintable() and "," not in value:
+        out.append(f"{name}:{value}")
 
 
 def link_scope(key_id: str | None, end_user: str | None) -> str | None:

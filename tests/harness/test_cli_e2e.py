@@ -7,8 +7,9 @@ and exiting 0. Between the proxy and the engine a tap keeps what the engine retu
 call the engine answered is recorded, with the prompt and sampled token ids the engine
 returned; the main loop's calls (the ones carrying the CLI's tools) are one session, one
 trajectory whose sampled tokens are the engine's; feedback posted to it attaches and is its
-reward. Nothing tries to leave the machine: an HTTP(S) proxy trap given to the CLIs for every
-other address sees no connection.
+reward. Every call is tagged with the CLI and the CLI's own session id, a call without the
+CLI's tools as a side call (proxy/link_keys.py harness_tags). Nothing tries to leave the
+machine: an HTTP(S) proxy trap given to the CLIs for every other address sees no connection.
 
 Without npm or its registry the test skips locally and fails under ``CI=true``.
 """
@@ -118,6 +119,19 @@ def main_loop_session(records: list[dict[str, Any]], tool_key: str) -> str:
     return str(sessions.pop())
 
 
+def tagged_by_harness(records: list[dict[str, Any]], harness: str, tool_key: str) -> None:
+    """Every call names the harness and its own session id; a call without the CLI's tools is tagged a side call."""
+    for rec in records:
+        tags = rec["onthejob"]["tags"]
+        assert f"harness:{harness}" in tags, tags
+        assert any(t.startswith(("claude-code-session:", "codex-thread:")) for t in tags), tags
+        if harness == "claude-code":  # Codex marks its side calls in a header (tests/proxy/test_harness_tags.py)
+            side = not (rec["onthejob"]["client_request"] or {}).get(tool_key)
+            assert ("side-call" in tags) == side, (tags, side)
+        elif (rec["onthejob"]["client_request"] or {}).get(tool_key):
+            assert "side-call" not in tags, tags
+
+
 def feedback_attaches(proxy: Proxy, session: str) -> None:
     fb = httpx.post(
         f"{proxy.v1}/feedback",
@@ -161,6 +175,7 @@ def test_claude_code_print_mode_through_the_proxy(
     first = records[0]["onthejob"]["client_request"]
     assert len(first["tools"]) >= 10, first["tools"]
     assert len(records[0]["onthejob"]["prompt_token_ids"]) > 8192, "the default request must not fit the old 8k"
+    tagged_by_harness(records, "claude-code", "tools")
     session = main_loop_session(records, "tools")
     feedback_attaches(proxy, session)
     one_token_exact_trajectory(proxy, session, records)
@@ -183,6 +198,7 @@ def test_codex_exec_through_the_proxy(
     records = recorded_exactly(proxy, tap, "responses")
     first = records[0]["onthejob"]["client_request"]
     assert {t["type"] for t in first["tools"]} >= {"function", "namespace"}, json.dumps(first["tools"])[:500]
+    tagged_by_harness(records, "codex", "tools")
     session = main_loop_session(records, "tools")
     feedback_attaches(proxy, session)
     one_token_exact_trajectory(proxy, session, records)

@@ -18,6 +18,8 @@ from sqlalchemy.orm import Session
 
 from storage.db import sync_engine
 from storage.keys import create_key
+from storage.models import Adapter
+from storage.models.training import ADAPTER_COMMITTED
 from tests.conftest import free_port
 
 
@@ -142,6 +144,33 @@ def make_key(db_url: str, project: str = "default", role: str = "harness") -> st
         db.commit()
     eng.dispose()
     return key.secret
+
+
+def add_adapter(
+    db_url: str,
+    project: str,
+    alias: str,
+    version: int,
+    path: Path | str,
+    base_model: str,
+    state: str = ADAPTER_COMMITTED,
+) -> None:
+    """An adapter row written straight to the database, as a trainer's publish leaves one (no weights checked)."""
+    eng = sync_engine(db_url)
+    with Session(eng) as db:
+        db.add(
+            Adapter(
+                project_id=project,
+                alias=alias,
+                version=version,
+                path=str(path),
+                sha256="0" * 64,
+                base_model=base_model,
+                state=state,
+            )
+        )
+        db.commit()
+    eng.dispose()
 
 
 @contextlib.contextmanager

@@ -29,10 +29,10 @@ from sqlalchemy.orm import Session
 from engine.launcher import Engine
 from engine.weights import ModelInfo
 from storage.db import sync_engine
-from storage.models import Adapter, Completion
+from storage.models import Completion
 from tests.adapters import random_adapter
 from tests.conftest import _start
-from tests.proxy.conftest import Proxy, ProxyFactory, metric_sample
+from tests.proxy.conftest import Proxy, ProxyFactory, add_adapter, metric_sample
 
 pytestmark = pytest.mark.engine
 
@@ -102,20 +102,7 @@ def _until(what: str, check: Any, timeout: float = 60.0) -> None:
 
 
 def _adapter(db_url: str, model: ModelInfo, folder: Path, version: int) -> None:
-    eng = sync_engine(db_url)
-    with Session(eng) as db:
-        db.add(
-            Adapter(
-                project_id="default",
-                alias=model.name,
-                version=version,
-                path=str(folder),
-                sha256="0" * 64,
-                base_model=model.name,
-            )
-        )
-        db.commit()
-    eng.dispose()
+    add_adapter(db_url, "default", model.name, version, folder, model.name)
 
 
 def test_affinity_a_deployment_while_one_engine_hangs_and_unloading(

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from storage.db import sync_engine
 from storage.models import Adapter
 from storage.models.training import ADAPTER_COMMITTED, ADAPTER_RESERVED
-from tests.proxy.conftest import ProxyFactory, make_key
+from tests.proxy.conftest import ProxyFactory, add_adapter, make_key
 
 
 def test_a_reserved_version_is_not_deployed_until_committed(
@@ -23,20 +23,8 @@ def test_a_reserved_version_is_not_deployed_until_committed(
         f"{proxy.v1}/admin/aliases", headers=admin, timeout=10, json={"name": "helper", "base_model": "stub-model"}
     )
     assert made.status_code == 201, made.text
+    add_adapter(db_url, "proj", "helper", 1, f"{tmp_path}/helper/v1", "stub-model", state=ADAPTER_RESERVED)
     eng = sync_engine(db_url)
-    with Session(eng) as db:
-        db.add(
-            Adapter(
-                project_id="proj",
-                alias="helper",
-                version=1,
-                path=f"{tmp_path}/helper/v1",
-                sha256="0" * 64,
-                base_model="stub-model",
-                state=ADAPTER_RESERVED,
-            )
-        )
-        db.commit()
     reserved = httpx.post(
         f"{proxy.v1}/admin/deployments", headers=admin, timeout=30, json={"alias": "helper", "version": 1}
     )

@@ -28,9 +28,9 @@ from sqlalchemy.orm import Session
 
 from proxy.link_deletes import FOLLOW_S
 from storage.db import sync_engine
-from storage.models import Adapter, Completion
+from storage.models import Completion
 from storage.models import Session as SessionRow
-from tests.proxy.conftest import Proxy, launch_proxy, metric_sample, stub_engine
+from tests.proxy.conftest import Proxy, add_adapter, launch_proxy, metric_sample, stub_engine
 
 BOUND_S = 15.0  # the longest host b is given to follow what host a did (the contract: about a second)
 
@@ -69,20 +69,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory, pg_factory: Any) -> Iterator
             started.append(a)
             made = httpx.post(f"{a.v1}/admin/aliases", json={"name": "helper", "base_model": "stub-model"}, timeout=10)
             assert made.status_code == 201, made.text
-            eng = sync_engine(db_url)
-            with Session(eng) as db:
-                db.add(
-                    Adapter(
-                        project_id="default",
-                        alias="helper",
-                        version=1,
-                        path=str(tmp / "helper" / "v1"),
-                        sha256="0" * 64,
-                        base_model="stub-model",
-                    )
-                )
-                db.commit()
-            eng.dispose()
+            add_adapter(db_url, "default", "helper", 1, tmp / "helper" / "v1", "stub-model")
             b = launch_proxy(tmp, engine_b, db_url, spool=tmp / "spool-b", env={"ONTHEJOB_HOST_ID": "b"})
             started.append(b)
 

@@ -255,7 +255,7 @@ def run_jobs_two(cfg: JobsConfig, judge: Any) -> dict[str, Any]:
     base = DemoConfig(out=out, model=cfg.model, seed=cfg.seed, judge=False, engine_threads=cfg.engine_threads)
     with Stack(base) as stack, (out / "episodes.jsonl").open("w") as episodes:
         alias = stack.model_name
-        stack.admin("PUT", "/v1/admin/project", {"implicit_feedback": True})
+        stack.admin("PUT", "/v1/admin/project", {"implicit_feedback": True, "implicit_feedback_skip": ["RESULT:"]})
         policy = {"mode": "gate", "eval": eval_configs(cfg), "families": list(FAMILIES)}
         stack.admin("PUT", f"/v1/admin/aliases/{alias}/policy", policy)
         fixed = {"alias": alias, "proxy": stack.proxy_url, "key": stack.admin_key, "project": stack.project}

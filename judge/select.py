@@ -32,7 +32,7 @@ from judge.post import judge_key
 from judge.score import Item
 from storage.grading import current, resolve_grades
 from storage.hindsight import next_turn_feedback
-from storage.judge_config import JUDGE_SOURCE, JUDGE_TAG, JudgeSettings, implicit_feedback
+from storage.judge_config import JUDGE_SOURCE, JUDGE_TAG, JudgeSettings, implicit_feedback, implicit_skip
 from storage.loaders import (
     build,
     completions_stmt,
@@ -103,7 +103,7 @@ def select_items(
     grades = resolve_grades(others, completions)
     hindsight: dict[str, list[str]] = {}
     if implicit_feedback(settings):
-        for h in next_turn_feedback(completions):
+        for h in next_turn_feedback(completions, implicit_skip(settings)):
             hindsight.setdefault(h.session_id, []).append(h.text)
     return sort_sessions(completions, trajectories, grades, cfg, judged_keys, hindsight)
 

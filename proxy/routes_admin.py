@@ -254,6 +254,12 @@ class ProjectIn(BaseModel):
     implicit_feedback: bool | None = Field(
         default=None, description="read the user's next message as feedback on the answer before it"
     )
+    implicit_feedback_skip: list[Annotated[str, Field(min_length=1, max_length=200)]] | None = Field(
+        default=None,
+        max_length=20,
+        description="user messages starting with one of these are a tool's output in the harness's text protocol"
+        ' (e.g. "RESULT:"), never feedback',
+    )
     mine: dict[str, Any] | None = Field(
         default=None, description="what `onthejob mine` counts as a failure: patterns, text protocol, thresholds"
     )

@@ -4,7 +4,9 @@
 grader's comment would. Pure over stored completion rows: a call's request
 messages are its parent's messages, the parent's reply, then what came next;
 when the first message after that reply is the user's, it is hindsight on the
-parent's answer. Tool results in between are not (the model asked for them).
+parent's answer. Tool results in between are not (the model asked for them), nor is a
+user message that starts with one of the project's ``implicit_feedback_skip`` prefixes: a
+harness's text protocol may hand a tool's output back as a user message (``RESULT: 945``).
 Off by default per project (``settings["implicit_feedback"]``); it feeds the judge and
 self-distillation, and never stands in for explicit feedback.
 """
@@ -56,8 +58,12 @@ def _extends(parent: Any, child: Any) -> bool:
     return same == [(m.get("role"), _text(m.get("content"))) for m in after[: len(before) + 1]]
 
 
-def next_turn_feedback(calls: Sequence[Any]) -> list[Hindsight]:
-    """Hindsight per answered call of the given rows (one session's or several, in time order)."""
+def next_turn_feedback(calls: Sequence[Any], skip: Sequence[str] = ()) -> list[Hindsight]:
+    """Hindsight per answered call of the given rows (one session's or several, in time order).
+
+    A next user message starting with one of ``skip`` is a tool's output in a text protocol: none.
+    """
+    prefixes = tuple(skip)
     by_id = {c.id: c for c in calls}
     seen: dict[str, list[Any]] = {}
     out: list[Hindsight] = []
@@ -71,6 +77,6 @@ def next_turn_feedback(calls: Sequence[Any]) -> list[Hindsight]:
             continue
         following = (_messages(child) or [])[len(_messages(parent) or []) + 1]
         text = _text(following.get("content")).strip()
-        if following.get("role") == "user" and text:
+        if following.get("role") == "user" and text and not (prefixes and text.startswith(prefixes)):
             out.append(Hindsight(parent.id, parent.session_id, text, child.id))
     return out

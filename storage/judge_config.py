@@ -24,11 +24,20 @@ DEFAULT_MIN_AGREEMENT = 0.6
 # Project setting (settings["implicit_feedback"], off by default): the next user turn of a multi-turn
 # session counts as a comment on the assistant turn before it, for the judge and self-distillation.
 IMPLICIT_FEEDBACK = "implicit_feedback"
+# settings["implicit_feedback_skip"]: prefixes of user messages that are a tool's output in a harness's
+# text protocol (the demo's "RESULT:"), never feedback; a role "tool" message never is either.
+IMPLICIT_FEEDBACK_SKIP = "implicit_feedback_skip"
 
 
 def implicit_feedback(settings: Mapping[str, Any] | None) -> bool:
     """Whether the project reads the next user turn as feedback (never instead of explicit feedback)."""
     return bool((settings or {}).get(IMPLICIT_FEEDBACK, False))
+
+
+def implicit_skip(settings: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The prefixes of next user turns that are a tool's output, not feedback (the project's setting)."""
+    skip = (settings or {}).get(IMPLICIT_FEEDBACK_SKIP) or ()
+    return tuple(p for p in skip if isinstance(p, str) and p)
 
 
 class JudgeSettingsError(ValueError):

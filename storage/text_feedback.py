@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session as DbSession
 from storage.changes import among
 from storage.grading import Grade, current, resolve_grades
 from storage.hindsight import Hindsight, next_turn_feedback
-from storage.judge_config import JUDGE_SOURCE, implicit_feedback
+from storage.judge_config import JUDGE_SOURCE, implicit_feedback, implicit_skip
 from storage.loaders import completions_stmt, feedback_listed_stmt, feedback_stmt, sessions_subquery, settings_stmt
 from storage.models import Completion, Feedback, UsedFeedback
 from storage.trajectories import trajectory_id
@@ -80,7 +80,7 @@ def load_text_feedback(
     calls = [c for c in calls if c.alias == alias]
     feedback = [f for f in feedback if f.source != JUDGE_SOURCE]
     grades = [g for g in current(resolve_grades(feedback, calls)) if g.comment and g.comment.strip()]
-    hindsight = next_turn_feedback(calls) if implicit_feedback(settings) else []
+    hindsight = next_turn_feedback(calls, implicit_skip(settings)) if implicit_feedback(settings) else []
     used = {(t, f, o) for t, f, o in db.execute(used_stmt)}
     return TextFeedback(calls, grades, hindsight, used)
 

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from storage.change_reader import ChangeReader
 from storage.changes import Position
-from storage.judge_config import implicit_feedback
+from storage.judge_config import implicit_feedback, implicit_skip
 from storage.loaders import settings_stmt
 from storage.text_feedback import load_text_feedback
 from storage.trajectories import chat_template_render
@@ -44,7 +44,7 @@ def prompt_render(tokenizer: Any) -> PromptRender:
 
 
 @dataclass
-class TextFeed(ChangeReader[TextualExample, bool]):
+class TextFeed(ChangeReader[TextualExample, tuple[bool, tuple[str, ...]]]):
     """``feed.poll(db) -> (examples, exclusions by reason)``: up to ``limit`` unused SDPO and correction examples."""
 
     alias: str
@@ -56,16 +56,17 @@ class TextFeed(ChangeReader[TextualExample, bool]):
     def consumer(self) -> str:
         return f"text:{self.alias}"
 
-    def config(self, db: Session) -> bool:
-        """Whether hindsight (the next user turn) counts as feedback in this project."""
-        return implicit_feedback(db.scalar(settings_stmt(self.project)))
+    def config(self, db: Session) -> tuple[bool, tuple[str, ...]]:
+        """Whether hindsight (the next user turn) counts as feedback in this project, and which turns do not."""
+        settings = db.scalar(settings_stmt(self.project))
+        return implicit_feedback(settings), implicit_skip(settings)
 
     def read(
-        self, db: Session, sessions: dict[str, Position], implicit: bool
+        self, db: Session, sessions: dict[str, Position], config: tuple[bool, tuple[str, ...]]
     ) -> tuple[dict[str, list[TextualExample]], Counter[str]]:
         """The unused examples of these sessions, by session, and every hint left out by reason."""
         loaded = load_text_feedback(db, self.project, self.alias, session_ids=list(sessions))
-        items = hints(loaded.calls, loaded.grades, loaded.hindsight if implicit else ())
+        items = hints(loaded.calls, loaded.grades, loaded.hindsight if config[0] else ())
         examples, excluded = build_examples(
             loaded.calls,
             items,

@@ -1,4 +1,4 @@
-"""PUT /v1/admin/project takes the judge, the reward rule and implicit feedback; GET /v1/admin/judge shows the gate."""
+"""PUT /v1/admin/project takes the judge, the reward rule, implicit feedback; GET /v1/admin/judge shows the gate."""
 
 from __future__ import annotations
 
@@ -33,10 +33,21 @@ def test_judge_and_reward_settings_over_the_admin_api(
     ):
         bad = put(body)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
-    ok = put({"judge": JUDGE, "reward": {"numeric": ["reward", "score"]}, "implicit_feedback": True})
+    for skip in ([""], "RESULT:", ["x" * 201]):
+        bad = put({"implicit_feedback_skip": skip})
+        assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("implicit_feedback_skip"), bad.text
+    ok = put(
+        {
+            "judge": JUDGE,
+            "reward": {"numeric": ["reward", "score"]},
+            "implicit_feedback": True,
+            "implicit_feedback_skip": ["RESULT:"],
+        }
+    )
     assert ok.status_code == 200, ok.text
     settings = ok.json()["settings"]
     assert settings["judge"]["rubric"] == JUDGE["rubric"] and settings["implicit_feedback"] is True
+    assert settings["implicit_feedback_skip"] == ["RESULT:"]
     assert settings["reward"] == {"numeric": ["reward", "score"]}
     assert put({"redact": {"store_text": True, "patterns": []}}).json()["settings"]["judge"] == settings["judge"]
 

@@ -34,3 +34,13 @@ def test_found_without_a_parent_link_and_never_from_tool_results() -> None:
     assert next_turn_feedback([first, tool, other_prompt]) == []
     other_session = call("c5", [Q, A1, {"role": "user", "content": "no"}], "ok", at=1, session="s2")
     assert next_turn_feedback([first, other_session]) == []
+
+
+def test_a_tool_output_in_a_text_protocol_is_no_feedback_when_the_project_names_its_prefix() -> None:
+    calc = {"role": "assistant", "content": "CALC: 9 - 4"}
+    first = call("c1", [Q], "CALC: 9 - 4")
+    result = call("c2", [Q, calc, {"role": "user", "content": "  RESULT: 5"}], "ANSWER: 5", parent="c1", at=1)
+    assert [h.text for h in next_turn_feedback([first, result])] == ["RESULT: 5"]  # a user message, read as one
+    assert next_turn_feedback([first, result], skip=("RESULT:",)) == []
+    reply = call("c3", [Q, calc, {"role": "user", "content": "Why a calculator?"}], "ANSWER: 5", parent="c1", at=1)
+    assert [h.text for h in next_turn_feedback([first, reply], skip=("RESULT:",))] == ["Why a calculator?"]

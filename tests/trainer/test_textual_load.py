@@ -99,6 +99,12 @@ def test_each_poll_reads_only_what_changed_and_a_restart_resumes_from_the_cursor
     assert (sessions(examples), excluded, restarted.sessions_read) == (["s1"], Counter({"already_used": 2}), 2)
     assert [e.hint.kind for e in examples] == ["implicit"]
 
+    # The project names the user's reply's opening as a tool's output (a text protocol's RESULT:): read again, none.
+    project.settings = {"implicit_feedback": True, "implicit_feedback_skip": ["No,"]}
+    db.commit()
+    examples, excluded = _poll(db, restarted)
+    assert (examples, restarted.sessions_read) == ([], 2), [e.hint for e in examples]
+
 
 def test_a_part_weighted_zero_takes_no_place_in_a_batch(db: Session, tokenizer: Any) -> None:
     """Corrections only (``--sdpo-weight 0``): each correction item also gives an SDPO example, which the feed

@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 FAMILIES = ("arithmetic", "support")
-SOURCES = ("numbers", "comments", "corrections", "replies", "tool results")
+SOURCES = ("numbers", "comments", "corrections", "replies", "nudges", "tool results")
+TOOLS = ("CALC", "LOOKUP")  # the two families' tool calls in their text protocols
 FINAL = ("promoted", "held", "rolled_back", "superseded", "manual")
 
 
@@ -37,16 +38,19 @@ def classify(objective: str, feedback_id: str, feedback_name: str | None, reply:
 
     ``reward`` (a scalar: a grade, thumbs, an outcome, or the proxy's own view of a failure) is a number;
     ``correction`` (filtered SFT) and an SDPO example of a correction are corrections; an SDPO example of
-    next-turn text (``implicit:…``) is a reply when the call it teaches answered (``ANSWER:``), and a tool
-    result otherwise: in the demo's text protocol a ``RESULT:`` line is a user message, which the proxy's
-    hindsight reads as feedback on the ``CALC:``/``LOOKUP:`` call before it; any other SDPO example is a comment.
+    next-turn text (``implicit:…``) is a reply when the call it teaches answered (``ANSWER:``), a tool
+    result when it called the tool (``CALC:``/``LOOKUP:``: in the demo's text protocol the ``RESULT:`` line is
+    a user message, read as feedback unless the project's ``implicit_feedback_skip`` names it), and a nudge
+    otherwise (a malformed line, followed by the harness's "Reply with ..." reminder); any other SDPO
+    example is a comment.
     """
     if objective == "reward":
         return "numbers"
     if objective == "correction" or feedback_name == "correction":
         return "corrections"
     if feedback_id.startswith("implicit:"):
-        return "replies" if (reply or "").lstrip().startswith("ANSWER") else "tool results"
+        line = (reply or "").lstrip()
+        return "replies" if line.startswith("ANSWER") else "tool results" if line.startswith(TOOLS) else "nudges"
     return "comments"
 
 

@@ -31,8 +31,9 @@ customer's words have to teach.
 
 Checked through the proxy (6 training episodes, ``voice="reply"``, 2026-12-03): the stored rows give
 every answer its customer's reply as implicit feedback (:func:`storage.hindsight.next_turn_feedback`),
-but it also reads each ``RESULT:`` line as "feedback" on the ``LOOKUP:`` call before it, since tool
-results in this text protocol are user messages (arithmetic's ``CALC:`` results too).
+and, unless the project's ``implicit_feedback_skip`` names ``RESULT:`` (``demo --jobs two`` does), each
+``RESULT:`` line as "feedback" on the ``LOOKUP:`` call before it, since tool results in this text
+protocol are user messages (arithmetic's ``CALC:`` results too).
 
 Everything here except the harness is pure and deterministic: the orders table, the problems,
 the held-out split, the action parser, the order tool, the grade and the customer's words.

@@ -22,6 +22,7 @@ def test_each_trained_item_is_named_by_the_feedback_it_came_from() -> None:
     assert classify("sdpo", "implicit:c9", None, "ANSWER: Hi Sara, order 40213 is shipped") == "replies"
     # a RESULT: line after a LOOKUP: is a user message too; hindsight reads it as feedback on the lookup
     assert classify("sdpo", "implicit:c8", None, "LOOKUP: 40213") == "tool results"
+    assert classify("sdpo", "implicit:c7", None, "The order is on its way") == "nudges"  # malformed: reminded
     assert (
         family_of("sp-0123") == "support" and family_of("ep-0123") == "arithmetic" and family_of(None) == "arithmetic"
     )

@@ -11,7 +11,11 @@ probed while ``--load`` calls are in flight, and each probe is compared with eve
 - caught: the previous version, the base model, or the other alias's adapter, served under vN's name
   (a swap), found different from vN's fingerprint.
 
-Run: ``python -m bench.attest_noise --tries 20`` (``--model default`` for SmolLM2-135M).
+With ``--adapters DIR`` the versions are a trained alias's own (``DIR/v1`` … ``DIR/vN``, as the trainer
+files them; the demo's are ``demo-out/adapters/<project>/<alias>``) instead of made-up steps.
+
+Run: ``python -m bench.attest_noise --tries 20`` (``--model default`` for SmolLM2-135M;
+``--model default --adapters demo-out/adapters/demo/math`` for the demo's own v1 … v6).
 """
 
 from __future__ import annotations
@@ -31,6 +35,27 @@ from engine.launcher import Engine, EngineConfig
 from engine.weights import ModelInfo, resolve_model
 from proxy.fingerprint import CONCURRENT, SAMPLES, calibrate, distance, parse_probe, probe_body, same
 from tests.adapters import light_adapter
+
+
+def trained_versions(folder: Path) -> list[Path]:
+    """``folder``'s version folders ``v1`` … ``vN`` in version order (the trainer's names)."""
+    found = sorted(
+        (int(p.name[1:]), p) for p in folder.iterdir() if p.is_dir() and p.name[:1] == "v" and p.name[1:].isdigit()
+    )
+    if not found:
+        raise SystemExit(f"{folder} holds no version folders v1 ... vN")
+    return [p for _, p in found]
+
+
+def like(first: Path) -> dict[str, Any]:
+    """``light_adapter``'s arguments for another alias's adapter of ``first``'s rank, targets and B's spread."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    config = json.loads((first / "adapter_config.json").read_text())
+    bs = [t for name, t in load_file(str(first / "adapter_model.safetensors")).items() if "lora_B" in name]
+    scale = float(np.sqrt(np.mean([np.mean(np.square(t.astype(np.float64))) for t in bs])))
+    return {"rank": int(config["r"]), "targets": sorted(config["target_modules"]), "scale": scale}
 
 
 def stepped_versions(model: ModelInfo, out: Path, n: int, scale: float, step: float, seed: int) -> list[Path]:
@@ -146,20 +171,24 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.02, help="std of v1's LoRA B")
     parser.add_argument("--step", type=float, default=0.005, help="std of each next version's step in LoRA B")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--adapters", type=Path, help="a trained alias's folder (v1 ... vN in it): its own versions")
     parser.add_argument("--url", help="an engine already serving --model (else one is started)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     model = resolve_model(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="attest-noise-"))
+    trained = trained_versions(args.adapters.resolve()) if args.adapters else None
+    versions = len(trained) if trained else args.versions
     engine = None
     if args.url is None:  # max_loras: every version and the other alias's adapter at once, in one batch
-        cfg = EngineConfig(port=_free_port(), threads=1, kv_cache_gib=1, max_loras=args.versions + 1)
+        cfg = EngineConfig(port=_free_port(), threads=1, kv_cache_gib=1, max_loras=versions + 1)
         engine = Engine(model, cfg, log=tmp / "engine.log").start()
     url = args.url or engine.url  # type: ignore[union-attr]
     try:
-        paths = stepped_versions(model, tmp / "adapters", args.versions, args.scale, args.step, args.seed)
-        other = light_adapter(model, tmp / "adapters" / "other", seed=args.seed + 100, scale=args.scale)
-        names = [f"bench@v{i + 1}" for i in range(args.versions)]
+        paths = trained or stepped_versions(model, tmp / "adapters", versions, args.scale, args.step, args.seed)
+        shape = like(trained[0]) if trained else {"scale": args.scale}
+        other = light_adapter(model, tmp / "adapters" / "other", seed=args.seed + 100, **shape)
+        names = [f"bench@v{i + 1}" for i in range(versions)]
         for name, path in [*zip(names, paths, strict=True), ("otheralias@v1", other)]:
             httpx.post(
                 f"{url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)}, timeout=300
@@ -168,8 +197,9 @@ def main() -> None:
     finally:
         if engine is not None:
             engine.stop()
+    made = f"v1 B~N(0,{args.scale}), steps N(0,{args.step})"
     print(
-        f"model {model.name}; {args.versions} versions (v1 B~N(0,{args.scale}), steps N(0,{args.step})); "
+        f"model {model.name}; {versions} versions ({f'trained, {args.adapters}' if trained else made}); "
         f"{args.tries} tries, each model probed with {args.load} calls in flight; {result['load_calls']} load "
         f"calls in {result['seconds']} s"
     )

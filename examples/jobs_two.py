@@ -209,12 +209,10 @@ class Trainer:
 
     def start(self) -> None:
         s, c = self.stack, self.cfg
-        argv = [
-            *CLI, "train", "--watch", "--alias", s.model_name, "--model", c.model, "--project", s.project,
-            "--db", s.db_url, "--proxy", s.proxy_url, "--adapters", str(s.adapters), "--admin-key", s.admin_key,
-            "--objective", "sdpo", "--lr", str(c.lr), "--batch-size", str(c.batch_size),
-            "--min-batch", str(c.min_batch), "--poll", str(c.poll),
-        ]  # fmt: skip
+        where = ["--project", s.project, "--db", s.db_url, "--proxy", s.proxy_url, "--admin-key", s.admin_key]
+        what = ["--alias", s.model_name, "--model", c.model, "--adapters", str(s.adapters), "--objective", "sdpo"]
+        pace = ["--lr", str(c.lr), "--batch-size", str(c.batch_size), "--min-batch", str(c.min_batch)]
+        argv = [*CLI, "train", "--watch", *where, *what, *pace, "--poll", str(c.poll)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         self.reader = threading.Thread(target=self._read, name="trainer-log", daemon=True)
         self.reader.start()
@@ -337,12 +335,12 @@ def _trained_items(stack: Stack) -> tuple[list[dict[str, Any]], list[dict[str, A
     engine = sync_engine(stack.db_url)
     try:
         with Session(engine) as db:
+            columns = (UsedFeedback.objective, UsedFeedback.feedback_id, UsedFeedback.trajectory_id)
             used = db.execute(
-                select(UsedFeedback.objective, UsedFeedback.feedback_id, UsedFeedback.trajectory_id,
-                       TrainingStep.adapter_version)
+                select(*columns, TrainingStep.adapter_version)
                 .join(TrainingStep, TrainingStep.id == UsedFeedback.step_id)
                 .where(UsedFeedback.project_id == stack.project)
-            ).all()  # fmt: skip
+            ).all()
             names = dict(
                 db.execute(
                     select(Feedback.id, Feedback.name).where(Feedback.id.in_({u.feedback_id for u in used}))

@@ -10,7 +10,7 @@ user's text, ``tool_use`` input as ``json.dumps``) so the same request renders t
 same prompt tokens through either door; the reference tests compare the two.
 
 What the engine cannot do is accepted and ignored, never a 400 (Claude Code sends
-all of it): ``cache_control`` and unknown fields on blocks, ``thinking``,
+all of it): ``cache_control`` and unknown fields on blocks, ``thinking`` (checked as the engine checks it),
 ``service_tier``, ``output_config.effort``, ``speed``, ``container``, ``mcp_servers``,
 ``context_management``, ``thinking`` and ``redacted_thinking`` blocks in the history, server tools (a ``type`` other
 than ``custom``), the ``anthropic-version``/``anthropic-beta`` headers and ``?beta=true``.
@@ -107,6 +107,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         raise _fail("max_tokens", "field required (the Messages API has no default output length)")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise _fail("max_tokens", "must be an integer of at least 1 (0, cache pre-warming, is not served here)")
+    _thinking(body.get("thinking"), max_tokens)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _fail("messages", "must be a non-empty list of {role, content} objects")
@@ -162,6 +163,27 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if choice and choice[1]:
             out["parallel_tool_calls"] = False
     return out
+
+
+THINKING = ("enabled", "disabled", "adaptive")
+MIN_BUDGET = 1024  # Anthropic's floor for budget_tokens; vLLM's route holds it too
+
+
+def _thinking(thinking: Any, max_tokens: int) -> None:
+    """Check ``thinking`` as the engine's route does (the model's reasoning is not ours to budget, so the
+    budget is then ignored): one of its three types, and an ``enabled`` budget from 1,024 to below
+    ``max_tokens`` (Anthropic's API refuses the same)."""
+    if thinking is None:
+        return
+    if not isinstance(thinking, dict) or thinking.get("type") not in THINKING:
+        raise _fail("thinking.type", f"must be one of {', '.join(THINKING)}")
+    if thinking["type"] != "enabled":
+        return
+    budget = _integer(thinking.get("budget_tokens"))
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_BUDGET:
+        raise _fail("thinking.budget_tokens", f"must be an integer of at least {MIN_BUDGET}")
+    if budget >= max_tokens:
+        raise _fail("thinking.budget_tokens", f"must be less than max_tokens ({max_tokens})")
 
 
 def _integer(value: Any) -> Any:

@@ -54,7 +54,7 @@ def test_system_string_and_blocks_and_claude_code_extras_are_accepted() -> None:
     ]
     request = body(
         system=system,
-        thinking={"type": "enabled", "budget_tokens": 2048},
+        thinking={"type": "adaptive"},
         service_tier="auto",
         metadata={"user_id": "user_42"},
         context_management={},
@@ -221,6 +221,11 @@ def test_server_tools_are_dropped_not_refused() -> None:
     assert [t["function"]["name"] for t in chat["tools"]] == ["calculator"]
 
 
+def test_a_thinking_budget_below_max_tokens_is_accepted_and_ignored() -> None:
+    request = body(max_tokens=2048, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert dialect.to_chat(request) == dialect.to_chat(body(max_tokens=2048))
+
+
 @pytest.mark.parametrize(
     ("request_", "param"),
     [
@@ -258,6 +263,10 @@ def test_server_tools_are_dropped_not_refused() -> None:
         (body(tool_choice={"type": "any"}), "tool_choice"),
         (body(temperature="hot"), "temperature"),
         (body(system=[{"type": "image"}]), "system.0"),
+        # thinking as the engine's route (and Anthropic's API) checks it
+        (body(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking.budget_tokens"),  # >= max_tokens
+        (body(max_tokens=4096, thinking={"type": "enabled", "budget_tokens": 512}), "thinking.budget_tokens"),
+        (body(thinking={"type": "on"}), "thinking.type"),
     ],
 )
 def test_bad_input_names_the_field(request_: dict[str, Any], param: str) -> None:

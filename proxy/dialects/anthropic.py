@@ -17,8 +17,8 @@ than ``custom``), the ``anthropic-version``/``anthropic-beta`` headers and ``?be
 ``system`` messages inside ``messages`` (Claude Code's per-turn reminders) become system chat messages
 where they stand, as vLLM's route renders them for a template that takes them anywhere.
 What would silently change the meaning is refused, naming the field: images and
-documents (the model takes text only), a ``tool_result`` whose ``tool_use`` is not in
-the previous assistant message, malformed tools.
+documents (the model takes text only), malformed tools. A ``tool_result`` whose ``tool_use`` is not in
+the previous assistant message is served, as the engine's route serves it.
 """
 
 from __future__ import annotations
@@ -112,9 +112,8 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(messages, list) or not messages:
         raise _fail("messages", "must be a non-empty list of {role, content} objects")
     chat_messages = _system(body.get("system"))
-    previous_tool_ids: set[str] = set()
     for i, message in enumerate(messages):
-        previous_tool_ids = _message(message, f"messages.{i}", previous_tool_ids, chat_messages)
+        _message(message, f"messages.{i}", chat_messages)
     if not chat_messages:
         # Every message had an empty content list: there is nothing to answer (the engine would 400 too).
         raise _fail("messages", "hold no content: give at least one non-empty message")
@@ -237,25 +236,24 @@ def _inline_system(content: Any, where: str, out: list[dict[str, Any]]) -> None:
         out.append({"role": "system", "content": text})
 
 
-def _message(message: Any, where: str, tool_ids: set[str], out: list[dict[str, Any]]) -> set[str]:
-    """Append one Messages turn as chat messages; return the tool_use ids it declared."""
+def _message(message: Any, where: str, out: list[dict[str, Any]]) -> None:
+    """Append one Messages turn as chat messages."""
     if not isinstance(message, dict):
         raise _fail(where, "must be an object {role, content}")
     role = message.get("role")
     if role == "system":
         _inline_system(message.get("content"), where, out)
-        return tool_ids  # a reminder between a tool_use and its tool_result does not part them
+        return
     if role not in ROLES:
         raise _fail(f"{where}.role", "must be 'user', 'assistant' or 'system'")
     content = message.get("content")
     if isinstance(content, str):
         out.append({"role": role, "content": content})
-        return set()
+        return
     if not isinstance(content, list):
         raise _fail(f"{where}.content", "must be a string or a list of content blocks")
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
-    answered: set[str] = set()
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -272,12 +270,10 @@ def _message(message: Any, where: str, tool_ids: set[str], out: list[dict[str, A
             if role != "user":
                 raise _fail(at, "tool_result blocks may only appear in user messages")
             use_id = block.get("tool_use_id")
-            if not isinstance(use_id, str) or use_id not in tool_ids:
-                raise _fail(
-                    f"{at}.tool_use_id",
-                    f"tool_result for {use_id!r} has no tool_use block with that id in the previous message",
-                )
-            answered.add(use_id)
+            if not isinstance(use_id, str) or not use_id:
+                raise _fail(f"{at}.tool_use_id", "must be the id of the tool_use block it answers")
+            # One whose tool_use is not in the previous message (a harness that trimmed its history) is
+            # served as the engine's route serves it: a tool message all the same.
             out.append({"role": "tool", "tool_call_id": use_id, "content": _result_text(block.get("content"), at)})
         elif kind in IGNORED_BLOCKS:
             continue  # our model never writes these; an echoed history keeps them
@@ -292,7 +288,6 @@ def _message(message: Any, where: str, tool_ids: set[str], out: list[dict[str, A
         message_out["tool_calls"] = calls
     if role == "assistant" or texts:  # a user turn of tool results only adds no user message
         out.append(message_out)
-    return {c["id"] for c in calls}
 
 
 def _tool_use(block: dict[str, Any], at: str) -> dict[str, Any]:

@@ -23,11 +23,10 @@ def test_bad_input_gets_anthropic_errors_and_nothing_is_recorded_as_success(
     user = {"role": "user", "content": "hi"}
     cases = {
         "max_tokens": {"messages": [user]},
-        "messages.0.content.0.tool_use_id": {
+        "thinking.budget_tokens": {
             "max_tokens": 8,
-            "messages": [
-                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_x", "content": "1"}]}
-            ],
+            "messages": [user],
+            "thinking": {"type": "enabled", "budget_tokens": 1024},  # not below max_tokens: the engine 400s too
         },
         "tools.0.input_schema": {"max_tokens": 8, "messages": [user], "tools": [{"name": "calc", "input_schema": "x"}]},
         "messages": {"max_tokens": 8, "messages": []},

@@ -188,7 +188,6 @@ def replay(
 DIFFERS = {
     "anthropic/sdk_assistant_prefill": "a final assistant turn is continued (Anthropic's prefill); vLLM's "
     "/v1/messages closes it and opens a new assistant turn",
-    "anthropic/sdk_tool_result_without_tool_use": "a 400 (a trajectory cannot be built from it); the engine renders it",
 }
 
 

@@ -1,25 +1,31 @@
-"""A Responses stream's events, written as bytes, equal byte for byte what orjson made of the dicts.
+"""A Responses stream's events, written as bytes from templates, as the openai SDK reads them.
 
-Every event of :class:`ResponsesStream` against the dict-built translator it replaced
-(responses_reference.py), for representative requests, engine streams and endings. Item
-ids and the clock are pinned so both sides draw the same ones.
+Every event of :class:`ResponsesStream`, for representative requests (nothing echoed, a little,
+everything the envelope echoes), engine streams (text, tool calls, reasoning, logprobs, a second
+choice) and endings (stop, length, tool calls, a timeout, an engine error): each is the SDK's own
+type for its ``type`` with no field that type does not define (but a text delta's logprob ``bytes``,
+an xfail below), sequence numbers count 0, 1, 2, ..., each item's deltas add up to its ``.done``
+text, the items are the ones the stream was fed, and the terminal event carries the result the
+record stores. The same against the engine's own ``/v1/responses`` stream, event by event on the
+corpus: test_responses_stream_oracle.py (it replaced a byte-for-byte comparison with a frozen copy
+of the dict-built translator these templates once matched).
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-import time
+import json
+import re
 from typing import Any
 
 import orjson
 import pytest
+from openai.types.responses import Response, ResponseErrorEvent
 
 from proxy.dialects.base import Exchange, StreamEnd
 from proxy.dialects.responses import ResponsesDialect
-from proxy.dialects.responses_out import _IDS
 from proxy.errors import Unavailable
-from tests.proxy.dialects.responses_reference import DictStream
+from tests.proxy.dialects.test_responses_stream_oracle import normalised, parse, typed, untyped
 
 D = ResponsesDialect()
 WEATHER = {
@@ -63,16 +69,6 @@ LP = {"content": [{"token": "a", "logprob": -0.5, "bytes": [97], "top_logprobs":
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 
 
-@pytest.fixture(autouse=True)
-def pinned_clock(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(time, "time", lambda: 1700000123.75)
-
-
-def same_ids() -> None:
-    """Both sides draw the same item ids: the counter starts over."""
-    _IDS.count = itertools.count()
-
-
 def ex(request: dict[str, Any]) -> Exchange:
     return Exchange(id="resp_" + "ab" * 16, model="alias ✓", created=1700000000, request=request, chat={})
 
@@ -82,9 +78,8 @@ def test_a_request_value_nested_past_orjsons_limit_fails_a_stream_as_before() ->
     for _ in range(254):  # inside the Response one level past orjson's limit
         deep = [deep]
     request = {"model": "m", "input": "hi", "metadata": {"k": deep}}
-    for stream in (DictStream(ex(request), False), D.stream(ex(request))):
-        with pytest.raises(orjson.JSONEncodeError):
-            stream.open()
+    with pytest.raises(orjson.JSONEncodeError):
+        D.stream(ex(request)).open()
 
 
 def chunk(delta: dict[str, Any] | None = None, finish: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -113,7 +108,8 @@ STREAMS: dict[str, list[dict[str, Any]]] = {
     ],
     "reasoning then text": [
         chunk({"reasoning": "hm"}),
-        chunk({"reasoning_content": " ok", "content": "A"}),
+        chunk({"reasoning_content": " ok"}),
+        chunk({"content": "A"}),
         chunk({"content": "B"}),
         chunk({}, "stop"),
     ],
@@ -124,8 +120,21 @@ STREAMS: dict[str, list[dict[str, Any]]] = {
     ],
     "nothing": [],
 }
+# What each stream's output items say: a message's text, a call's name and arguments, reasoning's text.
+OUTPUT: dict[str, list[tuple[str, ...]]] = {
+    "text": [("message", "Hello \u2028\U0001f600!")],
+    "length": [("message", "ab")],
+    "broken off": [("message", "ab")],
+    "tools after text": [
+        ("message", "Checking."),
+        ("function_call", "get_weather", '{"city": "Paris"}'),
+        ("function_call", "f", "{}"),
+    ],
+    "reasoning then text": [("reasoning", "hm ok"), ("message", "AB")],
+    "second choice ignored": [("message", "a")],
+    "nothing": [],
+}
 CACHED = {"prompt_tokens": 3, "prompt_tokens_details": {"cached_tokens": 2}}
-# The last: an integer past 64 bits in the usage, which the stdlib writes (dump_json's fallback).
 ENDS = [
     StreamEnd("stop", USAGE),
     StreamEnd("length", CACHED),
@@ -133,35 +142,116 @@ ENDS = [
     StreamEnd("timeout", None, "the engine went silent"),
     StreamEnd("upstream_error"),
     StreamEnd("odd"),
-    StreamEnd("stop", {"prompt_tokens": 1e30}),
 ]
+STATUS = {"stop": "completed", "length": "incomplete", "tool_calls": "completed", "odd": "completed"}
+
+
+# Per delta event, the ``.done`` event its deltas add up to and that event's field for the whole text.
+DONE = {
+    "response.output_text.delta": ("response.output_text.done", "text"),
+    "response.reasoning_text.delta": ("response.reasoning_text.done", "text"),
+    "response.function_call_arguments.delta": ("response.function_call_arguments.done", "arguments"),
+}
+TERMINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
+# A text delta's and its .done event's logprobs carry each token's ``bytes``, as the output_text part's do; the
+# SDK's types for those two events leave them out (and vLLM's route drops them): see the xfail test below.
+LOGPROB_BYTES = re.compile(r"\.logprobs\[\d+\](\.top_logprobs\[\d+\])?\.bytes")
+
+
+def said(item: dict[str, Any]) -> tuple[str, ...]:
+    if item["type"] == "message":
+        return ("message", "".join(p["text"] for p in item["content"]))
+    if item["type"] == "reasoning":
+        return ("reasoning", "".join(p["text"] for p in item["content"]))
+    return (item["type"], item["name"], item["arguments"])
+
+
+def written(request: dict[str, Any], chunks: list[dict[str, Any]], end: StreamEnd) -> tuple[Any, bytes]:
+    """A stream of ``chunks`` ended by ``end``, and all it wrote."""
+    stream = D.stream(ex(request))
+    raw = [stream.open(), *(stream.feed(copy.deepcopy(c)) for c in chunks), stream.close(end)]
+    return stream, b"".join(raw)
 
 
 @pytest.mark.parametrize("request_body", REQUESTS)
 @pytest.mark.parametrize("name", list(STREAMS))
 @pytest.mark.parametrize("end", ENDS, ids=[f"{e.termination}-{i}" for i, e in enumerate(ENDS)])
-def test_every_stream_event_is_the_dicts_bytes(request_body: dict[str, Any], name: str, end: StreamEnd) -> None:
-    logprobs = "include" in request_body
-    same_ids()
-    old = DictStream(ex(request_body), logprobs)
-    expected = [old.open(), *(old.feed(copy.deepcopy(c)) for c in STREAMS[name]), old.close(end)]
-    same_ids()
-    new = D.stream(ex(request_body))
-    got = [new.open(), *(new.feed(copy.deepcopy(c)) for c in STREAMS[name]), new.close(end)]
-    assert got == expected
-    assert new.result_json == old.result_json and new.result == old.result
-    assert new.result_bytes() == old.result_bytes() == old.result_json
-    failure = Unavailable("spool full", code="spool_full")
-    assert new.fail(failure) == old.fail(failure)
+def test_every_stream_event_is_the_sdks_type(request_body: dict[str, Any], name: str, end: StreamEnd) -> None:
+    stream, raw = written(request_body, STREAMS[name], end)
+    events = parse(raw.decode())
+    assert not [p for e in events for p in untyped(e) if not LOGPROB_BYTES.fullmatch(p)]
+    plain = normalised(events)  # and sequence numbers 0, 1, 2, ...
+    assert [e["type"] for e in plain[:2]] == ["response.created", "response.in_progress"]
+    for kind, (done, field) in DONE.items():
+        texts: dict[str, str] = {}
+        for e in plain:
+            if e["type"] == kind:
+                texts[e["item_id"]] = texts.get(e["item_id"], "") + e["delta"]
+        assert texts == {e["item_id"]: e[field] for e in plain if e["type"] == done and e["item_id"] in texts}
+    items = [e["item"] for e in plain if e["type"] == "response.output_item.done"]
+    assert [said(i) for i in items] == OUTPUT[name]
+    final = plain[-1]
+    status = STATUS.get(end.termination, "failed")
+    assert final["type"] == TERMINAL[status] and final["response"]["status"] == status
+    assert final["response"]["output"] == items
+    assert stream.result_json is not None and stream.result == orjson.loads(stream.result_json)
+    assert stream.result_bytes() == stream.result_json
+    assert typed(Response.model_validate(stream.result)) == typed(events[-1].response)  # type: ignore[attr-defined]
+    failure = parse(stream.fail(Unavailable("spool full", code="spool_full")).decode())
+    assert isinstance(failure[0], ResponseErrorEvent) and not untyped(failure[0])
+    assert failure[0].sequence_number == len(events) and failure[0].code == "spool_full"
 
 
-def test_a_custom_tool_call_item_is_the_dicts_bytes() -> None:
-    """The custom call item a stream writes from its template (no dict-built reference streamed them)."""
-    from proxy.dialects import responses_out, responses_wire
+@pytest.mark.xfail(strict=True, reason="text delta and .done logprobs carry `bytes`: the SDK's types have none")
+def test_text_delta_logprobs_are_the_sdks_type() -> None:
+    _, raw = written(REQUESTS[2], STREAMS["text"], ENDS[0])
+    assert not [p for e in parse(raw.decode()) for p in untyped(e)]
 
-    for input_ in ("", '*** Begin Patch\n+print("h\u00e9 \U0001f600")\n', "\u2028"):
-        for call_id, name in (("call_1", "apply_patch"), ("c", "p \u2713")):
-            item = responses_out.custom_tool_call_item("ctc_1", call_id, name, input_)
-            assert responses_wire.custom_tool_call_item("ctc_1", call_id, name, orjson.dumps(input_)) == orjson.dumps(
-                item
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a chunk with both reasoning and text is written text first: the reasoning reopens as a second "
+    "item (vLLM's route splits such a delta reasoning, then content, then tool calls)",
+)
+def test_a_chunk_with_reasoning_and_text_ends_the_reasoning_first() -> None:
+    both = [chunk({"reasoning": "hm"}), chunk({"reasoning_content": " ok", "content": "A"}), chunk({"content": "B"})]
+    _, raw = written(REQUESTS[0], both, ENDS[0])
+    items = [e["item"] for e in normalised(parse(raw.decode())) if e["type"] == "response.output_item.done"]
+    assert [said(i) for i in items] == OUTPUT["reasoning then text"]
+
+
+def test_a_usage_past_64_bits_is_written_exactly() -> None:
+    """orjson stops at 64 bits; the stdlib writes the rest (dump_json's fallback). The SDK's int fields stop
+    there too, so this terminal event is read as JSON."""
+    stream, raw = written(REQUESTS[0], STREAMS["text"], StreamEnd("stop", {"prompt_tokens": 1e30}))
+    terminal = json.loads(raw.decode().rstrip().rpartition("\n\n")[2].partition("data: ")[2])
+    assert terminal["type"] == "response.completed" and terminal["response"]["usage"]["input_tokens"] == int(1e30)
+    assert stream.result == terminal["response"] and stream.result_bytes() == stream.result_json
+    assert stream.result_json is not None and str(int(1e30)).encode() in stream.result_json
+
+
+def test_every_item_template_is_the_dicts_bytes() -> None:
+    """Each output item a stream writes from its template is, byte for byte, what orjson makes of the dict
+    :mod:`proxy.dialects.responses_out` builds for the same item (the non-streamed reply's)."""
+    from proxy.dialects import responses_out as out
+    from proxy.dialects import responses_wire as wire
+
+    lp = out.logprobs_out(LP, 2)
+    for text in ("", '*** Begin Patch\n+print("h\u00e9 \U0001f600")\n', "\u2028", "%s %d"):
+        t = orjson.dumps(text)
+        assert wire.text_part(t) == orjson.dumps(out.text_part(text))
+        assert wire.text_part(t, orjson.dumps(lp)) == orjson.dumps(out.text_part(text, lp))
+        for status in ("in_progress", "completed", "incomplete"):
+            part = out.text_part(text)
+            assert wire.message_item("msg_1", status, wire.text_part(t)) == orjson.dumps(
+                out.message_item("msg_1", status, [part])
             )
+            assert wire.reasoning_item("rs_1", status, t) == orjson.dumps(out.reasoning_item("rs_1", status, text))
+            for call_id, name, namespace in (("call_1", "apply_patch", None), ("c", "p \u2713", "codex_tools")):
+                assert wire.function_call_item("fc_1", status, call_id, name, t, namespace) == orjson.dumps(
+                    out.function_call_item("fc_1", status, call_id, name, text, namespace)
+                )
+                assert wire.custom_tool_call_item("ctc_1", call_id, name, t) == orjson.dumps(
+                    out.custom_tool_call_item("ctc_1", call_id, name, text)
+                )
+    assert wire.message_item("msg_1", "in_progress", b"") == orjson.dumps(out.message_item("msg_1", "in_progress", []))

@@ -311,6 +311,19 @@ def logprobs_out(chat_logprobs: Any, top: int) -> list[dict[str, Any]]:
     return out
 
 
+def event_logprobs(logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``logprobs_out``'s list as the text delta and ``.done`` events carry it: without ``bytes`` (the SDK's
+    types for those two events have none, and vLLM's own route leaves them out; the part and the item keep them)."""
+    return [
+        {
+            "token": e["token"],
+            "logprob": e["logprob"],
+            "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in e["top_logprobs"]],
+        }
+        for e in logprobs
+    ]
+
+
 def output_items(
     message: dict[str, Any],
     finish_reason: str | None,

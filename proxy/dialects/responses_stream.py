@@ -35,6 +35,7 @@ from proxy.dialects.responses_out import (
     custom_names,
     decode_custom_input,
     envelope,
+    event_logprobs,
     finish,
     item_id,
     logprobs_out,
@@ -229,7 +230,12 @@ class ResponsesStream(DialectStream):
             delta = choice.get("delta")
             if delta:
                 content = delta.get("content")
-                if content:  # the common case first: one text token
+                other = len(delta) > 1 or not content  # anything beside one text token: reasoning, tool calls
+                reasoning = other and (delta.get("reasoning") or delta.get("reasoning_content"))
+                if reasoning:  # first, as vLLM's route splits a delta: reasoning, then text, then tool calls
+                    out += b"".join(self._switch("reasoning"))
+                    out += self._delta("response.reasoning_text.delta", reasoning)
+                if content:  # the common case: one text token
                     cur = self.current
                     if cur is None or cur.kind != "message":
                         out += b"".join(self._switch("message"))
@@ -238,24 +244,15 @@ class ResponsesStream(DialectStream):
                     if self.logprobs:
                         lps = logprobs_out(choice.get("logprobs"), self.top)
                         cur.logprobs += lps
-                        out += self._delta(TEXT_DELTA, content, b',"logprobs":' + orjson.dumps(lps))
+                        out += self._delta(TEXT_DELTA, content, b',"logprobs":' + orjson.dumps(event_logprobs(lps)))
                     else:
                         out += self._delta(TEXT_DELTA, content, NO_LOGPROBS)
-                if len(delta) > 1 or not content:  # anything else in it: reasoning, tool calls
-                    out += b"".join(self._other_delta(delta))
+                if other:
+                    for call in delta.get("tool_calls") or ():
+                        out += b"".join(self._call_delta(call))
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
                 out += b"".join(self._close_item("incomplete" if self.finish_reason == "length" else "completed"))
-        return out
-
-    def _other_delta(self, delta: dict[str, Any]) -> list[bytes]:
-        out: list[bytes] = []
-        reasoning = delta.get("reasoning") or delta.get("reasoning_content")
-        if reasoning:
-            out += self._switch("reasoning")
-            out.append(self._delta("response.reasoning_text.delta", reasoning))
-        for call in delta.get("tool_calls") or ():
-            out += self._call_delta(call)
         return out
 
     def close(self, end: StreamEnd) -> bytes:
@@ -406,7 +403,8 @@ class ResponsesStream(DialectStream):
         if cur.kind == "message":
             logprobs = js(cur.logprobs)
             part = text_part(text, logprobs)
-            done = where + b',"content_index":0,"text":' + text + b',"logprobs":' + logprobs
+            done_lps = js(event_logprobs(cur.logprobs)) if cur.logprobs else logprobs
+            done = where + b',"content_index":0,"text":' + text + b',"logprobs":' + done_lps
             out.append(self._event(b"response.output_text.done", done))
             out.append(self._event(b"response.content_part.done", where + b',"content_index":0,"part":' + part))
             item = message_item(cur.id, status, part)

@@ -6,8 +6,9 @@ item's text is serialised once, where its three ``.done`` events and the final
 ``Response`` each serialised it again from a dict. The ``Response`` envelope itself
 stays a dict (a C-level copy of a template and one ``orjson.dumps``: a byte template
 built in Python measured slower, bench/journal/2026-12-01.md), with the items spliced in as
-:class:`orjson.Fragment`. Tests compare every event byte for byte with the dict-built
-translator this replaced (tests/proxy/dialects/responses_reference.py).
+:class:`orjson.Fragment`. Tests check every event against the openai SDK's own types and, on
+the corpus, against the engine's own ``/v1/responses`` stream (tests/proxy/dialects/test_responses_wire.py,
+test_responses_stream_oracle.py).
 """
 
 from __future__ import annotations

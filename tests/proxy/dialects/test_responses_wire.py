@@ -1,13 +1,13 @@
 """A Responses stream's events, written as bytes from templates, as the openai SDK reads them.
 
-Every event of :class:`ResponsesStream`, for representative requests (nothing echoed, a little,
-everything the envelope echoes), engine streams (text, tool calls, reasoning, logprobs, a second
-choice) and endings (stop, length, tool calls, a timeout, an engine error): each is the SDK's own
-type for its ``type`` with no field that type does not define, sequence numbers count 0, 1, 2, ..., each item's deltas add up to its ``.done``
-text, the items are the ones the stream was fed, and the terminal event carries the result the
-record stores. The same against the engine's own ``/v1/responses`` stream, event by event on the
-corpus: test_responses_stream_oracle.py (it replaced a byte-for-byte comparison with a frozen copy
-of the dict-built translator these templates once matched).
+Every event of :class:`ResponsesStream`, for representative requests (nothing echoed, a little, everything the
+envelope echoes), engine streams (text, tool calls, reasoning, logprobs, a second choice) and endings (stop,
+length, tool calls, a timeout, an engine error): each is the SDK's own type for its ``type`` with no field that
+type does not define, sequence numbers count 0, 1, 2, ..., each item's deltas add up to its ``.done`` text, the
+items are the ones the stream was fed, and the terminal event carries the result the record stores. The same
+against the engine's own ``/v1/responses`` stream, event by event on the corpus: test_responses_stream_oracle.py
+(it replaced a byte-for-byte comparison with a frozen copy of the dict-built translator these templates once
+matched).
 """
 
 from __future__ import annotations

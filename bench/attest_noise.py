@@ -84,12 +84,15 @@ async def probe(client: httpx.AsyncClient, url: str, model: str) -> dict[str, An
     return parse_probe(reply.json())
 
 
-async def record(client: httpx.AsyncClient, url: str, model: str, others: dict[str, str]) -> dict[str, Any]:
-    """A fingerprint as the proxy records it (serial then concurrent repeats, separation from ``others``)."""
+async def record(
+    client: httpx.AsyncClient, url: str, model: str, others: dict[str, str], known_noise: float
+) -> dict[str, Any]:
+    """A fingerprint as the proxy records it (serial then concurrent repeats, separation from ``others``, the
+    noise measured before on the engine, ``known_noise``, as proxy/attest.py passes it)."""
     serial = [await probe(client, url, model) for _ in range(SAMPLES)]
     together = await asyncio.gather(*(probe(client, url, model) for _ in range(CONCURRENT)))
     measured = {label: await probe(client, url, name) for label, name in others.items()}
-    return calibrate(serial + list(together), measured)
+    return calibrate(serial + list(together), measured, known_noise)
 
 
 async def load(client: httpx.AsyncClient, url: str, models: list[str], stop: asyncio.Event, calls: list[int]) -> None:
@@ -113,10 +116,11 @@ async def bench(
 ) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=concurrency + 16, max_keepalive_connections=concurrency + 16)
     async with httpx.AsyncClient(limits=limits) as client:
-        fps = {}
+        fps: dict[str, dict[str, Any]] = {}
         for i, name in enumerate(names):
             others = {"base": model.name, **({f"v{i}": names[i - 1]} if i else {})}
-            fps[name] = await record(client, url, name, others)
+            known = max((fp["noise"] for fp in fps.values() if fp["noise"] != float("inf")), default=0.0)
+            fps[name] = await record(client, url, name, others, known)
         stop, calls = asyncio.Event(), []
         served = [*names, other, model.name]
         callers = [asyncio.create_task(load(client, url, served, stop, calls)) for _ in range(concurrency)]

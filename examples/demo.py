@@ -29,6 +29,7 @@ from examples.demo_report import (
     RoundResult,
     failure_lines,
     final_failures,
+    raised_alerts,
     table_row,
     trivial_baseline,
     write_plot,
@@ -134,12 +135,17 @@ def run_demo(cfg: DemoConfig) -> dict[str, Any]:
             say(table_row(result))
             for line in failure_lines(result):
                 say(line)
-        summary = write_summary(cfg, stack, rounds, baseline, out / "summary.json", time.monotonic() - started)
+        raised = raised_alerts(stack)
+        summary = write_summary(cfg, stack, rounds, baseline, out / "summary.json", time.monotonic() - started, raised)
     write_plot(rounds, baseline["mean_reward"], out / "heldout_reward.png")
     say(
         f"\nheld-out reward {100 * summary['base_heldout_mean_reward']:.1f} (base) → "
         f"{100 * summary['final_heldout_mean_reward']:.1f} (final), {summary['improvement_points']:+.1f} points; "
         f"{summary['seconds'] / 60:.1f} min"
+    )
+    say(
+        f"alerts: {len(raised)} (GET /v1/admin/alerts?status=all)"
+        + "".join(f"\n  {a['kind']}/{a['name']} on v{a['version']}: {a['message']}" for a in raised)
     )
     if failed := final_failures(summary):
         say(

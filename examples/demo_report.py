@@ -122,7 +122,13 @@ def write_plot(rounds: Sequence[RoundResult], baseline: float, path: Path) -> No
 
 
 def write_summary(
-    cfg: DemoConfig, stack: Stack, rounds: Sequence[RoundResult], baseline: dict[str, Any], path: Path, seconds: float
+    cfg: DemoConfig,
+    stack: Stack,
+    rounds: Sequence[RoundResult],
+    baseline: dict[str, Any],
+    path: Path,
+    seconds: float,
+    alerts: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     base, last = rounds[0].heldout, rounds[-1].heldout  # the first and the last round are always evaluated
     assert base is not None and last is not None
@@ -175,6 +181,13 @@ def write_summary(
             (r.heldout.errors if r.heldout else 0) + (r.train.errors if r.train else 0) for r in rounds
         ),
         "seconds": round(seconds, 1),
+        "alerts": list(alerts),
     }
     path.write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def raised_alerts(stack: Stack) -> list[dict[str, Any]]:
+    """Every alert the run raised (open or resolved): kind, name, version and message, from the admin API."""
+    rows = stack.admin("GET", "/v1/admin/alerts?status=all")["data"]
+    return [{k: row[k] for k in ("kind", "name", "version", "status", "message")} for row in rows]

@@ -116,8 +116,15 @@ def test_plot_and_summary(tmp_path: Path) -> None:
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     stack = Stack(DemoConfig(out=tmp_path, database_url="sqlite:///x.db"))
     stack.model_name = "m"
+    alert = {"kind": "attestation", "name": "fingerprint", "version": 2, "status": "open", "message": "m"}
     s = write_summary(
-        DemoConfig(out=tmp_path), stack, rs, {"answer": "0", "mean_reward": 0.0}, tmp_path / "summary.json", 12.0
+        DemoConfig(out=tmp_path),
+        stack,
+        rs,
+        {"answer": "0", "mean_reward": 0.0},
+        tmp_path / "summary.json",
+        12.0,
+        [alert],
     )
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(s))
@@ -125,6 +132,7 @@ def test_plot_and_summary(tmp_path: Path) -> None:
     first = on_disk["rounds"][0]
     assert (first["heldout_mean_reward"], first["heldout_stderr"], first["heldout_n"]) == (0.36, 0.05, 48)
     assert on_disk["improvement_points"] == pytest.approx(22.0)
+    assert on_disk["alerts"] == [alert]
 
 
 def used_sessions(db_url: str, project: str) -> set[str]:
@@ -186,6 +194,7 @@ def test_demo_two_rounds_with_the_tiny_model(
     assert {e["outcome"] for e in episodes} == {"timeout"}
     assert all(e["completion_ids"] for e in episodes)  # the proxy named every call
     assert summary["rounds"][0]["excluded"].get("eval", 0) >= 4  # held-out sessions are graded, never trained on
+    assert summary["alerts"] == []  # the tiny model in float32 probes alike under load: no attestation alert
     used = used_sessions(f"sqlite:///{out / 'onthejob.db'}", summary["project"])
     heldout = {e["session_id"] for e in episodes if e["eval"]}
     assert used and not used & heldout

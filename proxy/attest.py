@@ -23,7 +23,7 @@ import asyncio
 import logging
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.fingerprint import CONCURRENT, SAMPLES, calibrate, distance, parse_probe, probe_body, same, tolerance_of
@@ -139,14 +139,7 @@ class Attestor:
     async def _alias_noise(self, project: str, alias: str, version: int) -> float:
         """The largest finite noise stored with the alias's earlier calibrated fingerprints (the last 20)."""
         async with self.sessionmaker() as db:
-            stored = (
-                await db.scalars(
-                    select(Attestation.fingerprint)
-                    .where(Attestation.project_id == project, Attestation.alias == alias, Attestation.version < version)
-                    .order_by(Attestation.version.desc())
-                    .limit(20)
-                )
-            ).all()
+            stored = (await db.scalars(_earlier(Attestation.fingerprint, project, alias, version).limit(20))).all()
         noises = [fp.get("noise") for fp in stored if isinstance(fp, dict) and fp.get("kind") == "calibrated"]
         return max((float(n) for n in noises if isinstance(n, int | float) and n != float("inf")), default=0.0)
 
@@ -200,13 +193,7 @@ class Attestor:
     async def _previous_attested(self, project: str, alias: str, version: int) -> int | None:
         """The newest earlier attested version of the alias that a replica may serve now."""
         async with self.sessionmaker() as db:
-            versions = (
-                await db.scalars(
-                    select(Attestation.version)
-                    .where(Attestation.project_id == project, Attestation.alias == alias, Attestation.version < version)
-                    .order_by(Attestation.version.desc())
-                )
-            ).all()
+            versions = (await db.scalars(_earlier(Attestation.version, project, alias, version))).all()
         for v in versions:
             if self.router.replicas.servable(lora_name(project, alias, v)):
                 return int(v)
@@ -317,3 +304,9 @@ class Attestor:
         """Replicas out of rotation for this version (a suspect one kept serving is not among them)."""
         name = lora_name(project, alias, version)
         return sorted(r.url for r in self.router.replicas.replicas if name in r.excluded)
+
+
+def _earlier(column: Any, project: str, alias: str, version: int) -> Select[Any]:
+    """``column`` of the alias's attestations before ``version``, newest first."""
+    mine = (Attestation.project_id == project, Attestation.alias == alias, Attestation.version < version)
+    return select(column).where(*mine).order_by(Attestation.version.desc())

@@ -121,6 +121,11 @@ async def bench(
             others = {"base": model.name, **({f"v{i}": names[i - 1]} if i else {})}
             known = max((fp["noise"] for fp in fps.values() if fp["noise"] != float("inf")), default=0.0)
             fps[name] = await record(client, url, name, others, known)
+            fp = fps[name]
+            print(
+                f"recorded {name}: noise {fp['noise']:.4f} tolerance {fp['tolerance']:.4f} verdict {fp['verdict']}",
+                flush=True,
+            )
         stop, calls = asyncio.Event(), []
         served = [*names, other, model.name]
         callers = [asyncio.create_task(load(client, url, served, stop, calls)) for _ in range(concurrency)]
@@ -128,7 +133,7 @@ async def bench(
         started = time.monotonic()
         try:
             await asyncio.sleep(2)  # the callers' first calls are in flight
-            for _ in range(tries):
+            for k in range(tries):
                 probes = {m: await probe(client, url, m) for m in served}  # each while `concurrency` calls run
                 for i, name in enumerate(names):
                     c, fp = counts[name], fps[name]
@@ -137,6 +142,14 @@ async def bench(
                     c["prev"] += i > 0 and not same(fp, probes[names[i - 1]])
                     c["base"] += not same(fp, probes[model.name])
                     c["other"] += not same(fp, probes[other])
+                false = sum(c["false"] for c in counts.values())
+                swaps = (k + 1) * (2 * len(names) + len(names) - 1)  # base and other for each, prev after v1
+                missed = swaps - sum(c["prev"] + c["base"] + c["other"] for c in counts.values())
+                print(
+                    f"try {k + 1}/{tries}: {time.monotonic() - started:.0f} s, {len(calls)} load calls; so far "
+                    f"{false} false alerts, {missed} swaps missed",
+                    flush=True,
+                )
         finally:
             stop.set()
             await asyncio.gather(*callers, return_exceptions=True)

@@ -90,7 +90,8 @@ def engine_runs(adapter: Path | None, repeats: int, workdir: Path) -> None:
     from engine.launcher import Engine, EngineConfig
     from engine.weights import resolve_model
     from examples.demo import free_port
-    from examples.harness import Harness, HarnessConfig, run_episodes
+    from examples.episodes import run_episodes
+    from examples.harness import Harness, HarnessConfig
     from examples.task import make_problems
     from tests.adapters import light_adapter
     from trainer.policy import TARGET_MODULES

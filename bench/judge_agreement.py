@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from examples.episodes import run_episodes
 from examples.feedback import comment
-from examples.harness import EpisodeResult, Harness, HarnessConfig, run_episodes
+from examples.harness import EpisodeResult, Harness, HarnessConfig
 from examples.task import Problem, make_problems, parse_number
 from judge.calibrate import Agreement, agreement, gate
 from judge.client import JudgeClient

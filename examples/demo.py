@@ -36,7 +36,8 @@ from examples.demo_report import (
     write_summary,
 )
 from examples.demo_stack import DemoConfig, DemoError, Stack, say
-from examples.harness import EpisodeResult, run_episodes, summarise
+from examples.episodes import run_episodes, summarise
+from examples.harness import EpisodeResult
 from examples.task import make_problems
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from examples.harness import Summary
+from examples.episodes import Summary
 from examples.task import grade, make_problems
 
 if TYPE_CHECKING:  # the run's settings and stack, read for the summary's header

@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 
 from examples.demo_judge import judge_settings
-from examples.harness import EpisodeResult, Harness, HarnessConfig, summarise
+from examples.episodes import summarise
+from examples.harness import EpisodeResult, Harness, HarnessConfig
 
 CLI = [sys.executable, "-m", "onthejob.cli"]
 CARRIED = ("eval", "ungraded")  # exclusions that are not used up: counted again by every run

@@ -34,10 +34,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from examples.demo_stack import CLI, DemoConfig, DemoError, Stack, cli_fields, say, stop
+from examples.episodes import RunsEpisodes, run_episodes
 from examples.feedback import correction
-from examples.harness import EpisodeResult, HarnessConfig, RunsEpisodes, _fraction, run_episodes
+from examples.harness import EpisodeResult, HarnessConfig, _fraction
 from examples.jobs_report import FAMILIES, curves, lift, render, source_counts, verdicts, write_plot
-from examples.support import SupportHarness, SupportProblem, Voice, make_support_problems
+from examples.support import SupportProblem, make_support_problems
+from examples.support_harness import SupportHarness, Voice
 from examples.task import Problem, make_problems
 
 WAITING = "no graded trajectories"  # what the trainer says when it has caught up with the traffic

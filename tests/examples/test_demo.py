@@ -12,8 +12,8 @@ import pytest
 from examples.demo import evaluated, run_demo
 from examples.demo_report import HEADER, RoundResult, table_row, trivial_baseline, write_plot, write_summary
 from examples.demo_stack import DemoConfig, Stack
+from examples.episodes import Summary
 from examples.failures import compare_run
-from examples.harness import Summary
 from onthejob.cli import build_parser
 
 

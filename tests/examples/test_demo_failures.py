@@ -10,7 +10,8 @@ from typing import Any, cast
 from examples.demo import exit_status
 from examples.demo_report import RoundResult, failure_lines, final_failures, write_summary
 from examples.demo_stack import DemoConfig
-from examples.harness import EpisodeResult, failure_reason, summarise
+from examples.episodes import failure_reason, summarise
+from examples.harness import EpisodeResult
 
 BLACK_HOLE = (
     "InternalServerError: Error code: 502 - {'error': {'message': 'cannot reach an engine (tried 1 "

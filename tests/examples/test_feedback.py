@@ -6,8 +6,8 @@ import re
 
 import pytest
 
+from examples.episodes import run_episodes
 from examples.feedback import PHRASES, comment, correction, verdict
-from examples.harness import run_episodes
 from examples.task import Problem, make_problems
 from tests.examples.test_harness import FakeModel, FeedbackSink, harness, multiplication, solver
 

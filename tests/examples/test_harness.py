@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from examples.harness import FeedbackMix, Harness, HarnessConfig, run_episodes, summarise
+from examples.episodes import run_episodes, summarise
+from examples.harness import FeedbackMix, Harness, HarnessConfig
 from examples.task import NUDGE, Problem, make_problems
 
 Script = Callable[[list[dict[str, str]]], str]

@@ -1,4 +1,4 @@
-"""The support family (examples/support.py): orders, the tool, the problems, the hidden rule, the customer's words.
+"""The support family (examples/support*.py): orders, the tool, the problems, the hidden rule, the customer's words.
 
 Pure and fast, except the last test, which runs support episodes through the real proxy in front of
 the suite's tiny engine.
@@ -15,17 +15,14 @@ from typing import Any
 
 import pytest
 
-from examples.harness import HarnessConfig, run_episodes
+from examples.episodes import run_episodes
+from examples.harness import HarnessConfig
 from examples.support import (
     EXAMPLE,
     ORDERS,
-    PHRASES,
     TOKEN_BUDGET,
     Order,
     OrderNotFound,
-    SupportHarness,
-    customer_says,
-    customer_verdict,
     failed_checks,
     first_messages,
     grade,
@@ -34,6 +31,8 @@ from examples.support import (
     order_split,
     parse_action,
 )
+from examples.support_customer import PHRASES, customer_says, customer_verdict
+from examples.support_harness import SupportHarness
 from examples.task import make_problems
 from tests.proxy.conftest import ProxyFactory, start_proxy  # noqa: F401 (fixture)
 

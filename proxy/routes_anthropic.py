@@ -15,8 +15,9 @@ from fastapi.responses import Response
 
 from proxy.deps import PathId
 from proxy.dialects import ROUTES
-from proxy.dialects.anthropic import COUNT_SCHEMA, MESSAGES_SCHEMA, count_tokens_body
+from proxy.dialects.anthropic import count_tokens_body
 from proxy.dialects.anthropic_out import error_body, error_status
+from proxy.dialects.anthropic_schema import COUNT_SCHEMA, MESSAGES_SCHEMA
 from proxy.errors import ApiError
 from proxy.handle import engine_token_count, handle
 from proxy.request_body import read_json

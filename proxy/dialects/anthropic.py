@@ -3,6 +3,10 @@
 Pure functions, no I/O: the proxy's one call path sends the chat body, captures the
 engine's token ids and logprobs, and hands the reply (or each stream chunk, see
 :mod:`proxy.dialects.anthropic_stream`) back here to become what Anthropic would send.
+This module holds the request's messages and the :class:`AnthropicDialect`; ``thinking``, ``tools``
+and ``tool_choice`` are checked in :mod:`proxy.dialects.anthropic_options`, replies and errors are
+shaped in :mod:`proxy.dialects.anthropic_out`, and the request's OpenAPI documentation is
+:mod:`proxy.dialects.anthropic_schema`.
 
 The translation mirrors vLLM's own ``/v1/messages`` (system blocks joined, one text
 block as a plain string, ``tool_result`` blocks as ``tool`` messages ahead of the
@@ -24,74 +28,21 @@ the previous assistant message is served, as the engine's route serves it.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, ClassVar
 
+from proxy.dialects.anthropic_options import chat_tools, check_thinking, integer, tool_choice
+from proxy.dialects.anthropic_options import fail as _fail
 from proxy.dialects.anthropic_out import error_body, error_status, from_chat
 from proxy.dialects.anthropic_stream import MessageStream
 from proxy.dialects.base import Dialect, DialectStream, Exchange, Stored
-from proxy.errors import ApiError, InvalidRequest
+from proxy.errors import ApiError
 
 ROLES = ("user", "assistant")
-TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 # Claude Code prefixes its system prompt with a per-request attribution hash; kept, it would
 # change the prompt (and the message-prefix link key) every turn. vLLM drops it too.
 BILLING_HEADER = "x-anthropic-billing-header"
 IGNORED_BLOCKS = ("thinking", "redacted_thinking")
 REFUSED_BLOCKS = ("image", "document", "search_result", "container_upload")
-
-
-TEXT_BLOCK = {
-    "type": "object",
-    "required": ["type", "text"],
-    "additionalProperties": True,
-    "properties": {"type": {"enum": ["text"]}, "text": {"type": "string", "minLength": 1}},
-}
-TEXT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK}]}
-CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
-# An inline system message with no text is dropped (as vLLM drops it): alone it leaves nothing to answer.
-SYSTEM_CONTENT = {"oneOf": [{"type": "string", "minLength": 1}, {"type": "array", "items": TEXT_BLOCK, "minItems": 1}]}
-MESSAGE = {
-    "oneOf": [
-        {
-            "type": "object",
-            "required": ["role", "content"],
-            "additionalProperties": True,
-            "properties": {"role": {"enum": list(ROLES)}, "content": CONTENT},
-        },
-        {
-            "type": "object",
-            "required": ["role", "content"],
-            "additionalProperties": True,
-            "properties": {"role": {"enum": ["system"]}, "content": SYSTEM_CONTENT},
-        },
-    ]
-}
-# The OpenAPI documentation of a request: the text-only core (tool blocks and tools are accepted too,
-# checked here with the field named, beyond what a schema can say: a tool_result needs its tool_use).
-COUNT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "additionalProperties": True,
-    "required": ["model", "messages"],
-    "properties": {
-        "model": {"type": "string", "minLength": 1},
-        "system": TEXT,
-        "messages": {"type": "array", "minItems": 1, "items": MESSAGE},
-    },
-}
-MESSAGES_SCHEMA: dict[str, Any] = {
-    **COUNT_SCHEMA,
-    "required": ["model", "messages", "max_tokens"],
-    "properties": {
-        **COUNT_SCHEMA["properties"],
-        "stream": {"type": "boolean"},
-        "max_tokens": {"type": "integer", "minimum": 1},
-    },
-}
-
-
-def _fail(param: str, message: str) -> InvalidRequest:
-    return InvalidRequest(f"{param}: {message}", param=param)
 
 
 # --------------------------------------------------------------------------- request
@@ -102,12 +53,12 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _fail("model", "field required: a model name from GET /v1/models")
-    max_tokens = _integer(body.get("max_tokens"))
+    max_tokens = integer(body.get("max_tokens"))
     if max_tokens is None:
         raise _fail("max_tokens", "field required (the Messages API has no default output length)")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise _fail("max_tokens", "must be an integer of at least 1 (0, cache pre-warming, is not served here)")
-    _thinking(body.get("thinking"), max_tokens)
+    check_thinking(body.get("thinking"), max_tokens)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _fail("messages", "must be a non-empty list of {role, content} objects")
@@ -132,7 +83,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, int | float) or isinstance(value, bool) or not low <= value <= high:
                 raise _fail(name, f"must be a number from {low:g} to {high:g}")
             out[name] = value
-    top_k = _integer(body.get("top_k"))
+    top_k = integer(body.get("top_k"))
     if top_k is not None:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
             raise _fail("top_k", "must be a non-negative integer")
@@ -154,40 +105,14 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(fmt.get("schema"), dict):
             raise _fail("output_config.format.schema", "must be a JSON Schema object")
         out["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
-    tools = _tools(body.get("tools"))
-    choice = _tool_choice(body.get("tool_choice"), tools)
+    tools = chat_tools(body.get("tools"))
+    choice = tool_choice(body.get("tool_choice"), tools)
     if tools:
         out["tools"] = tools
         out["tool_choice"] = choice[0] if choice else "auto"
         if choice and choice[1]:
             out["parallel_tool_calls"] = False
     return out
-
-
-THINKING = ("enabled", "disabled", "adaptive")
-MIN_BUDGET = 1024  # Anthropic's floor for budget_tokens; vLLM's route holds it too
-
-
-def _thinking(thinking: Any, max_tokens: int) -> None:
-    """Check ``thinking`` as the engine's route does (the model's reasoning is not ours to budget, so the
-    budget is then ignored): one of its three types, and an ``enabled`` budget from 1,024 to below
-    ``max_tokens`` (Anthropic's API refuses the same)."""
-    if thinking is None:
-        return
-    if not isinstance(thinking, dict) or thinking.get("type") not in THINKING:
-        raise _fail("thinking.type", f"must be one of {', '.join(THINKING)}")
-    if thinking["type"] != "enabled":
-        return
-    budget = _integer(thinking.get("budget_tokens"))
-    if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_BUDGET:
-        raise _fail("thinking.budget_tokens", f"must be an integer of at least {MIN_BUDGET}")
-    if budget >= max_tokens:
-        raise _fail("thinking.budget_tokens", f"must be less than max_tokens ({max_tokens})")
-
-
-def _integer(value: Any) -> Any:
-    """A JSON number with no fraction as an int (JSON Schema's integer, and pydantic's, take 16.0)."""
-    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _text_of(blocks: Any, where: str) -> str:
@@ -321,58 +246,6 @@ def _result_text(content: Any, at: str) -> str:
         else:
             raise _fail(f"{at}.content.{k}", "tool_result content blocks must be text blocks")
     return "\n".join(parts)
-
-
-def _tools(tools: Any) -> list[dict[str, Any]]:
-    if tools is None:
-        return []
-    if not isinstance(tools, list):
-        raise _fail("tools", "must be a list of tool definitions")
-    out = []
-    for i, tool in enumerate(tools):
-        at = f"tools.{i}"
-        if not isinstance(tool, dict):
-            raise _fail(at, "must be an object {name, description, input_schema}")
-        if tool.get("type") not in (None, "custom"):
-            continue  # a server tool (web search, code execution): the engine cannot run it
-        name = tool.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.match(name):
-            raise _fail(f"{at}.name", "must match ^[a-zA-Z0-9_-]{1,128}$")
-        schema = tool.get("input_schema")
-        if not isinstance(schema, dict):
-            raise _fail(f"{at}.input_schema", "field required: a JSON Schema object")
-        if schema.get("type") != "object":
-            raise _fail(f"{at}.input_schema.type", "must be 'object'")
-        if "properties" in schema and not isinstance(schema["properties"], dict):
-            raise _fail(f"{at}.input_schema.properties", "must be an object")
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise _fail(f"{at}.description", "must be a string")
-        function: dict[str, Any] = {"name": name, "parameters": schema}
-        if description is not None:
-            function["description"] = description
-        if isinstance(tool.get("strict"), bool):
-            function["strict"] = tool["strict"]  # constrains the arguments to the schema (vLLM's guided decoding)
-        out.append({"type": "function", "function": function})
-    return out
-
-
-def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> tuple[Any, bool] | None:
-    """(chat tool_choice, parallel calls disabled), or None for the default."""
-    if choice is None:
-        return None
-    if not isinstance(choice, dict) or choice.get("type") not in ("auto", "any", "tool", "none"):
-        raise _fail("tool_choice.type", "must be one of 'auto', 'any', 'tool', 'none'")
-    kind = choice["type"]
-    no_parallel = bool(choice.get("disable_parallel_tool_use"))
-    if kind in ("any", "tool") and not tools:
-        raise _fail("tool_choice", f"tool_choice {kind!r} needs a non-empty 'tools' list")
-    if kind == "tool":
-        name = choice.get("name")
-        if name not in {t["function"]["name"] for t in tools}:
-            raise _fail("tool_choice.name", f"names no tool in 'tools': {name!r}")
-        return {"type": "function", "function": {"name": name}}, no_parallel
-    return {"auto": "auto", "any": "required", "none": "none"}[kind], no_parallel
 
 
 def count_tokens_body(body: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 
 from proxy.dialects import anthropic as dialect
 from proxy.dialects import anthropic_out as out
+from proxy.dialects.anthropic_schema import MESSAGE
 from proxy.dialects.anthropic_stream import MessageStream
 from proxy.dialects.base import StreamEnd
 from proxy.errors import InvalidRequest, Unavailable, UpstreamError
@@ -212,7 +213,7 @@ def test_system_messages_inside_messages_stay_where_they_stand() -> None:
         ("system", "between a call and its result"),
         ("tool", "51"),
     ]
-    documented = [role for shape in dialect.MESSAGE["oneOf"] for role in shape["properties"]["role"]["enum"]]
+    documented = [role for shape in MESSAGE["oneOf"] for role in shape["properties"]["role"]["enum"]]
     assert sorted(documented) == ["assistant", "system", "user"]
 
 

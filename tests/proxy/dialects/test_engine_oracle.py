@@ -107,22 +107,8 @@ def error_shape(dialect: str, body: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    proxy = launch_proxy(tmp_path_factory.mktemp("oracle"), tiny_engine.url, pg_url)
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture(scope="module")
 def served_default(default_engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     proxy = launch_proxy(tmp_path_factory.mktemp("oracle-default"), default_engine.url, pg_url)
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture(scope="module")
-def served_long(tiny_long_engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    proxy = launch_proxy(tmp_path_factory.mktemp("oracle-long"), tiny_long_engine.url, pg_url)
     yield proxy
     proxy.stop()
 
@@ -203,17 +189,17 @@ LONG_CASES = [_param(d, p) for d, p in CASES if p in LONG]
 
 @pytest.mark.parametrize(("dialect", "path"), SHORT)
 def test_same_status_prompt_ids_and_text_as_the_engine(
-    dialect: str, path: Path, served: Proxy, tiny_engine: Engine
+    dialect: str, path: Path, oracle_proxy: Proxy, tiny_engine: Engine
 ) -> None:
-    replay(dialect, path, served, tiny_engine)
+    replay(dialect, path, oracle_proxy, tiny_engine)
 
 
 @pytest.mark.parametrize(("dialect", "path"), LONG_CASES)
 def test_long_requests_the_same_on_the_long_context_engine(
-    dialect: str, path: Path, served_long: Proxy, tiny_long_engine: Engine
+    dialect: str, path: Path, oracle_proxy_long: Proxy, tiny_long_engine: Engine
 ) -> None:
     """The CLIs' own requests (20-80 KB) on the long-context tiny model, its prompt ids from its own ``/render``."""
-    replay(dialect, path, served_long, tiny_long_engine)
+    replay(dialect, path, oracle_proxy_long, tiny_long_engine)
 
 
 def test_the_corpus_holds_40_requests_per_dialect() -> None:
@@ -241,7 +227,7 @@ def test_forced_calls_match_the_engine_on_smollm2(
 
 # Argument texts a model writes for a custom tool (the one-string function it is shown), cut every way below.
 # Not here, where the streamed deltas differ (the input at the end is the same): ``input`` after other keys,
-# a second ``input`` key, malformed JSON after the string (proxy/dialects/responses_stream.py, CustomInput).
+# a second ``input`` key, malformed JSON after the string (proxy/dialects/responses_custom_input.py, CustomInput).
 CUSTOM_ARGUMENTS = [
     '{"input": "*** Begin Patch\\n*** Add File: a.py\\n+print(\\"h\\u00e9 \\ud83d\\ude00\\")\\n*** End Patch\\n"}',
     '{"input":"h\u00e9 \U0001f600 \\\\ \\/ \\t"}',

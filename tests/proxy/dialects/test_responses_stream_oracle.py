@@ -29,7 +29,7 @@ from openai.types.responses import ResponseStreamEvent
 from pydantic import BaseModel, Field, TypeAdapter
 
 from engine.launcher import Engine
-from tests.proxy.conftest import Proxy, launch_proxy
+from tests.proxy.conftest import Proxy
 from tests.proxy.dialects.test_engine_oracle import CASES, LONG, load
 
 # The SDK's union, picked by ``type`` (its own discriminator is metadata pydantic does not read).
@@ -240,20 +240,6 @@ def compare(path: Path, proxy: Proxy, engine: Engine) -> None:
     assert delta_runs(normalised(ours)) == expected
 
 
-@pytest.fixture(scope="module")
-def proxy_short(tiny_engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    proxy = launch_proxy(tmp_path_factory.mktemp("stream-oracle"), tiny_engine.url, pg_url)
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture(scope="module")
-def proxy_long(tiny_long_engine: Engine, pg_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    proxy = launch_proxy(tmp_path_factory.mktemp("stream-oracle-long"), tiny_long_engine.url, pg_url)
-    yield proxy
-    proxy.stop()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def tally() -> Iterator[None]:
     """How many cases each allowance was needed for, printed (``-s``)."""
@@ -263,16 +249,16 @@ def tally() -> Iterator[None]:
 
 @pytest.mark.engine
 @pytest.mark.parametrize("path", [p for p in STREAMED if p not in LONG], ids=lambda p: p.stem)
-def test_the_same_events_as_the_engines_stream(path: Path, proxy_short: Proxy, tiny_engine: Engine) -> None:
-    compare(path, proxy_short, tiny_engine)
+def test_the_same_events_as_the_engines_stream(path: Path, oracle_proxy: Proxy, tiny_engine: Engine) -> None:
+    compare(path, oracle_proxy, tiny_engine)
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize("path", [p for p in STREAMED if p in LONG], ids=lambda p: p.stem)
 def test_codexs_own_requests_the_same_events_on_the_long_context_engine(
-    path: Path, proxy_long: Proxy, tiny_long_engine: Engine
+    path: Path, oracle_proxy_long: Proxy, tiny_long_engine: Engine
 ) -> None:
-    compare(path, proxy_long, tiny_long_engine)
+    compare(path, oracle_proxy_long, tiny_long_engine)
 
 
 def test_the_corpus_streams_codexs_requests_and_the_sdks() -> None:

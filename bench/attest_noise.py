@@ -24,6 +24,8 @@ import argparse
 import asyncio
 import json
 import random
+import signal
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -192,6 +194,8 @@ def main() -> None:
     parser.add_argument("--url", help="an engine already serving --model (else one is started)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    # A SIGTERM (timeout, kill) ends through the `finally` below, so the engine this started stops with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     model = resolve_model(args.model)
     tmp = Path(tempfile.mkdtemp(prefix="attest-noise-"))
     trained = trained_versions(args.adapters.resolve()) if args.adapters else None

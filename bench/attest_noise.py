@@ -35,7 +35,16 @@ import httpx
 
 from engine.launcher import Engine, EngineConfig
 from engine.weights import ModelInfo, resolve_model
-from proxy.fingerprint import CONCURRENT, SAMPLES, calibrate, distance, parse_probe, probe_body, same
+from proxy.fingerprint import (
+    CONCURRENT,
+    SAMPLES,
+    calibrate,
+    distance,
+    filler_bodies,
+    parse_probe,
+    probe_body,
+    same,
+)
 from tests.adapters import light_adapter
 
 
@@ -87,14 +96,16 @@ async def probe(client: httpx.AsyncClient, url: str, model: str) -> dict[str, An
 
 
 async def record(
-    client: httpx.AsyncClient, url: str, model: str, others: dict[str, str], known_noise: float
+    client: httpx.AsyncClient, url: str, model: str, base: str, others: dict[str, str], known_noise: float
 ) -> dict[str, Any]:
-    """A fingerprint as the proxy records it (serial then concurrent repeats, separation from ``others``, the
-    noise measured before on the engine, ``known_noise``, as proxy/attest.py passes it)."""
+    """A fingerprint as the proxy records it (serial repeats, then concurrent ones beside filler calls to the
+    version and ``base``, separation from ``others``, the noise measured before on the engine, ``known_noise``,
+    as proxy/attest.py passes it)."""
     serial = [await probe(client, url, model) for _ in range(SAMPLES)]
-    together = await asyncio.gather(*(probe(client, url, model) for _ in range(CONCURRENT)))
+    filler = [client.post(f"{url}/v1/completions", json=b, timeout=600) for b in filler_bodies([model, base])]
+    together = await asyncio.gather(*(probe(client, url, model) for _ in range(CONCURRENT)), *filler)
     measured = {label: await probe(client, url, name) for label, name in others.items()}
-    return calibrate(serial + list(together), measured, known_noise)
+    return calibrate(serial + list(together[:CONCURRENT]), measured, known_noise)
 
 
 async def load(client: httpx.AsyncClient, url: str, models: list[str], stop: asyncio.Event, calls: list[int]) -> None:
@@ -122,7 +133,7 @@ async def bench(
         for i, name in enumerate(names):
             others = {"base": model.name, **({f"v{i}": names[i - 1]} if i else {})}
             known = max((fp["noise"] for fp in fps.values() if fp["noise"] != float("inf")), default=0.0)
-            fps[name] = await record(client, url, name, others, known)
+            fps[name] = await record(client, url, name, model.name, others, known)
             fp = fps[name]
             print(
                 f"recorded {name}: noise {fp['noise']:.4f} tolerance {fp['tolerance']:.4f} verdict {fp['verdict']}",

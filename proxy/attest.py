@@ -26,7 +26,17 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from proxy.fingerprint import CONCURRENT, SAMPLES, calibrate, distance, parse_probe, probe_body, same, tolerance_of
+from proxy.fingerprint import (
+    CONCURRENT,
+    SAMPLES,
+    calibrate,
+    distance,
+    filler_bodies,
+    parse_probe,
+    probe_body,
+    same,
+    tolerance_of,
+)
 from proxy.metrics import Metrics
 from proxy.replicas import Replica
 from proxy.routing import Router
@@ -89,11 +99,19 @@ class Attestor:
             log.warning("attestation probe of %s on %s failed: %s %s", served_model, base, type(exc).__name__, exc)
             return None
 
+    async def beside(self, base: str, body: dict[str, Any]) -> None:
+        """One filler call sent beside the concurrent probes; its answer (or failure) does not matter."""
+        try:
+            await self.router.upstream.post_json(base, "/v1/completions", body, timeout=60.0)
+        except Exception as exc:  # noqa: BLE001 - the probes beside it are what is measured
+            log.debug("attestation filler call on %s failed: %s", base, exc)
+
     async def calibrated(
         self, base: str, project: str, alias: str, version: int, base_model: str | None
     ) -> dict[str, Any] | None:
         """The version's fingerprint with its noise (:func:`calibrate`): probed :data:`SAMPLES` times in a
-        row and :data:`CONCURRENT` times at once on ``base``, beside the base model and the previous
+        row and :data:`CONCURRENT` times at once on ``base`` beside other calls (:func:`filler_bodies`: the
+        batches then mix shapes and adapters, as under load), beside the base model and the previous
         version where the replica lists them. None if the replica did not answer."""
         name = lora_name(project, alias, version)
         serial = []
@@ -102,8 +120,11 @@ class Attestor:
             if fp is None:
                 return None
             serial.append(fp)
-        together = await asyncio.gather(*(self.measure(base, name) for _ in range(CONCURRENT)))
-        samples = serial + [fp for fp in together if fp is not None]
+        filler = filler_bodies([name, base_model] if base_model else [name])
+        together = await asyncio.gather(
+            *(self.measure(base, name) for _ in range(CONCURRENT)), *(self.beside(base, b) for b in filler)
+        )
+        samples = serial + [fp for fp in together[:CONCURRENT] if fp is not None]
         listed = self.router.replicas.by_url[base].models
         others: dict[str, dict[str, Any]] = {}
         candidates = {"base": base_model} if base_model else {}

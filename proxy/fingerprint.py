@@ -8,7 +8,8 @@ that differs: a near-tie flipped by batching noise). Teacher-forced scoring of a
 engine core when a prompt-logprobs request is batched with another request (``einsum(): subscript
 b has size 3 … 232`` in the LoRA logits path: one LoRA index per request, one row per prompt token),
 so the probe must not ask for prompt logprobs. Its noise is measured when it is recorded: the probe
-repeated serially and :data:`CONCURRENT` at once, the largest distance from the first stored as ``noise``, and the
+repeated serially and :data:`CONCURRENT` at once beside :data:`FILLER` other calls, the largest distance from the
+first stored as ``noise``, and the
 tolerance set from it (``max(NOISE_FACTOR × noise, TOLERANCE_FLOOR)``). The noise is the engine's (its dtype, device
 and batching), not the version's: a version whose probes happened to batch alike measures almost none (0.0003 nats
 against 0.011-0.017 for the versions before it, in a demo run), and then the same probe under load (0.013) is beyond
@@ -44,6 +45,7 @@ PROBE_TEXT = (
 PROBE_LEN = 32  # generated tokens compared
 SAMPLES = 3  # serial probes at record time
 CONCURRENT = 4  # probes sent at once at record time (batched with each other and with live traffic)
+FILLER = 6  # other calls sent beside them (:func:`filler_bodies`): batches of mixed lengths and models, as under load
 NOISE_FACTOR = 3.0
 TOLERANCE_FLOOR = 0.002  # nats (mean absolute): below the smallest version-to-version distance measured
 
@@ -127,6 +129,24 @@ def probe_body(served_model: str, kind: str = "calibrated") -> dict[str, Any]:
             "ignore_eos": True,
         }
     return {"model": served_model, "prompt": PROBE, "max_tokens": PROBE_TOKENS, "temperature": 0, "logprobs": 0}
+
+
+def filler_bodies(models: list[str]) -> list[dict[str, Any]]:
+    """:data:`FILLER` ``/v1/completions`` bodies sent beside the concurrent probes at record time: prompts of
+    different lengths to ``models`` in turn, so the probes batch with other shapes and adapters, as they do
+    under live traffic. Probes that batch only with copies of themselves can agree to the last bit (a demo's
+    first version measured 0.0000 nats, then 0.01 under 48 calls)."""
+    words = "the train leaves at nine and the shop sells pencils by the dozen".split()
+    return [
+        {
+            "model": models[i % len(models)],
+            "prompt": " ".join(words[j % len(words)] for j in range(8 + 23 * i)),
+            "max_tokens": PROBE_LEN // 2 + 7 * i,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i in range(FILLER)
+    ]
 
 
 def parse_probe(reply: dict[str, Any], kind: str = "calibrated") -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.fingerprint import TOLERANCE, TOLERANCE_FLOOR, calibrate, distance, parse_probe, same, tolerance_of
+from proxy.fingerprint import FILLER, TOLERANCE, TOLERANCE_FLOOR, calibrate, distance, parse_probe, same, tolerance_of
 
 TOKENS = ["a", "b", "c", "d"]
 
@@ -101,6 +101,7 @@ async def test_the_attestor_calibrates_a_quiet_version_with_the_noise_measured_b
     engine = async_engine(pg_factory())
     sessions = async_sessionmaker(engine, expire_on_commit=False)
     ref = fp(-1, -2, -3, -4)
+    filler: list[dict[str, Any]] = []
     probes = {  # by engine-side name: v1 noisy, v2 quiet, the base far
         "v1": [ref, fp(-1.017, -2.017, -3.017, -4.017), ref, ref, ref, ref, ref],
         "v2": [fp(-1.5, -2, -3, -4)] * 7,
@@ -112,6 +113,9 @@ async def test_the_attestor_calibrates_a_quiet_version_with_the_noise_measured_b
             key = "base" if served_model == "m" else ("v1" if served_model.endswith("@v1") else "v2")
             return probes[key][0] if len(probes[key]) == 1 else probes[key].pop(0)
 
+        async def beside(self, base: str, body: dict[str, Any]) -> None:
+            filler.append(body)
+
     router = SimpleNamespace(replicas=SimpleNamespace(by_url={"http://e": SimpleNamespace(models=set())}))
     try:
         async with sessions() as db:
@@ -120,6 +124,9 @@ async def test_the_attestor_calibrates_a_quiet_version_with_the_noise_measured_b
         one = Canned(sessions, router, None)  # type: ignore[arg-type]
         v1 = await one.calibrated("http://e", "p", "a", 1, "m")
         assert v1 is not None and v1["noise"] == pytest.approx(0.017) and "engine_noise" not in v1
+        # The concurrent probes went beside FILLER other calls of other lengths, to the version and the base.
+        assert len(filler) == FILLER and {b["model"] for b in filler} == {"p~a@v1", "m"}
+        assert len({len(b["prompt"]) for b in filler}) == FILLER
         async with sessions() as db:
             db.add(Attestation(project_id="p", alias="a", version=1, sha256="", fingerprint=v1, replica="http://e"))
             await db.commit()

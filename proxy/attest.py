@@ -110,9 +110,9 @@ class Attestor:
         self, base: str, project: str, alias: str, version: int, base_model: str | None
     ) -> dict[str, Any] | None:
         """The version's fingerprint with its noise (:func:`calibrate`): probed :data:`SAMPLES` times in a
-        row and :data:`CONCURRENT` times at once on ``base`` beside other calls (:func:`filler_bodies`: the
-        batches then mix shapes and adapters, as under load), beside the base model and the previous
-        version where the replica lists them. None if the replica did not answer."""
+        row and :data:`CONCURRENT` times at once on ``base`` among other calls (:func:`filler_bodies`: the
+        batches then mix shapes and adapters, as under load); the same probe of the base model and the
+        previous version, where the replica lists them, gives the separation. None if the replica did not answer."""
         name = lora_name(project, alias, version)
         serial = []
         for _ in range(SAMPLES):

@@ -8,10 +8,10 @@ that differs: a near-tie flipped by batching noise). Teacher-forced scoring of a
 engine core when a prompt-logprobs request is batched with another request (``einsum(): subscript
 b has size 3 … 232`` in the LoRA logits path: one LoRA index per request, one row per prompt token),
 so the probe must not ask for prompt logprobs. Its noise is measured when it is recorded: the probe
-repeated serially and :data:`CONCURRENT` at once beside :data:`FILLER` other calls, the largest distance from the
-first stored as ``noise``, and the
-tolerance set from it (``max(NOISE_FACTOR × noise, TOLERANCE_FLOOR)``). The noise is the engine's (its dtype, device
-and batching), not the version's: a version whose probes happened to batch alike measures almost none (0.0003 nats
+repeated serially and :data:`CONCURRENT` at once beside :data:`FILLER` other calls, the largest distance
+from the first stored as ``noise``, and the tolerance set from it (``max(NOISE_FACTOR × noise,
+TOLERANCE_FLOOR)``). The noise is the engine's (its dtype, device and batching), not the version's: a
+version whose probes happened to batch alike measures almost none (0.0003 nats
 against 0.011-0.017 for the versions before it, in a demo run), and then the same probe under load (0.013) is beyond
 its tolerance. So the tolerance also covers the largest noise measured before on that replica or for the alias's
 earlier versions (``known_noise``, stored as ``engine_noise``). The same probe under the base

@@ -5,7 +5,7 @@ are made the way consecutive training steps make them: v1 small, each next versi
 small random step, and another alias's adapter of the same size. Each version's fingerprint is recorded
 as the proxy records it (:func:`proxy.fingerprint.calibrate`: serial and concurrent repeats, noise,
 tolerance, separation from the base and the previous version). Then, ``--tries`` times, every model is
-probed while ``--load`` calls are in flight, and each probe is compared with every fingerprint:
+probed (all at once) while ``--load`` calls are in flight, and each probe is compared with every fingerprint:
 
 - false alert: vN's own probe found different from vN's fingerprint;
 - caught: the previous version, the base model, or the other alias's adapter, served under vN's name
@@ -147,7 +147,8 @@ async def bench(
         try:
             await asyncio.sleep(2)  # the callers' first calls are in flight
             for k in range(tries):
-                probes = {m: await probe(client, url, m) for m in served}  # each while `concurrency` calls run
+                # every model at once, while `concurrency` calls run
+                probes = dict(zip(served, await asyncio.gather(*(probe(client, url, m) for m in served)), strict=True))
                 for i, name in enumerate(names):
                     c, fp = counts[name], fps[name]
                     c["false"] += not same(fp, probes[name])
@@ -182,14 +183,19 @@ def table(result: dict[str, Any], names: list[str], tries: int) -> str:
     for i, name in enumerate(names):
         fp, c = result["fingerprints"][name], result["counts"][name]
         sep = fp["separation"]
-        prev = f"{sep[f'v{i}']:.4f}" if i else "-"
+        prev, base = (_nats(sep.get(key)) for key in (f"v{i}", "base"))
         rows.append(
-            f"{'v' + str(i + 1):>8} {fp['noise']:>8.4f} {fp['tolerance']:>8.4f} {prev:>8} {sep['base']:>8.4f} "
+            f"{'v' + str(i + 1):>8} {fp['noise']:>8.4f} {fp['tolerance']:>8.4f} {prev if i else '-':>8} {base:>8} "
             f"{fp['verdict']:>12} {max(c['dist']):>11.4f} {c['false']:>9}/{tries:<2} "
             f"{(str(c['prev']) + '/' + str(tries)) if i else '-':>11} {c['base']:>8}/{tries:<2} "
             f"{c['other']:>9}/{tries:<2}"
         )
     return "\n".join(rows)
+
+
+def _nats(value: float | None) -> str:
+    """A stored separation (None: infinite, the probes could not be compared)."""
+    return "inf" if value is None else f"{value:.4f}"
 
 
 def main() -> None:

@@ -36,10 +36,16 @@ HANG = web.AppKey("hang_loads", bool)  # whether this app's /v1/load_lora_adapte
 ADAPTERS: set[str] = set()  # names "loaded" by /v1/load_lora_adapter: the proxy can deploy versions to the stub
 
 
-def _logprobs(chat: bool, n: int) -> dict[str, Any]:
+def _logprobs(chat: bool, n: int, top: int = 0) -> dict[str, Any]:
     if chat:
         return {"content": [{"token": "x", "logprob": -0.5, "bytes": [120], "top_logprobs": []} for _ in range(n)]}
-    return {"text_offset": list(range(n)), "token_logprobs": [-0.5] * n, "tokens": ["x"] * n, "top_logprobs": None}
+    alternatives = [{"x": -0.5, **{f"y{k}": -1.5 - k for k in range(1, top)}} for _ in range(n)] if top else None
+    return {
+        "text_offset": list(range(n)),
+        "token_logprobs": [-0.5] * n,
+        "tokens": ["x"] * n,
+        "top_logprobs": alternatives,
+    }
 
 
 def _render(body: dict[str, Any]) -> bytes:
@@ -66,25 +72,30 @@ def _reply(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     n = int(body.get("max_tokens") or 4)
     ids_in = prompt_ids(body)
     ids = [100 + i for i in range(n)]
-    choice: dict[str, Any] = {
-        "index": 0,
-        "finish_reason": "length",
-        "stop_reason": None,
-        "token_ids": ids if body.get("return_token_ids") else None,
-        "logprobs": _logprobs(chat, n)
-        if body.get("logprobs") is not None and body.get("logprobs") is not False
-        else None,
-    }
-    if chat:
-        choice["message"] = {"role": "assistant", "content": "x" * n}
-    else:
-        choice["text"] = "x" * n
+    wants = body.get("logprobs")
+    top = wants if isinstance(wants, int) and not isinstance(wants, bool) else 0  # completions: the top-k asked for
+    prompts = body.get("prompt")
+    several = not chat and isinstance(prompts, list) and all(isinstance(p, str) for p in prompts) and prompts
+    choices = []
+    for index in range(len(prompts) if several else 1):  # one choice a prompt (the fingerprint probe sends 24)
+        choice: dict[str, Any] = {
+            "index": index,
+            "finish_reason": "length",
+            "stop_reason": None,
+            "token_ids": ids if body.get("return_token_ids") else None,
+            "logprobs": _logprobs(chat, n, top) if wants is not None and wants is not False else None,
+        }
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "x" * n}
+        else:
+            choice["text"] = "x" * n
+        choices.append(choice)
     return {
         "id": f"stub-{time.monotonic_ns()}",
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": body.get("model", MODEL),
-        "choices": [choice],
+        "choices": choices,
         "usage": {"prompt_tokens": len(ids_in), "completion_tokens": n, "total_tokens": len(ids_in) + n},
         "prompt_token_ids": ids_in if body.get("return_token_ids") else None,
         "system_fingerprint": "stub",

@@ -104,7 +104,7 @@ class EpisodeResult:
         return asdict(self)
 
 
-def _fraction(key: str) -> float:
+def fraction_of(key: str) -> float:
     """A stable number in [0, 1) from a string, so which episodes get which feedback is reproducible."""
     return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2**64
 
@@ -272,7 +272,7 @@ class Harness:
             if self.cfg.feedback == "comments":  # the labelled set a judge (or keyword rule) is calibrated on
                 items[-1]["comment"] = _text_feedback("comments", problem, result)[0]["comment"]
         else:
-            u, m = _fraction(result.session_id), self.mix
+            u, m = fraction_of(result.session_id), self.mix
             last = {"completion_id": result.completion_ids[-1]} if result.completion_ids else session
             if u < m.reward:
                 items.append({"target": session, "name": "reward", "value": result.reward})

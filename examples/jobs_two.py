@@ -36,7 +36,7 @@ from typing import IO, Any
 from examples.demo_stack import CLI, DemoConfig, DemoError, Stack, cli_fields, say, stop
 from examples.episodes import RunsEpisodes, run_episodes
 from examples.feedback import correction
-from examples.harness import EpisodeResult, HarnessConfig, _fraction
+from examples.harness import EpisodeResult, HarnessConfig, fraction_of
 from examples.jobs_report import FAMILIES, curves, lift, render, source_counts, verdicts, write_plot
 from examples.support import SupportProblem, make_support_problems
 from examples.support_harness import SupportHarness, Voice
@@ -106,7 +106,7 @@ class MixedHarness(SupportHarness):
 
     def _post_feedback(self, problem: Problem, result: EpisodeResult) -> None:
         corrected = not result.eval and result.outcome == "answered" and result.completion_ids
-        if not corrected or _fraction(result.session_id) < CORRECTED or self.cfg.feedback_url is None:
+        if not corrected or fraction_of(result.session_id) < CORRECTED or self.cfg.feedback_url is None:
             super()._post_feedback(problem, result)
             return
         item = {

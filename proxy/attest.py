@@ -32,6 +32,7 @@ from proxy.fingerprint import (
     calibrate,
     distance,
     filler_bodies,
+    kind_of,
     parse_probe,
     probe_body,
     same,
@@ -84,7 +85,7 @@ class Attestor:
         except Exception as exc:  # noqa: BLE001 - the periodic check tries again
             log.warning("attestation after reloading %s failed: %s", replica.url, exc)
 
-    async def measure(self, base: str, served_model: str, kind: str = "calibrated") -> dict[str, Any] | None:
+    async def measure(self, base: str, served_model: str, kind: str = "forced") -> dict[str, Any] | None:
         """One probe's fingerprint on one replica; None if it could not answer."""
         try:
             body = probe_body(served_model, kind)
@@ -158,10 +159,10 @@ class Attestor:
         return fingerprint
 
     async def _alias_noise(self, project: str, alias: str, version: int) -> float:
-        """The largest finite noise stored with the alias's earlier calibrated fingerprints (the last 20)."""
+        """The largest finite noise stored with the alias's earlier fingerprints of the same probe (the last 20)."""
         async with self.sessionmaker() as db:
             stored = (await db.scalars(_earlier(Attestation.fingerprint, project, alias, version).limit(20))).all()
-        noises = [fp.get("noise") for fp in stored if isinstance(fp, dict) and fp.get("kind") == "calibrated"]
+        noises = [fp.get("noise") for fp in stored if isinstance(fp, dict) and fp.get("kind") == "forced"]
         return max((float(n) for n in noises if isinstance(n, int | float) and n != float("inf")), default=0.0)
 
     async def record(self, project: str, alias: str, version: int) -> dict[str, Any] | None:
@@ -227,7 +228,7 @@ class Attestor:
         (or, when it is the last one, fall back to the previous attested version, or keep it serving).
         Per replica: True (matches), False (mismatch), None (did not answer)."""
         name = lora_name(project, alias, version)
-        kind = "calibrated" if expected.get("kind") == "calibrated" else "greedy"
+        kind = kind_of(expected)
         bases = bases or list(self.router.upstream.urls)
         got = await asyncio.gather(*(self.measure(b, name, kind) for b in bases))
         result: dict[str, bool | None] = {}
@@ -258,7 +259,7 @@ class Attestor:
                 )
             else:
                 action = "no other replica or attested earlier version serves it: it keeps serving (suspect)"
-            dist = distance(expected, fingerprint) if kind == "calibrated" else None
+            dist = distance(expected, fingerprint) if kind != "greedy" else None
             dist = dist if dist != float("inf") else None  # other tokens: another tokenizer, or a broken reply
             log.warning(
                 "attestation: %s on %s differs (distance %s, tolerance %.4g): %s",

@@ -38,25 +38,25 @@ def _attested(proxy_v1: str, version: int) -> dict[str, Any]:
 
 
 async def _tamper(db_url: str, version: int) -> None:
-    """Make the stored fingerprint one that no engine serves (every logprob 1 nat lower)."""
+    """Make the stored fingerprint one that no engine serves (every listed logprob 1 nat lower)."""
     eng = async_engine(db_url)
     async with AsyncSession(eng) as db:
         fp = dict(await db.scalar(select(Attestation.fingerprint).where(Attestation.version == version)))
-        fp["logprobs"] = [x - 1.0 for x in fp["logprobs"]]
+        fp["top"] = [{t: x - 1.0 for t, x in at.items()} for at in fp["top"]]
         await db.execute(update(Attestation).where(Attestation.version == version).values(fingerprint=fp))
         await db.commit()
     await eng.dispose()
 
 
-async def _forget(db_url: str, version: int) -> list[float]:
-    """Delete the version's stored fingerprint; the logprobs it held."""
+async def _forget(db_url: str, version: int) -> list[dict[str, float]]:
+    """Delete the version's stored fingerprint; the next-token logprobs it held."""
     eng = async_engine(db_url)
     async with AsyncSession(eng) as db:
         fp = dict(await db.scalar(select(Attestation.fingerprint).where(Attestation.version == version)))
         await db.execute(delete(Attestation).where(Attestation.version == version))
         await db.commit()
     await eng.dispose()
-    return list(fp["logprobs"])
+    return list(fp["top"])
 
 
 async def _alerts(db_url: str, version: int) -> list[tuple[str, str]]:
@@ -82,7 +82,7 @@ def test_a_mismatch_on_the_only_replica_keeps_the_alias_served(
         ).raise_for_status()
         attested = _attested(proxy.v1, version)
     fingerprint = attested["fingerprint"]
-    assert fingerprint["kind"] == "calibrated" and fingerprint["samples"] >= 3 and "noise" in fingerprint
+    assert fingerprint["kind"] == "forced" and fingerprint["samples"] >= 3 and "noise" in fingerprint
     assert set(fingerprint["separation"]) >= {"base"}
 
     asyncio.run(_tamper(db_url, 2))
@@ -102,4 +102,4 @@ def test_a_mismatch_on_the_only_replica_keeps_the_alias_served(
     # periodic check, not left unattested for good: here, the tampered row is forgotten and comes back real.
     tampered = asyncio.run(_forget(db_url, 2))
     again = _attested(proxy.v1, 2)["fingerprint"]
-    assert again["kind"] == "calibrated" and again["logprobs"] != tampered
+    assert again["kind"] == "forced" and again["top"] != tampered

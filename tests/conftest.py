@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -103,6 +103,26 @@ def tiny_engine(tiny_model: ModelInfo, tmp_path_factory: pytest.TempPathFactory)
     eng = _start(tiny_model, tmp_path_factory.mktemp("engines"))
     yield eng
     eng.stop()
+
+
+@pytest.fixture(scope="session")
+def second_tiny_engine(
+    tiny_model: ModelInfo, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], Engine]]:
+    """A second tiny engine for the modules that need two replicas (tests/proxy/test_attest.py,
+    test_engine_replicas.py), started once for the run: call it for the engine. A module that killed it (the
+    replica test kills one mid-run) leaves the next caller a freshly started one."""
+    started: list[Engine] = []
+
+    def current() -> Engine:
+        last = started[-1] if started else None
+        if last is None or last.proc is None or last.proc.poll() is not None:
+            started.append(_start(tiny_model, tmp_path_factory.mktemp("second")))
+        return started[-1]
+
+    yield current
+    for eng in started:
+        eng.stop()
 
 
 @pytest.fixture(scope="session")

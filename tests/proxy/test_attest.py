@@ -1,13 +1,13 @@
 """Attestation with two real engines (tiny model): a deployed adapter's weights are overwritten on disk and
 reloaded into one engine; the fingerprint check catches it, that replica stops serving the version, an alert
-is raised, and the other replica serves every call. The second engine is started once for this module."""
+is raised, and the other replica serves every call. The second engine is the run's (``second_tiny_engine``)."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +15,10 @@ import httpx
 import pytest
 
 from engine.launcher import Engine
-from engine.weights import ModelInfo
 from proxy.fingerprint import parse_probe, probe_body, same, tolerance_of
 from storage.alerts import open_alerts
 from storage.db import async_engine
 from tests.adapters import random_adapter
-from tests.conftest import _start
 from tests.proxy.conftest import ProxyFactory
 from tests.proxy.test_promotion import _publish
 
@@ -31,10 +29,11 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def other_engine(tiny_model: ModelInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    eng = _start(tiny_model, tmp_path_factory.mktemp("attest"))
+def other_engine(second_tiny_engine: Callable[[], Engine]) -> Iterator[Engine]:
+    eng = second_tiny_engine()
     yield eng
-    eng.stop()
+    # Shared with test_engine_replicas.py: leave it without the overwritten adapter this module loaded.
+    httpx.post(f"{eng.url}/v1/unload_lora_adapter", json={"lora_name": f"{ALIAS}@v1"}, timeout=60)
 
 
 def test_fingerprints_agree_within_tolerance_only() -> None:

@@ -5,8 +5,8 @@ request counters show; a hung engine leaves rotation, a deployment made meanwhil
 reaches the other one and says so, and the hung one gets the version before any
 call for it; a version no alias routes to any more is unloaded; an engine killed
 mid-run fails only the streams it was serving, a call refused by it is served by
-the other, and nothing is recorded twice. The tiny model; the second engine is
-started once for the module (the first is the session's ``tiny_engine``).
+the other, and nothing is recorded twice. The tiny model; the second engine is the run's
+``second_tiny_engine`` (the first is the session's ``tiny_engine``), killed here.
 """
 
 from __future__ import annotations
@@ -31,18 +31,16 @@ from engine.weights import ModelInfo
 from storage.db import sync_engine
 from storage.models import Completion
 from tests.adapters import random_adapter
-from tests.conftest import _start
 from tests.proxy.conftest import Proxy, ProxyFactory, add_adapter, metric_sample
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def second_engine(tiny_model: ModelInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    eng = _start(tiny_model, tmp_path_factory.mktemp("second"))
+def second_engine(second_tiny_engine: Callable[[], Engine]) -> Iterator[Engine]:
+    eng = second_tiny_engine()
     yield eng
     _signal(eng, signal.SIGCONT)  # in case a test stopped it and failed before it went on
-    eng.stop()
 
 
 def _signal(engine: Engine, sig: signal.Signals) -> None:

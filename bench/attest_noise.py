@@ -35,16 +35,7 @@ import httpx
 
 from engine.launcher import Engine, EngineConfig
 from engine.weights import ModelInfo, resolve_model
-from proxy.fingerprint import (
-    CONCURRENT,
-    SAMPLES,
-    calibrate,
-    distance,
-    filler_bodies,
-    parse_probe,
-    probe_body,
-    same,
-)
+from proxy.fingerprint import calibrate, distance, parse_probe, probe_body, repeats, same
 from tests.adapters import light_adapter
 
 
@@ -101,11 +92,14 @@ async def record(
     """A fingerprint as the proxy records it (serial repeats, then concurrent ones beside filler calls to the
     version and ``base``, separation from ``others``, the noise measured before on the engine, ``known_noise``,
     as proxy/attest.py passes it)."""
-    serial = [await probe(client, url, model) for _ in range(SAMPLES)]
-    filler = [client.post(f"{url}/v1/completions", json=b, timeout=600) for b in filler_bodies([model, base])]
-    together = await asyncio.gather(*(probe(client, url, model) for _ in range(CONCURRENT)), *filler)
+    samples = await repeats(
+        lambda: probe(client, url, model),
+        lambda body: client.post(f"{url}/v1/completions", json=body, timeout=600),
+        [model, base],
+    )
+    assert samples is not None  # probe() raises rather than answer None
     measured = {label: await probe(client, url, name) for label, name in others.items()}
-    return calibrate(serial + list(together[:CONCURRENT]), measured, known_noise)
+    return calibrate(samples, measured, known_noise)
 
 
 async def load(client: httpx.AsyncClient, url: str, models: list[str], stop: asyncio.Event, calls: list[int]) -> None:

@@ -75,7 +75,7 @@ def _reply(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     wants = body.get("logprobs")
     top = wants if isinstance(wants, int) and not isinstance(wants, bool) else 0  # completions: the top-k asked for
     prompts = body.get("prompt")
-    several = not chat and isinstance(prompts, list) and all(isinstance(p, str) for p in prompts) and prompts
+    several = not chat and isinstance(prompts, list) and len(prompts) > 1 and all(isinstance(p, str) for p in prompts)
     choices = []
     for index in range(len(prompts) if several else 1):  # one choice a prompt (the fingerprint probe sends 24)
         choice: dict[str, Any] = {

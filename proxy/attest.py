@@ -26,18 +26,7 @@ from typing import Any
 from sqlalchemy import Select, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from proxy.fingerprint import (
-    CONCURRENT,
-    SAMPLES,
-    calibrate,
-    distance,
-    filler_bodies,
-    kind_of,
-    parse_probe,
-    probe_body,
-    same,
-    tolerance_of,
-)
+from proxy.fingerprint import calibrate, distance, kind_of, parse_probe, probe_body, repeats, same, tolerance_of
 from proxy.metrics import Metrics
 from proxy.replicas import Replica
 from proxy.routing import Router
@@ -110,22 +99,15 @@ class Attestor:
     async def calibrated(
         self, base: str, project: str, alias: str, version: int, base_model: str | None
     ) -> dict[str, Any] | None:
-        """The version's fingerprint with its noise (:func:`calibrate`): probed :data:`SAMPLES` times in a
-        row and :data:`CONCURRENT` times at once on ``base`` among other calls (:func:`filler_bodies`: the
-        batches then mix shapes and adapters, as under load); the same probe of the base model and the
-        previous version, where the replica lists them, gives the separation. None if the replica did not answer."""
+        """The version's fingerprint with its noise (:func:`calibrate`): probed on ``base`` in a row and at once
+        among filler calls to the version and the base model (:func:`repeats`: the batches then mix shapes and
+        adapters, as under load); the same probe of the base model and the previous version, where the replica
+        lists them, gives the separation. None if the replica did not answer."""
         name = lora_name(project, alias, version)
-        serial = []
-        for _ in range(SAMPLES):
-            fp = await self.measure(base, name)
-            if fp is None:
-                return None
-            serial.append(fp)
-        filler = filler_bodies([name, base_model] if base_model else [name])
-        together = await asyncio.gather(
-            *(self.measure(base, name) for _ in range(CONCURRENT)), *(self.beside(base, b) for b in filler)
-        )
-        samples = serial + [fp for fp in together[:CONCURRENT] if fp is not None]
+        models = [name, base_model] if base_model else [name]
+        samples = await repeats(lambda: self.measure(base, name), lambda body: self.beside(base, body), models)
+        if samples is None:
+            return None
         listed = self.router.replicas.by_url[base].models
         others: dict[str, dict[str, Any]] = {}
         candidates = {"base": base_model} if base_model else {}

@@ -32,6 +32,8 @@ proxy/attest.py probes the replicas with these and acts on the verdicts.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 # The probe of the first fingerprints (greedy, 8 tokens, no kind; kept to check those still stored).
@@ -197,6 +199,25 @@ def filler_bodies(models: list[str]) -> list[dict[str, Any]]:
         }
         for i in range(FILLER)
     ]
+
+
+async def repeats(
+    probe: Callable[[], Awaitable[dict[str, Any] | None]],
+    beside: Callable[[dict[str, Any]], Awaitable[Any]],
+    models: list[str],
+) -> list[dict[str, Any]] | None:
+    """The samples a fingerprint is calibrated from (:func:`calibrate`, the first is the reference):
+    :data:`SAMPLES` probes in a row, then :data:`CONCURRENT` at once beside the :func:`filler_bodies` calls to
+    ``models``, each sent with ``beside``. None when a serial probe got no answer (``probe`` returned None);
+    concurrent ones that got none are left out. proxy/attest.py and bench/attest_noise.py record through this."""
+    serial = []
+    for _ in range(SAMPLES):
+        fingerprint = await probe()
+        if fingerprint is None:
+            return None
+        serial.append(fingerprint)
+    together = await asyncio.gather(*(probe() for _ in range(CONCURRENT)), *map(beside, filler_bodies(models)))
+    return serial + [fp for fp in together[:CONCURRENT] if fp is not None]
 
 
 def parse_probe(reply: dict[str, Any], kind: str = "forced") -> dict[str, Any]:

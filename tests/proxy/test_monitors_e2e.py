@@ -17,7 +17,8 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from sqlalchemy.pool import NullPool
 
-from bench.talk_cases import Harness, prepare, simulate
+from bench.talk_cases import prepare, simulate
+from bench.talk_harness import Harness
 from bench.talk_scenarios import EVAL, Phase
 from engine.launcher import Engine
 from onthejob.monitor import DriftProbe
